@@ -1,0 +1,36 @@
+"""Shared fixtures: the checkout's policies and a CLI runner that runs topkgen in-process."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from click.testing import CliRunner
+
+ROOT = Path(__file__).resolve().parent.parent
+DEFAULT_POLICY = ROOT / "policies" / "topk.yaml"
+LEGACY_POLICY = ROOT / "policies" / "legacy" / "exact_n_grid.yaml"
+
+
+@pytest.fixture(scope="session")
+def default_policy():
+    from topkgen import policy
+    return policy.load(DEFAULT_POLICY)
+
+
+@pytest.fixture(scope="session")
+def legacy_policy():
+    from topkgen import policy
+    return policy.load(LEGACY_POLICY)
+
+
+@pytest.fixture
+def cli():
+    from topkgen.cli import main
+
+    runner = CliRunner(mix_stderr=False)
+
+    def run(*args: str):
+        return runner.invoke(main, [str(a) for a in args], catch_exceptions=False)
+
+    return run

@@ -1,0 +1,157 @@
+"""Command-line interface: argument parsing, formatting and exit codes only.
+
+Exit status: 0 success, 1 "differs" (diff), 2 usage or input errors. Heavy modules
+(NVRTC, numpy, the emulator) are imported inside the commands that need them, so
+`topkgen plan` stays fast.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from typing import Any
+
+import click
+
+from topkgen import policy as pol
+
+EXIT_INPUT = 2
+
+
+class InputError(click.ClickException):
+    """Bad input: printed as one line, exit status 2."""
+
+    exit_code = EXIT_INPUT
+
+    def show(self, file: Any = None) -> None:
+        click.echo(f"topkgen: error: {self.format_message()}", err=True)
+
+
+def _load_policy(path: str | None) -> pol.Policy:
+    try:
+        return pol.load(path)
+    except pol.PolicyError as err:
+        raise InputError(str(err)) from None
+
+
+def _archs(policy: pol.Policy, requested: tuple[str, ...]) -> list[str]:
+    for arch in requested:
+        if arch not in policy.archs:
+            raise InputError(f"--arch {arch}: not in the policy {policy.display_path} "
+                             f"(known: {', '.join(policy.archs)})")
+    return list(requested) or list(policy.archs)
+
+
+@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.version_option(package_name="topkgen")
+def main() -> None:
+    """Plan, build, explain and diff GPU top-k kernel sets from one YAML policy."""
+
+
+POLICY_OPTION = click.option("--policy", "policy_path", type=click.Path(dir_okay=False),
+                             help="Policy YAML (default: the packaged policies/topk.yaml).")
+ARCH_OPTION = click.option("--arch", "archs", multiple=True, metavar="ARCH",
+                           help="Architecture(s) to include (default: all in the policy).")
+
+
+def plan_document(policy: pol.Policy, archs: list[str]) -> dict[str, Any]:
+    """The machine-readable plan (schemas/plan.schema.json)."""
+    kernels = [spec.record() for arch in archs for spec in pol.plan(policy, arch)]
+    totals = {arch: sum(1 for k in kernels if k["arch"] == arch) for arch in archs}
+    return {
+        "format": "topkgen-plan", "format_version": 1,
+        "policy": {"path": policy.display_path, "name": policy.name, "sha256": policy.sha256},
+        "archs": archs,
+        "kernels": kernels,
+        "jit_only": [pol.rule_record(r) for r in policy.rules
+                     if not r.aot and any(a in r.archs for a in archs)],
+        "totals": {"per_arch": totals, "all": len(kernels)},
+    }
+
+
+@main.command()
+@POLICY_OPTION
+@ARCH_OPTION
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+def plan(policy_path: str | None, archs: tuple[str, ...], fmt: str) -> None:
+    """List the AOT kernel set per architecture, and the JIT-only tiers with their reasons."""
+    policy = _load_policy(policy_path)
+    doc = plan_document(policy, _archs(policy, archs))
+    if fmt == "json":
+        click.echo(json.dumps(doc, indent=2))
+        return
+    click.echo(f"policy {doc['policy']['path']} ({policy.name}, sha256 {policy.sha256[:12]})")
+    header = ("kernel", "family", "dtype", "K", "N window", "mode", "work rung", "threads", "CTAs/SM")
+    for arch in doc["archs"]:
+        rows = [(k["name"], k["family"], k["dtype"], str(k["k"]), _window(k["n_window"]), k["mode"],
+                 k["work_rung"], str(k["launch"]["threads_per_block"]), str(k["launch"]["min_ctas_per_sm"]))
+                for k in doc["kernels"] if k["arch"] == arch]
+        click.echo(f"\n{arch}: {len(rows)} kernels")
+        click.echo(_table(header, rows))
+    per_arch = ", ".join(f"{a} {n}" for a, n in doc["totals"]["per_arch"].items())
+    click.echo(f"\ntotal: {doc['totals']['all']} kernels ({per_arch})")
+    click.echo("\nJIT-only tiers (never in the bundle):")
+    if not doc["jit_only"]:
+        click.echo("  none")
+    for tier in doc["jit_only"]:
+        click.echo(f"  {tier['rule']}: {tier['family']} K={'/'.join(map(str, tier['k']))} "
+                   f"N{_tier_n(tier['n'])} on {', '.join(tier['archs'])}\n    reason: {tier['reason']}")
+    if policy.jit_dtypes:
+        click.echo(f"\nJIT-only dtypes: {', '.join(policy.jit_dtypes)} (served by JIT from the same rules)")
+
+
+def _window(window: dict[str, int]) -> str:
+    lo, hi = window["min"], window["max"]
+    return f"={lo}" if lo == hi else f"{lo}..{'2^31-1' if hi == pol.N_MAX else hi}"
+
+
+def _tier_n(n: dict[str, Any]) -> str:
+    if "exact" in n:
+        return "=" + "/".join(map(str, n["exact"]))
+    if "ladder" in n:
+        return " ladder " + "/".join(map(str, n["ladder"]))
+    return " " + _window(n)
+
+
+def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
+    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
+    lines = ["  " + "  ".join(c.ljust(w) for c, w in zip(header, widths)).rstrip()]
+    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
+    return "\n".join(lines)
+
+
+def selection_record(sel: pol.Selection) -> dict[str, Any]:
+    return {"kernel": sel.kernel.name, "source": sel.source, "rule": sel.rule, "reason": sel.reason,
+            "skipped_jit_rules": list(sel.skipped), "spec": sel.kernel.record()}
+
+
+@main.command()
+@POLICY_OPTION
+@click.option("--arch", required=True)
+@click.option("--dtype", required=True)
+@click.option("--k", "k", type=int, required=True)
+@click.option("--n", "n", type=int, required=True)
+@click.option("--deterministic", is_flag=True, help="Ask for the deterministic mode.")
+@click.option("--no-jit", is_flag=True, help="Only AOT kernels may serve the shape.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
+def explain(policy_path: str | None, arch: str, dtype: str, k: int, n: int, deterministic: bool,
+            no_jit: bool, fmt: str) -> None:
+    """Say which kernel serves a shape, AOT or JIT, and the rule that chose it."""
+    policy = _load_policy(policy_path)
+    try:
+        sel = pol.select(policy, arch, dtype, k, n, deterministic=deterministic, jit=not no_jit)
+    except pol.DispatchError as err:
+        raise InputError(f"--{str(err)}") from None
+    if fmt == "json":
+        click.echo(json.dumps(selection_record(sel), indent=2))
+        return
+    mode = "deterministic" if deterministic else "fast"
+    click.echo(f"shape:  {arch} {dtype} k={k} n={n} mode={mode}{' (JIT disabled)' if no_jit else ''}")
+    click.echo(f"kernel: {sel.kernel.name}")
+    click.echo(f"source: {sel.source.upper()}")
+    click.echo(f"rule:   {sel.rule}")
+    click.echo(f"why:    {sel.reason}")
+
+
+if __name__ == "__main__":  # pragma: no cover
+    sys.exit(main())

@@ -1,0 +1,620 @@
+"""The top-k kernel policy: load and validate it, plan the kernel set, and dispatch.
+
+This module is the single source of truth shared by the AOT build, the runtime, the JIT
+path, `explain` and `diff`. `select` is the only place where dispatch is decided.
+It imports the standard library and PyYAML only, so other build systems can use it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import Any, Iterable
+
+import yaml
+
+from topkgen.schema import SchemaViolation, format_path, load_schema, validate
+
+DTYPE_SIZES = {"float32": 4, "bfloat16": 2, "float16": 2}
+DTYPE_TAGS = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
+MODE_TAGS = {"fast": "fast", "deterministic": "det"}
+MODES = ("fast", "deterministic")
+K_MAX = 1024
+N_MAX = 2**31 - 1
+VECTOR_BYTES = 16
+THREADS_PER_SM = 2048
+# Register kernels keep N/32 keys per lane; beyond 64 the warp runs out of registers.
+REGISTER_MAX_N = 2048
+REGISTER_MAX_K = 64
+WORK_BY_FAMILY = {"register": ("ladder", "exact"), "radix": ("exact", "dynamic", "fixed_vec")}
+
+
+class PolicyError(Exception):
+    """A policy that cannot be used. Carries file, line, column and key path."""
+
+    def __init__(self, message: str, *, source: str = "<policy>", line: int | None = None,
+                 column: int | None = None, key: str | None = None) -> None:
+        self.message, self.source, self.line, self.column, self.key = message, source, line, column, key
+        where = source if line is None else f"{source}:{line}:{column}"
+        super().__init__(f"{where}: {key}: {message}" if key else f"{where}: {message}")
+
+
+class DispatchError(ValueError):
+    """A shape outside the dispatch domain; the message names the bad argument."""
+
+
+@dataclass(frozen=True)
+class ArchTuning:
+    name: str
+    capability: tuple[int, int]
+    threads: int
+    warps_per_block: int
+    tail_policy: str
+    tail_max_iterations: int | None
+    min_ctas_per_sm: dict[int, int]
+
+
+@dataclass(frozen=True)
+class Family:
+    name: str
+    template: str
+    max_registers: int
+    spills_allowed: bool
+
+
+@dataclass(frozen=True)
+class Rule:
+    name: str
+    family: str
+    work: str
+    archs: tuple[str, ...]
+    dtypes: tuple[str, ...]
+    k_rungs: tuple[int, ...]
+    k_min: int
+    n_min: int | None
+    n_max: int | None
+    n_exact: tuple[int, ...]
+    ladder: tuple[int, ...]
+    vector_iterations: int | None
+    modes: tuple[str, ...]
+    serves: tuple[str, ...]
+    aot: bool
+    reason: str | None
+    position: int   # place in dispatch_order, 0-based
+    doc_index: int  # place in the rules list of the file, for error positions
+
+
+@dataclass(frozen=True)
+class KernelSpec:
+    """One kernel: every parameter the template and the manifest need. The name encodes
+    all of them, so it is the key for the AOT lookup and the JIT cache alike."""
+
+    name: str
+    arch: str
+    family: str
+    template: str
+    rule: str
+    work: str
+    dtype: str
+    k: int            # K rung: the kernel computes top-K and writes the first k
+    k_min: int        # smallest k this kernel serves
+    n_min: int
+    n_max: int
+    exact_n: int | None
+    mode: str
+    threads: int
+    rows_per_block: int
+    min_ctas_per_sm: int
+    vector_width: int
+    vector_iterations: int | None
+    ladder: tuple[int, ...]
+    tail_policy: str
+    tail_max_iterations: int | None
+    aot: bool
+    max_registers: int
+    spills_allowed: bool
+
+    @property
+    def work_rung(self) -> str:
+        if self.work == "fixed_vec":
+            return f"fixed_vec={self.vector_iterations}"
+        if self.work == "exact":
+            return f"exact_n={self.exact_n}"
+        return self.work
+
+    def serves_n(self, n: int) -> bool:
+        return self.n_min <= n <= self.n_max
+
+    def record(self) -> dict[str, Any]:
+        """The kernel's parameters as plain data, shared by the plan JSON and the manifest."""
+        return {
+            "name": self.name, "arch": self.arch, "family": self.family, "rule": self.rule,
+            "dtype": self.dtype, "k": self.k, "k_min": self.k_min,
+            "n_window": {"min": self.n_min, "max": self.n_max}, "mode": self.mode,
+            "work": self.work, "work_rung": self.work_rung,
+            "launch": {"threads_per_block": self.threads, "rows_per_block": self.rows_per_block,
+                       "min_ctas_per_sm": self.min_ctas_per_sm},
+            "vector_tail": {"policy": self.tail_policy, "max_iterations": self.tail_max_iterations},
+        }
+
+
+@dataclass(frozen=True)
+class Selection:
+    kernel: KernelSpec
+    source: str  # "aot" or "jit"
+    rule: str
+    reason: str
+    skipped: tuple[str, ...] = ()
+
+
+@dataclass
+class Policy:
+    path: str
+    sha256: str
+    name: str
+    archs: dict[str, ArchTuning]
+    aot_dtypes: tuple[str, ...]
+    jit_dtypes: tuple[str, ...]
+    families: dict[str, Family]
+    rules: tuple[Rule, ...]  # in dispatch order
+    aot_covers_all: bool     # AOT kernels alone serve every shape of an AOT dtype
+    _kernel_cache: dict = field(default_factory=dict, repr=False, compare=False)
+
+    @property
+    def dtypes(self) -> tuple[str, ...]:
+        return self.aot_dtypes + self.jit_dtypes
+
+    def rule(self, name: str) -> Rule:
+        for r in self.rules:
+            if r.name == name:
+                return r
+        raise KeyError(name)
+
+    def jit_only_rules(self, arch: str | None = None) -> list[Rule]:
+        return [r for r in self.rules if not r.aot and (arch is None or arch in r.archs)]
+
+    @property
+    def display_path(self) -> str:
+        """The policy's path as it may appear in shipped output: never absolute."""
+        path = Path(self.path)
+        if path.resolve() == default_policy_path().resolve():
+            return "policies/topk.yaml"
+        try:
+            return path.resolve().relative_to(Path.cwd()).as_posix()
+        except ValueError:
+            return path.name
+
+
+def rule_record(rule: Rule) -> dict[str, Any]:
+    """A JIT-only tier (or any rule) as plain data for the plan JSON, manifest and diff."""
+    n: dict[str, Any] = {"exact": list(rule.n_exact)} if rule.n_exact else \
+        {"ladder": list(rule.ladder)} if rule.ladder else {"min": rule.n_min, "max": rule.n_max}
+    return {"rule": rule.name, "family": rule.family, "work": rule.work, "archs": list(rule.archs),
+            "dtypes": list(rule.dtypes), "k": list(rule.k_rungs), "k_min": rule.k_min, "n": n,
+            "modes": list(rule.modes), "serves": list(rule.serves), "reason": rule.reason}
+
+
+# ----------------------------------------------------------------------------- loading
+
+def default_policy_path() -> Path:
+    """The default policy: policies/topk.yaml in a checkout, topkgen/policies in a wheel."""
+    return _data_dir("policies") / "topk.yaml"
+
+
+def _data_dir(name: str) -> Path:
+    checkout = Path(__file__).resolve().parent.parent / name
+    if checkout.is_dir():
+        return checkout
+    return Path(str(resources.files("topkgen").joinpath(name)))
+
+
+def load(path: str | Path | None = None) -> Policy:
+    """Load and validate a policy file (the default policy when path is None)."""
+    path = Path(path) if path is not None else default_policy_path()
+    try:
+        data = path.read_bytes()
+    except OSError as err:
+        raise PolicyError(f"cannot read policy: {err.strerror}", source=str(path)) from None
+    return loads(data, source=str(path))
+
+
+def loads(text: str | bytes, source: str = "<policy>") -> Policy:
+    """Parse, validate and build a policy from YAML text; `source` names it in errors."""
+    raw = text.encode() if isinstance(text, str) else text
+    doc, positions = _parse_yaml(raw, source)
+    located = _Locator(source, positions)
+    try:
+        validate(doc, load_schema("policy.schema.json"))
+    except SchemaViolation as err:
+        raise located.error(err.path, err.message, err.at_key) from None
+    policy = _build(doc, located, source, hashlib.sha256(raw).hexdigest())
+    _check_kernel_names(policy, located)
+    _check_total_dispatch(policy, located)
+    return policy
+
+
+class _Locator:
+    """Turns a key path into file:line:column using the positions recorded while parsing."""
+
+    def __init__(self, source: str, positions: dict[tuple, tuple[int, int]]) -> None:
+        self.source, self.positions = source, positions
+
+    def error(self, path: tuple, message: str, at_key: bool = False) -> PolicyError:
+        """An error at the value under `path`, or at its key when at_key is true."""
+        probe = tuple(path)
+        if at_key and ("key",) + probe in self.positions:
+            probe = ("key",) + probe
+        while probe not in self.positions and probe:
+            probe = probe[:-1]
+        line, col = self.positions.get(probe, (None, None))
+        return PolicyError(message, source=self.source, line=line, column=col, key=format_path(tuple(path)))
+
+
+def _parse_yaml(raw: bytes, source: str) -> tuple[Any, dict]:
+    try:
+        node = yaml.compose(raw, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+    except yaml.YAMLError as err:
+        mark = getattr(err, "problem_mark", None)
+        problem = getattr(err, "problem", None) or str(err)
+        if mark is not None:
+            raise PolicyError(f"malformed YAML: {problem}", source=source,
+                              line=mark.line + 1, column=mark.column + 1) from None
+        raise PolicyError(f"malformed YAML: {problem}", source=source) from None
+    if node is None:
+        raise PolicyError("the policy file is empty", source=source, line=1, column=1)
+    positions: dict[tuple, tuple[int, int]] = {}
+    constructor = yaml.SafeLoader("")
+
+    def build(n: yaml.Node, path: tuple) -> Any:
+        positions.setdefault(path, (n.start_mark.line + 1, n.start_mark.column + 1))
+        if isinstance(n, yaml.MappingNode):
+            out: dict[str, Any] = {}
+            for key_node, value_node in n.value:
+                if not isinstance(key_node, yaml.ScalarNode):
+                    raise PolicyError("mapping keys must be plain scalars", source=source,
+                                      line=key_node.start_mark.line + 1, column=key_node.start_mark.column + 1,
+                                      key=format_path(path))
+                key = str(constructor.construct_object(key_node))
+                if key in out:
+                    raise PolicyError(f"duplicate key '{key}'", source=source,
+                                      line=key_node.start_mark.line + 1, column=key_node.start_mark.column + 1,
+                                      key=format_path(path + (key,)))
+                positions[("key",) + path + (key,)] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
+                out[key] = build(value_node, path + (key,))
+            return out
+        if isinstance(n, yaml.SequenceNode):
+            return [build(item, path + (i,)) for i, item in enumerate(n.value)]
+        try:
+            return constructor.construct_object(n)
+        except yaml.YAMLError as err:
+            raise PolicyError(f"bad value: {err}", source=source, line=n.start_mark.line + 1,
+                              column=n.start_mark.column + 1, key=format_path(path)) from None
+
+    return build(node, ()), positions
+
+
+def _build(doc: dict, loc: _Locator, source: str, sha: str) -> Policy:
+    archs: dict[str, ArchTuning] = {}
+    for name, t in doc["archs"].items():
+        digits = name[3:]
+        expected = [int(digits[:-1]), int(digits[-1])]
+        if t["capability"] != expected:
+            raise loc.error(("archs", name, "capability"),
+                            f"{name} has capability {expected}, not {t['capability']}")
+        tail = t["vector_tail"]
+        if tail["policy"] == "fixed" and "max_iterations" not in tail:
+            raise loc.error(("archs", name, "vector_tail"), "policy 'fixed' needs max_iterations")
+        if tail["policy"] == "runtime" and "max_iterations" in tail:
+            raise loc.error(("archs", name, "vector_tail", "max_iterations"),
+                            "max_iterations only applies to policy 'fixed'")
+        ctas = {int(k): v for k, v in t.get("min_ctas_per_sm", {}).items()}
+        for k, v in ctas.items():
+            if max(k, t["threads"]) * v > THREADS_PER_SM:
+                raise loc.error(("archs", name, "min_ctas_per_sm", str(k)),
+                                f"{v} CTAs of {max(k, t['threads'])} threads exceed {THREADS_PER_SM} threads per SM")
+        archs[name] = ArchTuning(name, tuple(t["capability"]), t["threads"], t["warps_per_block"],
+                                 tail["policy"], tail.get("max_iterations"), ctas)
+
+    aot = tuple(doc["dtypes"]["aot"])
+    jit = tuple(doc["dtypes"].get("jit", []))
+    for i, d in enumerate(jit):
+        if d in aot:
+            raise loc.error(("dtypes", "jit", i), f"{d} is already an AOT dtype")
+
+    families = {name: Family(name, f["template"], f["budget"]["max_registers"], f["budget"]["spills"])
+                for name, f in doc["families"].items()}
+
+    order = doc["dispatch_order"]
+    declared = [r["name"] for r in doc["rules"]]
+    for i, name in enumerate(order):
+        if name not in declared:
+            raise loc.error(("dispatch_order", i), f"unknown rule '{name}'")
+        if name in order[:i]:
+            raise loc.error(("dispatch_order", i), f"rule '{name}' is listed twice")
+    rules = []
+    for i, r in enumerate(doc["rules"]):
+        if r["name"] in declared[:i]:
+            raise loc.error(("rules", i, "name"), f"duplicate rule name '{r['name']}'")
+        if r["name"] not in order:
+            raise loc.error(("rules", i, "name"),
+                            f"rule '{r['name']}' has no place in dispatch_order, so dispatch would be ambiguous")
+        rules.append(_build_rule(r, i, order.index(r["name"]), archs, aot + jit, families, loc))
+    rules.sort(key=lambda r: r.position)
+    return Policy(source, sha, doc["name"], archs, aot, jit, families, tuple(rules),
+                  doc.get("aot_covers_all", False))
+
+
+def _build_rule(r: dict, i: int, position: int, archs: dict, dtypes: tuple, families: dict,
+                loc: _Locator) -> Rule:
+    at = ("rules", i)
+    fam, work = r["family"], r["work"]
+    if fam not in families:
+        raise loc.error(at + ("family",), f"family '{fam}' is not declared under families")
+    if work not in WORK_BY_FAMILY[fam]:
+        raise loc.error(at + ("work",), f"family '{fam}' has no work rung '{work}' "
+                                         f"(allowed: {', '.join(WORK_BY_FAMILY[fam])})")
+    for j, a in enumerate(r.get("archs", [])):
+        if a not in archs:
+            raise loc.error(at + ("archs", j), f"arch '{a}' is not declared under archs")
+    for j, d in enumerate(r.get("dtypes", [])):
+        if d not in dtypes:
+            raise loc.error(at + ("dtypes", j), f"dtype '{d}' is not declared under dtypes")
+    k_rungs = tuple(sorted(r["k"]))
+    k_min = r.get("k_min", 1)
+    if k_min > k_rungs[0]:
+        raise loc.error(at + ("k_min",), f"k_min {k_min} is above the smallest K rung {k_rungs[0]}")
+
+    n = r.get("n", {})
+    needs = {"ladder": "ladder", "fixed_vec": "vector_iterations"}
+    for key, owner in (("ladder", "ladder"), ("vector_iterations", "fixed_vec")):
+        if key in r and work != owner:
+            raise loc.error(at + (key,), f"'{key}' only applies to work '{owner}'")
+    if work in needs and needs[work] not in r:
+        raise loc.error(at, f"work '{work}' needs '{needs[work]}'")
+    if work in ("ladder", "fixed_vec") and n:
+        raise loc.error(at + ("n",), f"the N window of work '{work}' follows from its "
+                                     f"{'ladder' if work == 'ladder' else 'vector iterations'}; remove 'n'")
+    if work == "exact" and (set(n) != {"exact"}):
+        raise loc.error(at + ("n",), "work 'exact' needs n: {exact: [...]} and nothing else")
+    if work == "dynamic" and (set(n) != {"min", "max"}):
+        raise loc.error(at + ("n",), "work 'dynamic' needs n: {min: ..., max: ...} and nothing else")
+    if work == "dynamic" and n["min"] > n["max"]:
+        raise loc.error(at + ("n", "min"), f"n.min {n['min']} is above n.max {n['max']}")
+    ladder = tuple(sorted(r.get("ladder", ())))
+    if fam == "register":
+        if k_rungs[-1] > REGISTER_MAX_K:
+            raise loc.error(at + ("k",), f"register kernels support K <= {REGISTER_MAX_K}")
+        for j, value in enumerate(n.get("exact", [])):
+            if value % 32 or value > REGISTER_MAX_N:
+                raise loc.error(at + ("n", "exact", j),
+                                f"register exact N must be a multiple of 32 and <= {REGISTER_MAX_N}")
+        if ladder and ladder[0] < k_rungs[-1]:
+            raise loc.error(at + ("ladder",), f"the smallest ladder rung {ladder[0]} is below K {k_rungs[-1]}")
+
+    modes = tuple(m for m in MODES if m in r["modes"])
+    serves = tuple(m for m in MODES if m in r.get("serves", r["modes"]))
+    for m in serves:
+        if m not in modes and not (m == "fast" and modes == ("deterministic",)):
+            raise loc.error(at + ("serves",), f"a rule built for {list(modes)} cannot serve '{m}'")
+    for m in modes:
+        if m not in serves:
+            raise loc.error(at + ("serves",), f"mode '{m}' is built but not served")
+    is_aot = r.get("aot", True)
+    if not is_aot and "reason" not in r:
+        raise loc.error(at, "a JIT-only rule (aot: false) needs a 'reason'")
+    if is_aot and "reason" in r:
+        raise loc.error(at + ("reason",), "'reason' is for JIT-only rules (aot: false)")
+    return Rule(
+        name=r["name"], family=fam, work=work,
+        archs=tuple(a for a in archs if a in r.get("archs", archs)),
+        dtypes=tuple(d for d in dtypes if d in r.get("dtypes", dtypes)),
+        k_rungs=k_rungs, k_min=k_min,
+        n_min=n.get("min"), n_max=n.get("max"), n_exact=tuple(sorted(n.get("exact", ()))),
+        ladder=ladder, vector_iterations=r.get("vector_iterations"),
+        modes=modes, serves=serves, aot=is_aot, reason=r.get("reason"), position=position, doc_index=i,
+    )
+
+
+# ----------------------------------------------------------------------------- planning
+
+def kernels_of_rule(policy: Policy, rule: Rule, arch: str, dtype: str) -> list[KernelSpec]:
+    """Every kernel a rule declares for one arch and dtype, in a stable order."""
+    key = (rule.name, arch, dtype)
+    cached = policy._kernel_cache.get(key)
+    if cached is not None:
+        return cached
+    out: list[KernelSpec] = []
+    if arch in rule.archs and dtype in rule.dtypes:
+        tuning = policy.archs[arch]
+        family = policy.families[rule.family]
+        vec = VECTOR_BYTES // DTYPE_SIZES[dtype]
+        exacts: Iterable[int | None] = rule.n_exact if rule.work == "exact" else (None,)
+        lower = rule.k_min
+        for k in rule.k_rungs:
+            for exact in exacts:
+                for mode in rule.modes:
+                    out.append(_kernel(policy, rule, tuning, family, dtype, k, lower, exact, mode, vec))
+            lower = k + 1
+    policy._kernel_cache[key] = out
+    return out
+
+
+def _kernel(policy: Policy, rule: Rule, tuning: ArchTuning, family: Family, dtype: str, k: int,
+            k_min: int, exact: int | None, mode: str, vec: int) -> KernelSpec:
+    if rule.family == "register":
+        threads, rows_per_block = 32 * tuning.warps_per_block, tuning.warps_per_block
+    else:
+        threads, rows_per_block = max(k, tuning.threads), 1
+    if rule.work == "ladder":
+        n_min, n_max, work_tag = 1, rule.ladder[-1], "ladder"
+    elif rule.work == "exact":
+        n_min = n_max = exact
+        work_tag = f"n{exact}"
+    elif rule.work == "fixed_vec":
+        n_min, n_max, work_tag = 1, rule.vector_iterations * threads * vec, f"fv{rule.vector_iterations}"
+    else:
+        n_min, n_max, work_tag = rule.n_min, rule.n_max, "dyn"
+    name = f"topk_{rule.family}_{work_tag}_k{k}_{MODE_TAGS[mode]}_{DTYPE_TAGS[dtype]}_{tuning.name}"
+    return KernelSpec(
+        name=name, arch=tuning.name, family=rule.family, template=family.template, rule=rule.name,
+        work=rule.work, dtype=dtype, k=k, k_min=k_min, n_min=n_min, n_max=n_max, exact_n=exact,
+        mode=mode, threads=threads, rows_per_block=rows_per_block,
+        min_ctas_per_sm=tuning.min_ctas_per_sm.get(k, 1), vector_width=vec,
+        vector_iterations=rule.vector_iterations, ladder=rule.ladder,
+        tail_policy=tuning.tail_policy, tail_max_iterations=tuning.tail_max_iterations,
+        aot=rule.aot and dtype in policy.aot_dtypes,
+        max_registers=family.max_registers, spills_allowed=family.spills_allowed,
+    )
+
+
+def plan(policy: Policy, arch: str) -> list[KernelSpec]:
+    """The AOT kernel set of one arch, in a stable order (dispatch order, dtype, K, mode)."""
+    _check_arch(policy, arch)
+    return [spec for rule in policy.rules if rule.aot
+            for dtype in policy.aot_dtypes
+            for spec in kernels_of_rule(policy, rule, arch, dtype)]
+
+
+def jit_kernels(policy: Policy, arch: str) -> list[KernelSpec]:
+    """The kernels of the JIT-only rules for one arch, for every dtype they serve."""
+    _check_arch(policy, arch)
+    return [spec for rule in policy.jit_only_rules(arch) for dtype in policy.dtypes
+            for spec in kernels_of_rule(policy, rule, arch, dtype)]
+
+
+def _check_kernel_names(policy: Policy, loc: _Locator) -> None:
+    """Kernel names are identities (AOT lookup and JIT cache key): two rules must never
+    declare the same one."""
+    seen: dict[str, Rule] = {}
+    for arch in policy.archs:
+        for rule in policy.rules:
+            for dtype in policy.dtypes:
+                for spec in kernels_of_rule(policy, rule, arch, dtype):
+                    other = seen.setdefault(spec.name, rule)
+                    if other is not rule:
+                        raise loc.error(("rules", rule.doc_index, "name"),
+                                        f"duplicate kernel name '{spec.name}': rule '{other.name}' declares it too")
+
+
+# ----------------------------------------------------------------------------- dispatch
+
+def _check_arch(policy: Policy, arch: str) -> None:
+    if arch not in policy.archs:
+        raise DispatchError(f"arch: '{arch}' is not in the policy (known: {', '.join(policy.archs)})")
+
+
+def _rule_matches(policy: Policy, rule: Rule, arch: str, dtype: str, k: int, n: int,
+                  mode: str) -> KernelSpec | None:
+    if arch not in rule.archs or dtype not in rule.dtypes or mode not in rule.serves:
+        return None
+    if not (rule.k_min <= k <= rule.k_rungs[-1]):
+        return None
+    built_mode = mode if mode in rule.modes else rule.modes[0]
+    for spec in kernels_of_rule(policy, rule, arch, dtype):
+        if spec.k_min <= k <= spec.k and spec.mode == built_mode and spec.serves_n(n):
+            return spec
+    return None
+
+
+def select(policy: Policy, arch: str, dtype: str, k: int, n: int, deterministic: bool = False,
+           jit: bool = True) -> Selection:
+    """The kernel that serves (arch, dtype, k, n, mode): the first rule in dispatch order
+    that serves the shape. With jit=False, JIT-only rules are skipped and the shape must be
+    of an AOT dtype. This is the only dispatch rule in topkgen."""
+    _check_arch(policy, arch)
+    if dtype not in policy.dtypes:
+        raise DispatchError(f"dtype: '{dtype}' is not in the policy (known: {', '.join(policy.dtypes)})")
+    for value, label in ((k, "k"), (n, "n")):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise DispatchError(f"{label}: must be an integer, got {value!r}")
+    if k <= 0:
+        raise DispatchError(f"k: must be >= 1, got {k}")
+    if k > K_MAX:
+        raise DispatchError(f"k: must be <= {K_MAX}, got {k}")
+    if n <= 0:
+        raise DispatchError(f"n: must be >= 1, got {n}")
+    if n > N_MAX:
+        raise DispatchError(f"n: must be <= {N_MAX}, got {n}")
+    if k > n:
+        raise DispatchError(f"k: must be <= n, got k={k} > n={n}")
+    if not jit and dtype not in policy.aot_dtypes:
+        raise DispatchError(f"dtype: '{dtype}' has no AOT kernels and JIT is disabled")
+    mode = "deterministic" if deterministic else "fast"
+    skipped: list[str] = []
+    for rule in policy.rules:
+        spec = _rule_matches(policy, rule, arch, dtype, k, n, mode)
+        if spec is None:
+            continue
+        if not jit and not rule.aot:
+            skipped.append(rule.name)
+            continue
+        return Selection(spec, "aot" if spec.aot else "jit", rule.name,
+                         _reason(policy, rule, spec, dtype, k, n, mode, skipped), tuple(skipped))
+    raise DispatchError(f"no kernel serves arch={arch} dtype={dtype} k={k} n={n} mode={mode}"
+                        f"{' without JIT' if not jit else ''}")
+
+
+def _reason(policy: Policy, rule: Rule, spec: KernelSpec, dtype: str, k: int, n: int, mode: str,
+            skipped: list[str]) -> str:
+    window = f"n == {spec.exact_n}" if spec.work == "exact" else f"n in [{spec.n_min}, {spec.n_max}]"
+    parts = [f"rule '{rule.name}' (#{rule.position + 1} in dispatch_order) is the first that serves "
+             f"k={k} (K rung {spec.k} serves k {spec.k_min}..{spec.k}), n={n} ({window}), mode {mode}"]
+    if mode != spec.mode:
+        parts.append(f"its {spec.mode} kernel serves {mode} requests too")
+    if skipped:
+        parts.append(f"JIT disabled: skipped JIT-only rule(s) {', '.join(skipped)}")
+    if not rule.aot:
+        parts.append(f"JIT-only tier: {rule.reason}")
+    elif dtype not in policy.aot_dtypes:
+        parts.append(f"JIT: {dtype} has no AOT kernels")
+    else:
+        parts.append("AOT: in the bundle")
+    return "; ".join(parts)
+
+
+def _check_total_dispatch(policy: Policy, loc: _Locator) -> None:
+    """Every (dtype, 1 <= k <= 1024, k <= n <= 2^31-1, mode) must be served on every arch
+    with JIT and, where the policy says aot_covers_all, by AOT kernels alone for AOT dtypes. The rules' k ranges and n windows are
+    intervals, so checking the n coverage at each k-segment start proves it for all k."""
+    k_starts = {1}
+    for rule in policy.rules:
+        k_starts.add(rule.k_min)
+        for k in rule.k_rungs:
+            if k + 1 <= K_MAX:
+                k_starts.add(k + 1)
+    for arch in policy.archs:
+        for dtype in policy.dtypes:
+            for mode in MODES:
+                for with_jit in (True, False):
+                    if not with_jit and (dtype not in policy.aot_dtypes or not policy.aot_covers_all):
+                        continue
+                    for k in sorted(k_starts):
+                        gap = _n_gap(policy, arch, dtype, mode, k, with_jit)
+                        if gap is not None:
+                            raise loc.error(("dispatch_order",),
+                                            f"the rules leave a gap: nothing serves arch={arch} dtype={dtype} "
+                                            f"mode={mode} k={k} n={gap[0]}..{gap[1]}"
+                                            f"{'' if with_jit else ' without JIT'}")
+
+
+def _n_gap(policy: Policy, arch: str, dtype: str, mode: str, k: int, with_jit: bool) -> tuple[int, int] | None:
+    intervals = []
+    for rule in policy.rules:
+        if (not with_jit and not rule.aot) or arch not in rule.archs or dtype not in rule.dtypes:
+            continue
+        if mode not in rule.serves or not (rule.k_min <= k <= rule.k_rungs[-1]):
+            continue
+        built = mode if mode in rule.modes else rule.modes[0]
+        for spec in kernels_of_rule(policy, rule, arch, dtype):
+            if spec.k_min <= k <= spec.k and spec.mode == built:
+                intervals.append((spec.n_min, spec.n_max))
+    covered = k  # first n not yet known to be served
+    for lo, hi in sorted(intervals):
+        if lo > covered:
+            return covered, lo - 1
+        covered = max(covered, hi + 1)
+        if covered > N_MAX:
+            return None
+    return (covered, N_MAX) if covered <= N_MAX else None
