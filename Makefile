@@ -23,10 +23,13 @@ build: $(STAMP)
 test: $(STAMP)
 	$(BIN)/python -m pytest -q
 
-bench: bench-plan
+bench: bench-plan bench-emulator
 
 bench-plan: $(STAMP)
 	$(BIN)/python benchmarks/bench_cli.py plan
 
 clean:
 	rm -rf $(OUT) build dist *.egg-info
+
+bench-emulator: $(STAMP)
+	$(BIN)/python benchmarks/bench_emulator.py

@@ -34,3 +34,10 @@ def cli():
         return runner.invoke(main, [str(a) for a in args], catch_exceptions=False)
 
     return run
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _isolated_cache(tmp_path_factory):
+    """Tests never touch the user's cache; one cache serves the whole session."""
+    import os
+    os.environ.setdefault("TOPKGEN_CACHE_DIR", str(tmp_path_factory.mktemp("topkgen-cache")))

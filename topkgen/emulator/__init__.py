@@ -1,0 +1,244 @@
+"""Run CUDA C++ kernels on the CPU.
+
+`compile_source` compiles the very text that NVRTC gets with the host C++ compiler and the
+SIMT header `include/topkgen_sim.h`; `Module.launch` runs a kernel with every CUDA thread as
+a fiber. Faults (partial or divergent barriers, deadlocks, bad warp masks, out-of-bounds
+global or dynamic shared accesses, a launch that outlives the watchdog) raise
+EmulationError naming the kernel, block and thread or lane.
+
+Limits: kernels must not spin-wait on another CTA (reported as a watchdog timeout);
+__activemask() returns the lanes that had not returned when the warp last synchronised; reads that stay inside
+the few bytes of guard zone beside a buffer are not detected (writes there are).
+"""
+
+from __future__ import annotations
+
+import ctypes
+import hashlib
+import os
+import re
+import shutil
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+import numpy as np
+
+from topkgen.paths import atomic_write, cache_root, cuda_include_dir
+
+INCLUDE_DIR = Path(__file__).resolve().parent / "include"
+CXX_FLAGS = ("-std=c++17", "-O2", "-fPIC", "-shared", "-pthread", "-w", "-fno-strict-aliasing")
+DEFAULT_TIMEOUT_S = 120.0
+MAX_THREADS_PER_BLOCK = 1024
+
+
+class EmulationError(RuntimeError):
+    """A fault found while compiling or running a kernel on the emulator."""
+
+
+@dataclass(frozen=True)
+class KernelInfo:
+    index: int
+    symbol: str      # extern "C" name, or the mangled name of a template instance
+    display: str     # the name as written in the source
+    signature: str   # one code per parameter: p pointer, i int32, I uint32, l int64, f float, b bool ...
+
+
+_SCALAR_CODES = {("i", 1): "c", ("i", 2): "h", ("i", 4): "i", ("i", 8): "l",
+                 ("u", 1): "C", ("u", 2): "H", ("u", 4): "I", ("u", 8): "L",
+                 ("f", 4): "f", ("f", 8): "d", ("b", 1): "b"}
+_CODE_NAMES = {"p": "pointer", "c": "int8", "h": "int16", "i": "int32", "l": "int64", "C": "uint8",
+               "H": "uint16", "I": "uint32", "L": "uint64", "f": "float32", "d": "float64", "b": "bool",
+               "?": "unsupported type"}
+
+_EXTERN_SHARED = re.compile(
+    r"extern\s+__shared__\s+(?:__align__\s*\(\s*\d+\s*\)\s*)?([A-Za-z_][\w:]*(?:\s+[A-Za-z_][\w:]*)*?)"
+    r"\s*(?:__align__\s*\(\s*\d+\s*\)\s*)?\b([A-Za-z_]\w*)\s*\[\s*\]\s*;")
+_GLOBAL = re.compile(r"__global__\s+(?:__launch_bounds__\s*\([^)]*\)\s*)?void\s+"
+                     r"(?:__launch_bounds__\s*\([^)]*\)\s*)?([A-Za-z_]\w*)\s*(<[^;{()]*>)?\s*\(")
+
+
+def _prepare(source: str, name: str) -> str:
+    """The translation unit: SIMT header, the source (with `extern __shared__` arrays bound to
+    the block's guarded dynamic shared memory) and a registration of every kernel."""
+
+    def bind_shared(m: re.Match) -> str:
+        depth = source[:m.start()].count("{") - source[:m.start()].count("}")
+        if depth <= 0:
+            raise EmulationError(f"{name}: declare `extern __shared__` arrays inside the kernel for the emulator")
+        ctype, var = m.group(1).strip(), m.group(2)
+        return f"{ctype}* const {var} = reinterpret_cast<{ctype}*>(::tk::dynamic_shared());"
+
+    body = _EXTERN_SHARED.sub(bind_shared, source)
+    kernels: list[str] = []
+    for m in _GLOBAL.finditer(source):
+        before = source[:m.start()].rstrip()
+        is_instantiation = re.search(r"\btemplate$", before) is not None
+        is_template_definition = before.endswith(">")
+        if is_template_definition and not is_instantiation:
+            continue
+        if is_instantiation != (m.group(2) is not None):
+            continue
+        expr = m.group(1) + (m.group(2) or "")
+        if expr not in kernels:
+            kernels.append(expr)
+    registration = "\n".join(
+        f'static int tk_registered_{i} = ::tk::register_kernel(&{expr}, "{expr}");'
+        for i, expr in enumerate(kernels))
+    return (f'#include "topkgen_sim.h"\n#line 1 "{name}.cu"\n{body}\n'
+            f'#line 1 "{name}.registration"\n{registration}\n')
+
+
+def _compiler() -> str:
+    cxx = os.environ.get("CXX") or shutil.which("g++") or shutil.which("c++")
+    if not cxx:
+        raise EmulationError("no C++ compiler found (install g++ or set CXX)")
+    return cxx
+
+
+def _cache_key(unit: str, cxx: str) -> str:
+    h = hashlib.sha256()
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
+    for part in (unit, version, " ".join(CXX_FLAGS), (INCLUDE_DIR / "topkgen_sim.h").read_text()):
+        h.update(part.encode())
+        h.update(b"\0")
+    return h.hexdigest()
+
+
+_loaded: dict[str, "Module"] = {}
+
+
+def compile_source(source: str, *, name: str = "kernel") -> "Module":
+    """Compile CUDA C++ source for the emulator. The shared object is cached on disk by the
+    hash of the translation unit, compiler and header; concurrent processes are safe (each
+    compiles to a private file and renames it into place)."""
+    if not re.fullmatch(r"[A-Za-z_][\w.-]{0,99}", name):
+        raise EmulationError(f"name: {name!r} is not a plain file name")
+    unit = _prepare(source, name)
+    cxx = _compiler()
+    key = _cache_key(unit, cxx)
+    if key in _loaded:
+        return _loaded[key]
+    cache = cache_root() / "emulator"
+    so_path = cache / f"{key}.so"
+    if not so_path.is_file():
+        cache.mkdir(parents=True, exist_ok=True)
+        tmp_dir = cache / f".build-{os.getpid()}-{os.urandom(4).hex()}"
+        tmp_dir.mkdir()
+        try:
+            src = tmp_dir / f"{name}.cpp"
+            src.write_text(unit)
+            out = tmp_dir / "module.so"
+            cmd = [cxx, *CXX_FLAGS, f"-I{INCLUDE_DIR}", f"-I{cuda_include_dir()}", str(src), "-o", str(out)]
+            proc = subprocess.run(cmd, capture_output=True, text=True)
+            if proc.returncode != 0:
+                raise EmulationError(f"host compilation of '{name}' failed:\n{proc.stderr.strip()}")
+            atomic_write(so_path, out.read_bytes())
+        finally:
+            shutil.rmtree(tmp_dir, ignore_errors=True)
+    module = Module(so_path, name)
+    _loaded[key] = module
+    return module
+
+
+class Module:
+    """A compiled emulator module: look kernels up by name and launch them."""
+
+    def __init__(self, path: Path, name: str) -> None:
+        self.path, self.name = path, name
+        lib = ctypes.CDLL(str(path))
+        for fn, res in (("tk_kernel_signature", ctypes.c_char_p), ("tk_kernel_display", ctypes.c_char_p),
+                        ("tk_kernel_symbol", ctypes.c_char_p), ("tk_region_alloc", ctypes.c_void_p),
+                        ("tk_region_data", ctypes.c_void_p), ("tk_region_check", ctypes.c_int),
+                        ("tk_launch", ctypes.c_int), ("tk_kernel_count", ctypes.c_int)):
+            getattr(lib, fn).restype = res
+        lib.tk_region_alloc.argtypes = [ctypes.c_size_t]
+        for fn in ("tk_region_data", "tk_region_check", "tk_region_free"):
+            getattr(lib, fn).argtypes = [ctypes.c_void_p]
+        lib.tk_launch.argtypes = [ctypes.c_int, ctypes.POINTER(ctypes.c_uint), ctypes.POINTER(ctypes.c_uint),
+                                  ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p),
+                                  ctypes.POINTER(ctypes.c_char_p), ctypes.c_int, ctypes.c_size_t, ctypes.c_int,
+                                  ctypes.c_ulonglong, ctypes.c_double, ctypes.c_int, ctypes.c_char_p,
+                                  ctypes.c_size_t]
+        self._lib = lib
+        self.kernels: dict[str, KernelInfo] = {}
+        for i in range(lib.tk_kernel_count()):
+            info = KernelInfo(i, lib.tk_kernel_symbol(i).decode(), lib.tk_kernel_display(i).decode(),
+                              lib.tk_kernel_signature(i).decode())
+            self.kernels[info.symbol] = info
+            self.kernels.setdefault(info.display, info)
+
+    def launch(self, symbol: str, grid: int | Sequence[int], block: int | Sequence[int], args: Sequence[Any], *,
+               shared_bytes: int = 0, schedule_seed: int | None = None,
+               timeout: float = DEFAULT_TIMEOUT_S, workers: int | None = None) -> None:
+        """Run a kernel. Arrays are passed as device pointers (writes land in them); numpy
+        scalars carry their C type. schedule_seed shuffles the order in which threads run
+        between barriers; None runs them in thread order."""
+        kernel = self.kernels.get(symbol)
+        if kernel is None:
+            known = ", ".join(sorted({k.symbol for k in self.kernels.values()})) or "none"
+            raise EmulationError(f"{self.name}: no kernel '{symbol}' (kernels: {known})")
+        grid3, block3 = _dim3(grid, "grid"), _dim3(block, "block")
+        if block3[0] * block3[1] * block3[2] > MAX_THREADS_PER_BLOCK:
+            raise EmulationError(f"block: {block3} has more than {MAX_THREADS_PER_BLOCK} threads")
+        if len(args) != len(kernel.signature):
+            raise EmulationError(f"kernel '{symbol}' takes {len(kernel.signature)} arguments, got {len(args)}")
+        lib = self._lib
+        argv = (ctypes.c_void_p * max(1, len(args)))()
+        keep: list[Any] = []
+        regions: list[tuple[int, int, np.ndarray]] = []  # (region, arg index, array)
+        try:
+            for i, (arg, code) in enumerate(zip(args, kernel.signature)):
+                if isinstance(arg, np.ndarray):
+                    if code != "p":
+                        raise EmulationError(f"argument #{i} of '{symbol}' is {_CODE_NAMES[code]}, got an array")
+                    region = lib.tk_region_alloc(max(1, arg.nbytes))
+                    if not region:
+                        raise EmulationError(f"cannot allocate {arg.nbytes} bytes for argument #{i}")
+                    regions.append((region, i, arg))
+                    data = lib.tk_region_data(region)
+                    ctypes.memmove(data, np.ascontiguousarray(arg).ctypes.data, arg.nbytes)
+                    cell = ctypes.c_void_p(data)
+                elif isinstance(arg, np.generic):
+                    got = _SCALAR_CODES.get((arg.dtype.kind, arg.dtype.itemsize))
+                    if got != code:
+                        raise EmulationError(f"argument #{i} of '{symbol}' is {_CODE_NAMES[code]}, "
+                                             f"got numpy {arg.dtype}")
+                    cell = np.array(arg)
+                else:
+                    raise EmulationError(f"argument #{i} of '{symbol}': pass a numpy array or a numpy scalar "
+                                         f"(np.int32, np.float32, ...), got {type(arg).__name__}")
+                keep.append(cell)
+                argv[i] = ctypes.addressof(cell) if isinstance(cell, ctypes.c_void_p) else cell.ctypes.data
+            names = [f"argument #{i} ({a.dtype}[{a.size}])".encode() for _, i, a in regions]
+            region_ptrs = (ctypes.c_void_p * max(1, len(regions)))(*[r for r, _, _ in regions])
+            region_names = (ctypes.c_char_p * max(1, len(regions)))(*names)
+            err = ctypes.create_string_buffer(2048)
+            status = lib.tk_launch(kernel.index, (ctypes.c_uint * 3)(*grid3), (ctypes.c_uint * 3)(*block3), argv,
+                                   region_ptrs, region_names, len(regions), shared_bytes,
+                                   int(schedule_seed is not None), (schedule_seed or 0) & (2**64 - 1),
+                                   timeout, workers or os.cpu_count() or 1, err, len(err))
+            if status != 0:
+                raise EmulationError(err.value.decode(errors="replace"))
+            for region, i, arr in regions:
+                damage = lib.tk_region_check(region)
+                if damage:
+                    side = "before the start" if damage == 1 else "past the end"
+                    raise EmulationError(f"out-of-bounds global write {side} of argument #{i} "
+                                         f"({arr.dtype}[{arr.size}]) of kernel '{kernel.display}', found in "
+                                         f"its guard zone after the launch")
+            for region, i, arr in regions:
+                if arr.flags.writeable and arr.nbytes:
+                    view = np.ctypeslib.as_array((ctypes.c_ubyte * arr.nbytes).from_address(lib.tk_region_data(region)))
+                    arr[...] = view.view(arr.dtype).reshape(arr.shape)
+        finally:
+            for region, _, _ in regions:
+                lib.tk_region_free(region)
+
+
+def _dim3(value: int | Sequence[int], label: str) -> tuple[int, int, int]:
+    dims = [value] if isinstance(value, (int, np.integer)) else list(value)
+    if not 1 <= len(dims) <= 3 or any(int(d) < 1 or int(d) >= 2**31 for d in dims):
+        raise EmulationError(f"{label}: expected 1 to 3 positive dimensions, got {value!r}")
+    return tuple(int(d) for d in dims) + (1,) * (3 - len(dims))  # type: ignore[return-value]

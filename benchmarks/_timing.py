@@ -1,0 +1,28 @@
+"""Timing helpers shared by the benchmarks: medians over repeated runs, measured side by side."""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import time
+from typing import Callable, Sequence
+
+
+def median_seconds(fn: Callable[[], object], repeat: int = 7, warmup: int = 1) -> float:
+    for _ in range(warmup):
+        fn()
+    samples = []
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        samples.append(time.perf_counter() - start)
+    return statistics.median(samples)
+
+
+def median_process_seconds(cmd: Sequence[str], repeat: int = 11, cwd: str | None = None) -> float:
+    """Median wall time of a whole process (start-up included)."""
+
+    def run() -> None:
+        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, cwd=cwd)
+
+    return median_seconds(run, repeat=repeat, warmup=2)

@@ -1,0 +1,1082 @@
+// topkgen SIMT emulator: runs CUDA C++ kernels on the CPU.
+//
+// The same kernel source that NVRTC compiles is compiled here by the host C++ compiler,
+// with this header providing the CUDA built-ins. Each CUDA thread is a fiber with its own
+// stack; the threads of a block run cooperatively and switch only at barriers, warp
+// collectives and __nanosleep, where values are exchanged among the lanes that arrive.
+// Blocks are independent and run on several OS threads. A kernel must not spin-wait on
+// another CTA: the watchdog reports it as a timeout.
+//
+// Faults are reported, never silently tolerated: partial or divergent __syncthreads,
+// deadlocks, warp collectives whose mask disagrees with the lanes that arrive, reads and
+// writes outside the buffers passed to the launch (guard pages and checked guard zones),
+// out-of-range dynamic shared memory, stack overflow, and launches that outlive the
+// watchdog.
+#pragma once
+
+#include <cuda_fp16.h>
+#include <cuda_bf16.h>
+#include <vector_types.h>
+#include <vector_functions.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <csetjmp>
+#include <csignal>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <type_traits>
+#include <vector>
+
+#include <dlfcn.h>
+#include <link.h>
+#include <sys/mman.h>
+#include <ucontext.h>
+#include <unistd.h>
+
+// ------------------------------------------------------------------ CUDA qualifiers
+#undef __global__
+#undef __device__
+#undef __host__
+#undef __shared__
+#undef __constant__
+#undef __forceinline__
+#undef __noinline__
+#undef __launch_bounds__
+#define __global__
+#define __device__
+#define __host__
+#define __constant__
+// Static shared memory is per block; a block runs on one OS thread at a time.
+#define __shared__ static thread_local
+#define __forceinline__ inline __attribute__((always_inline))
+#define __noinline__ __attribute__((noinline))
+#define __launch_bounds__(...)
+#ifndef __restrict__
+#define __restrict__ __restrict
+#endif
+
+namespace tk {
+
+constexpr int kWarp = 32;
+
+enum class State : uint8_t { Runnable, Barrier, Warp, Done };
+enum WarpOp : uint8_t { kShflIdx, kShflUp, kShflDown, kShflXor, kBallot, kAny, kAll, kSyncWarp };
+static const char* const kWarpOpNames[] = {"__shfl_sync", "__shfl_up_sync", "__shfl_down_sync",
+                                           "__shfl_xor_sync", "__ballot_sync", "__any_sync",
+                                           "__all_sync", "__syncwarp"};
+
+struct Thread {
+  void* sp = nullptr;
+  uint3 tid{};
+  unsigned linear = 0, lane = 0, warp = 0;
+  State state = State::Runnable;
+  // __syncthreads
+  int bar_site = 0, bar_kind = 0, bar_pred = 0, bar_result = 0;
+  // warp collectives
+  WarpOp op = kSyncWarp;
+  unsigned mask = 0;
+  uint64_t value = 0, result = 0;
+  int arg = 0, width = kWarp;
+};
+
+using Invoker = void (*)(void* fn, void** args);
+
+struct Kernel {
+  void* fn;
+  Invoker invoke;
+  const char* signature;  // one character per parameter (see code_of)
+  const char* display;    // the name in the source
+};
+
+inline std::vector<Kernel>& registry() {
+  static std::vector<Kernel> r;
+  return r;
+}
+
+struct Launch;
+
+struct Block {
+  Launch* launch = nullptr;
+  uint3 bid{};
+  Thread* threads = nullptr;
+  unsigned nthreads = 0;
+  void* sched_sp = nullptr;
+  Thread* cur = nullptr;
+  unsigned char* dyn_shared = nullptr;
+  size_t dyn_bytes = 0;
+  const struct Region* shared_region = nullptr;
+  uint64_t rng = 0;
+  bool aborted = false;
+  unsigned exited_at_sync[32] = {};  // per warp: lanes that had returned when it last synchronised
+};
+
+struct Region {  // a guarded allocation: [guard page][front zone | data | back zone][guard page]
+  unsigned char* map;
+  size_t map_len;
+  unsigned char* data;
+  size_t nbytes;
+  unsigned char* zone_lo;
+  unsigned char* zone_hi;  // end of the back zone (start of the high guard page)
+  const char* what;        // filled in by the launch: "argument #2", "dynamic shared memory"
+  int index;
+};
+
+struct Launch {
+  const Kernel* kernel = nullptr;
+  uint3 grid{}, block{};
+  void** args = nullptr;
+  size_t shared_bytes = 0;
+  bool shuffle = false;
+  uint64_t seed = 0;
+  std::chrono::steady_clock::time_point deadline;
+  double timeout_s = 0;
+  std::atomic<bool> failed{false};
+  std::mutex err_mu;
+  std::string error;
+  std::vector<Region*> regions;
+  std::atomic<uint64_t> next_block{0};
+};
+
+inline thread_local Block* t_block = nullptr;
+inline thread_local sigjmp_buf* t_fault_jmp = nullptr;
+inline thread_local uint32_t t_poll = 0;
+
+// ------------------------------------------------------------------ context switching
+#if defined(__x86_64__)
+extern "C" void tk_swap_context(void** save_sp, void* new_sp);
+asm(R"(
+.text
+.globl tk_swap_context
+.type tk_swap_context,@function
+tk_swap_context:
+  pushq %rbp
+  pushq %rbx
+  pushq %r12
+  pushq %r13
+  pushq %r14
+  pushq %r15
+  subq $8, %rsp
+  stmxcsr (%rsp)
+  fnstcw 4(%rsp)
+  movq %rsp, (%rdi)
+  movq %rsi, %rsp
+  ldmxcsr (%rsp)
+  fldcw 4(%rsp)
+  addq $8, %rsp
+  popq %r15
+  popq %r14
+  popq %r13
+  popq %r12
+  popq %rbx
+  popq %rbp
+  ret
+.size tk_swap_context,.-tk_swap_context
+)");
+#else
+#error "the topkgen emulator's fiber switch is written for x86-64"
+#endif
+
+void fiber_main();
+
+inline std::string fmt_tid(const uint3& t) {
+  char b[64];
+  snprintf(b, sizeof b, "(%u,%u,%u)", t.x, t.y, t.z);
+  return b;
+}
+
+inline std::string where(const Block* b, const Thread* t) {
+  std::string s = "kernel '" + std::string(b->launch->kernel->display) + "', block " + fmt_tid(b->bid);
+  if (t) {
+    char buf[96];
+    snprintf(buf, sizeof buf, ", thread %s (warp %u, lane %u)", fmt_tid(t->tid).c_str(), t->warp, t->lane);
+    s += buf;
+  }
+  return s;
+}
+
+inline void fail(Block* b, const std::string& msg) {
+  Launch* L = b->launch;
+  std::lock_guard<std::mutex> g(L->err_mu);
+  if (!L->failed.exchange(true)) L->error = msg;
+  b->aborted = true;
+}
+
+inline Thread* current() { return t_block->cur; }
+
+// Give control back to the block's scheduler; returns when this thread runs again.
+inline void yield_to_scheduler() {
+  Block* b = t_block;
+  tk_swap_context(&b->cur->sp, b->sched_sp);
+}
+
+// A fault inside a thread: record it and leave the thread for good.
+[[noreturn]] inline void thread_fault(const std::string& msg) {
+  Block* b = t_block;
+  fail(b, msg);
+  b->cur->state = State::Done;
+  tk_swap_context(&b->cur->sp, b->sched_sp);
+  __builtin_unreachable();
+}
+
+inline void poll_watchdog() {
+  if ((++t_poll & 1023u) != 0) return;
+  Block* b = t_block;
+  if (!b) return;
+  if (b->launch->failed.load(std::memory_order_relaxed))
+    thread_fault("");  // another block failed: stop
+  if (std::chrono::steady_clock::now() > b->launch->deadline) {
+    char buf[64];
+    snprintf(buf, sizeof buf, "%.1f", b->launch->timeout_s);
+    thread_fault("watchdog: the launch ran longer than " + std::string(buf) + " s at " +
+                 where(b, b->cur) + " (a spin-wait on another CTA never ends here)");
+  }
+}
+
+// ------------------------------------------------------------------ barriers
+inline int block_barrier(int site, int kind, int pred) {
+  Thread* t = current();
+  t->state = State::Barrier;
+  t->bar_site = site;
+  t->bar_kind = kind;
+  t->bar_pred = pred;
+  yield_to_scheduler();
+  return t->bar_result;
+}
+
+// ------------------------------------------------------------------ warp collectives
+inline uint64_t warp_collective(WarpOp op, unsigned mask, uint64_t value, int arg, int width) {
+  Thread* t = current();
+  if (!(mask & (1u << t->lane))) {
+    char buf[160];
+    snprintf(buf, sizeof buf, "%s with mask 0x%08x excludes the calling lane %u at ",
+             kWarpOpNames[op], mask, t->lane);
+    thread_fault(buf + where(t_block, t));
+  }
+  if (width <= 0 || width > kWarp || (width & (width - 1))) {
+    thread_fault(std::string(kWarpOpNames[op]) + ": width must be a power of two <= 32 at " + where(t_block, t));
+  }
+  t->state = State::Warp;
+  t->op = op;
+  t->mask = mask;
+  t->value = value;
+  t->arg = arg;
+  t->width = width;
+  yield_to_scheduler();
+  return t->result;
+}
+
+template <class T>
+inline uint64_t to_bits(T v) {
+  static_assert(sizeof(T) <= 8, "warp shuffles move at most 8 bytes");
+  uint64_t u = 0;
+  memcpy(&u, &v, sizeof(T));
+  return u;
+}
+template <class T>
+inline T from_bits(uint64_t u) {
+  T v;
+  memcpy(&v, &u, sizeof(T));
+  return v;
+}
+
+// ------------------------------------------------------------------ scheduler
+inline uint64_t splitmix(uint64_t& s) {
+  uint64_t z = (s += 0x9e3779b97f4a7c15ull);
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+inline std::string lanes_str(unsigned m) {
+  std::string s;
+  for (int i = 0; i < kWarp;) {
+    if (!(m >> i & 1)) { ++i; continue; }
+    int j = i;
+    while (j + 1 < kWarp && (m >> (j + 1) & 1)) ++j;
+    if (!s.empty()) s += ",";
+    s += std::to_string(i);
+    if (j > i) s += "-" + std::to_string(j);
+    i = j + 1;
+  }
+  return s.empty() ? "none" : s;
+}
+
+struct Scheduler {
+  Block* b;
+  std::vector<unsigned> runq, next;
+  unsigned nwarps;
+
+  explicit Scheduler(Block* blk) : b(blk) { nwarps = (b->nthreads + kWarp - 1) / kWarp; }
+
+  unsigned warp_lanes(unsigned w) const {
+    unsigned n = std::min<unsigned>(kWarp, b->nthreads - w * kWarp);
+    return n == 32 ? 0xffffffffu : ((1u << n) - 1);
+  }
+
+  void run_thread(unsigned i) {
+    Thread* t = &b->threads[i];
+    b->cur = t;
+    tk_swap_context(&b->sched_sp, t->sp);
+    b->cur = nullptr;
+  }
+
+  // Try to complete the collectives of one warp; returns false on a mask error.
+  bool resolve_warp(unsigned w) {
+    Thread* base = &b->threads[w * kWarp];
+    unsigned exists = warp_lanes(w);
+    unsigned waiting = 0;
+    for (unsigned l = 0; l < kWarp; ++l)
+      if ((exists >> l & 1) && base[l].state == State::Warp) waiting |= 1u << l;
+    while (waiting) {
+      unsigned first = __builtin_ctz(waiting);
+      unsigned mask = base[first].mask & exists;
+      unsigned group = 0;
+      for (unsigned l = 0; l < kWarp; ++l) {
+        if (!(waiting >> l & 1)) continue;
+        unsigned m = base[l].mask & exists;
+        if (m == mask) {
+          group |= 1u << l;
+        } else if (m & mask) {
+          char buf[256];
+          snprintf(buf, sizeof buf, "warp collective masks disagree in warp %u: lane %u uses 0x%08x, lane %u uses 0x%08x",
+                   w, first, base[first].mask, l, base[l].mask);
+          fail(b, buf + std::string(" at ") + where(b, nullptr));
+          return false;
+        }
+      }
+      waiting &= ~group;
+      if (group != mask) continue;  // not everyone has arrived yet
+      WarpOp op = base[first].op;
+      for (unsigned l = 0; l < kWarp; ++l) {
+        if ((group >> l & 1) && base[l].op != op) {
+          fail(b, "lanes " + lanes_str(group) + " of warp " + std::to_string(w) + " meet at different warp collectives (" +
+                      kWarpOpNames[op] + " and " + kWarpOpNames[base[l].op] + ") at " + where(b, nullptr));
+          return false;
+        }
+      }
+      if (!complete(base, w, group, op)) return false;
+    }
+    return true;
+  }
+
+  void note_exited(unsigned w) {
+    unsigned m = 0;
+    for (unsigned l = 0; l < kWarp && w * kWarp + l < b->nthreads; ++l)
+      if (b->threads[w * kWarp + l].state == State::Done) m |= 1u << l;
+    b->exited_at_sync[w] = m;
+  }
+
+  bool complete(Thread* base, unsigned w, unsigned group, WarpOp op) {
+    note_exited(w);
+    uint64_t ballot = 0;
+    for (unsigned l = 0; l < kWarp; ++l)
+      if ((group >> l & 1) && base[l].value) ballot |= 1ull << l;
+    for (unsigned l = 0; l < kWarp; ++l) {
+      if (!(group >> l & 1)) continue;
+      Thread* t = &base[l];
+      int width = t->width;
+      unsigned seg = l & ~unsigned(width - 1);
+      int src = int(l);
+      switch (op) {
+        case kShflIdx: src = int(seg) + (t->arg & (width - 1)); break;
+        case kShflUp: src = (int(l) - int(seg)) >= t->arg ? int(l) - t->arg : int(l); break;
+        case kShflDown: src = (int(l) - int(seg)) + t->arg < width ? int(l) + t->arg : int(l); break;
+        case kShflXor: {
+          int s = int(l) ^ t->arg;
+          src = (s >= 0 && s < kWarp && unsigned(s) < seg + width && unsigned(s) >= seg) ? s : int(l);
+          break;
+        }
+        default: break;
+      }
+      if (op <= kShflXor) {
+        if (!(group >> src & 1)) {
+          fail(b, std::string(kWarpOpNames[op]) + " in warp " + std::to_string(w) + ": lane " + std::to_string(l) +
+                      " reads lane " + std::to_string(src) + ", which is not in the mask " + lanes_str(group) +
+                      " at " + where(b, nullptr));
+          return false;
+        }
+        t->result = base[src].value;
+      } else if (op == kBallot) {
+        t->result = ballot;
+      } else if (op == kAny) {
+        t->result = ballot != 0;
+      } else if (op == kAll) {
+        t->result = ballot == group;
+      } else {
+        t->result = 0;
+      }
+    }
+    for (unsigned l = 0; l < kWarp; ++l)
+      if (group >> l & 1) {
+        base[l].state = State::Runnable;
+        next.push_back(w * kWarp + l);
+      }
+    return true;
+  }
+
+  bool release_barrier() {
+    unsigned done = 0, at_bar = 0, in_warp = 0;
+    int site = -1;
+    bool divergent = false;
+    unsigned first_done = 0, first_warp = 0, first_bar = 0;
+    for (unsigned i = 0; i < b->nthreads; ++i) {
+      Thread* t = &b->threads[i];
+      if (t->state == State::Done) { if (!done++) first_done = i; }
+      else if (t->state == State::Warp) { if (!in_warp++) first_warp = i; }
+      else if (t->state == State::Barrier) {
+        if (!at_bar++) { first_bar = i; site = t->bar_site; }
+        else if (t->bar_site != site) divergent = true;
+      }
+    }
+    if (at_bar == 0) {
+      // Only warp collectives are waiting, and none can complete.
+      Thread* t = &b->threads[first_warp];
+      Thread* base = &b->threads[t->warp * kWarp];
+      unsigned missing = (t->mask & warp_lanes(t->warp)), arrived = 0, exited = 0;
+      for (unsigned l = 0; l < kWarp; ++l) {
+        if (!(missing >> l & 1)) continue;
+        if (base[l].state == State::Warp && base[l].mask == t->mask) arrived |= 1u << l;
+        if (base[l].state == State::Done) exited |= 1u << l;
+      }
+      char buf[256];
+      snprintf(buf, sizeof buf, "%s with mask 0x%08x in warp %u: lanes %s arrived, lanes %s never will%s",
+               kWarpOpNames[t->op], t->mask, t->warp, lanes_str(arrived).c_str(),
+               lanes_str(missing & ~arrived).c_str(), exited ? " (they returned)" : " (deadlock)");
+      fail(b, buf + std::string(" at ") + where(b, t));
+      return false;
+    }
+    if (in_warp) {
+      Thread* t = &b->threads[first_warp];
+      fail(b, "deadlock: " + std::to_string(at_bar) + " threads wait at __syncthreads while thread " +
+                  fmt_tid(t->tid) + " waits in " + kWarpOpNames[t->op] + " (mask 0x" +
+                  [&] { char h[16]; snprintf(h, sizeof h, "%08x", t->mask); return std::string(h); }() +
+                  ") at " + where(b, nullptr));
+      return false;
+    }
+    if (done) {
+      fail(b, "__syncthreads reached by " + std::to_string(at_bar) + " of " + std::to_string(b->nthreads) +
+                  " threads: thread " + fmt_tid(b->threads[first_done].tid) + " and " + std::to_string(done - 1) +
+                  " others already returned, at " + where(b, &b->threads[first_bar]));
+      return false;
+    }
+    if (divergent) {
+      fail(b, "divergent __syncthreads: threads of one block wait at different barriers at " + where(b, nullptr));
+      return false;
+    }
+    int count = 0;
+    for (unsigned i = 0; i < b->nthreads; ++i) count += b->threads[i].bar_pred != 0;
+    for (unsigned w = 0; w < nwarps; ++w) note_exited(w);
+    int kind = b->threads[first_bar].bar_kind;
+    int result = kind == 1 ? count : kind == 2 ? (count == int(b->nthreads)) : kind == 3 ? (count > 0) : 0;
+    for (unsigned i = 0; i < b->nthreads; ++i) {
+      b->threads[i].bar_result = result;
+      b->threads[i].state = State::Runnable;
+      next.push_back(i);
+    }
+    return true;
+  }
+
+  void shuffle(std::vector<unsigned>& v) {
+    if (!b->launch->shuffle) return;
+    for (size_t i = v.size(); i > 1; --i) std::swap(v[i - 1], v[splitmix(b->rng) % i]);
+  }
+
+  void run() {
+    next.clear();
+    for (unsigned i = 0; i < b->nthreads; ++i) next.push_back(i);
+    while (!b->aborted) {
+      if (next.empty()) {
+        bool any_warp = false, all_done = true;
+        for (unsigned i = 0; i < b->nthreads; ++i) {
+          any_warp |= b->threads[i].state == State::Warp;
+          all_done &= b->threads[i].state == State::Done;
+        }
+        if (all_done) return;
+        if (any_warp)
+          for (unsigned w = 0; w < nwarps && !b->aborted; ++w)
+            if (!resolve_warp(w)) return;
+        if (!next.empty() || b->aborted) continue;
+        if (!release_barrier()) return;
+        continue;
+      }
+      runq.swap(next);
+      next.clear();
+      shuffle(runq);
+      for (unsigned i : runq) {
+        if (b->aborted) return;
+        run_thread(i);
+        Thread* t = &b->threads[i];
+        if (t->state == State::Runnable) next.push_back(i);  // __nanosleep
+        else if (t->state == State::Warp) {
+          if (!resolve_warp(t->warp)) return;
+        }
+      }
+      if (std::chrono::steady_clock::now() > b->launch->deadline) {
+        char buf[64];
+        snprintf(buf, sizeof buf, "%.1f", b->launch->timeout_s);
+        fail(b, "watchdog: the launch ran longer than " + std::string(buf) + " s at " + where(b, nullptr));
+        return;
+      }
+    }
+  }
+};
+
+// ------------------------------------------------------------------ memory guards
+constexpr unsigned char kCanary = 0xA5;
+
+inline size_t page_size() {
+  static size_t p = size_t(sysconf(_SC_PAGESIZE));
+  return p;
+}
+
+// Guard regions are large so that far out-of-bounds accesses fault instead of landing in
+// another mapping; they cost address space only.
+constexpr size_t kGuardBytes = size_t(1) << 20;
+
+inline Region* region_alloc(size_t nbytes) {
+  size_t page = page_size();
+  size_t data_len = (nbytes + 15) & ~size_t(15);
+  size_t body = (data_len + 64 + page - 1) / page * page;  // at least 64 bytes of front zone
+  size_t len = body + 2 * kGuardBytes;
+  void* m = mmap(nullptr, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (m == MAP_FAILED) return nullptr;
+  unsigned char* map = static_cast<unsigned char*>(m);
+  if (mprotect(map + kGuardBytes, body, PROT_READ | PROT_WRITE) != 0) {
+    munmap(m, len);
+    return nullptr;
+  }
+  Region* r = new Region{map, len, nullptr, nbytes, map + kGuardBytes, map + kGuardBytes + body, "", -1};
+  r->data = r->zone_hi - data_len;
+  memset(r->zone_lo, kCanary, body);
+  return r;
+}
+
+inline void region_free(Region* r) {
+  if (!r) return;
+  munmap(r->map, r->map_len);
+  delete r;
+}
+
+// 0: intact; 1: the front zone was written; 2: the back zone was written.
+inline int region_check(const Region* r) {
+  for (const unsigned char* p = r->zone_lo; p < r->data; ++p)
+    if (*p != kCanary) return 1;
+  for (const unsigned char* p = r->data + r->nbytes; p < r->zone_hi; ++p)
+    if (*p != kCanary) return 2;
+  return 0;
+}
+
+// ------------------------------------------------------------------ fault handling
+inline std::mutex& signal_mu() {
+  static std::mutex m;
+  return m;
+}
+inline int& signal_users() {
+  static int n = 0;
+  return n;
+}
+inline struct sigaction* old_actions() {
+  static struct sigaction a[2];
+  return a;
+}
+inline std::vector<Launch*>& live_launches() {
+  static std::vector<Launch*> v;
+  return v;
+}
+
+inline std::string describe_address(Launch* L, Block* b, uintptr_t a, bool write) {
+  const char* rw = write ? "write" : "read";
+  char buf[320];
+  for (Region* r : L->regions) {
+    uintptr_t lo = uintptr_t(r->map), hi = lo + r->map_len;
+    if (a < lo || a >= hi) continue;
+    long off = long(a - uintptr_t(r->data));
+    snprintf(buf, sizeof buf, "out-of-bounds global %s of %s (%zu bytes) at byte offset %ld", rw, r->what,
+             r->nbytes, off);
+    return buf;
+  }
+  if (const Region* r = b->shared_region) {
+    if (a >= uintptr_t(r->map) && a < uintptr_t(r->map) + r->map_len) {
+      snprintf(buf, sizeof buf, "out-of-range dynamic shared-memory %s at byte offset %ld of %zu bytes", rw,
+               long(a - uintptr_t(b->dyn_shared)), b->dyn_bytes);
+      return buf;
+    }
+  }
+  snprintf(buf, sizeof buf, "invalid memory %s at address 0x%lx (stack overflow or a wild pointer)", rw,
+           (unsigned long)a);
+  return buf;
+}
+
+inline void on_fault(int sig, siginfo_t* info, void* uctx) {
+  Block* b = t_block;
+  if (b && b->cur && t_fault_jmp) {
+    bool write = false;
+#if defined(__x86_64__)
+    write = (static_cast<ucontext_t*>(uctx)->uc_mcontext.gregs[REG_ERR] & 2) != 0;
+#endif
+    fail(b, describe_address(b->launch, b, uintptr_t(info->si_addr), write) + " at " + where(b, b->cur));
+    siglongjmp(*t_fault_jmp, 1);
+  }
+  // Not ours: restore the previous handler and let the fault happen again.
+  sigaction(sig, &old_actions()[sig == SIGSEGV ? 0 : 1], nullptr);
+}
+
+inline void install_handlers() {
+  std::lock_guard<std::mutex> g(signal_mu());
+  if (signal_users()++ > 0) return;
+  struct sigaction sa;
+  memset(&sa, 0, sizeof sa);
+  sa.sa_sigaction = on_fault;
+  sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
+  sigemptyset(&sa.sa_mask);
+  sigaction(SIGSEGV, &sa, &old_actions()[0]);
+  sigaction(SIGBUS, &sa, &old_actions()[1]);
+}
+
+inline void remove_handlers() {
+  std::lock_guard<std::mutex> g(signal_mu());
+  if (--signal_users() > 0) return;
+  sigaction(SIGSEGV, &old_actions()[0], nullptr);
+  sigaction(SIGBUS, &old_actions()[1], nullptr);
+}
+
+// ------------------------------------------------------------------ block execution
+constexpr size_t kStackBytes = 64 * 1024;
+
+struct Worker {
+  std::vector<Thread> threads;
+  unsigned char* stacks = nullptr;
+  size_t stacks_len = 0;
+  Region* shared = nullptr;
+  std::vector<unsigned char> altstack;
+
+  ~Worker() {
+    if (stacks) munmap(stacks, stacks_len);
+    region_free(shared);
+  }
+
+  bool prepare(unsigned nthreads, size_t shared_bytes) {
+    size_t slot = kStackBytes + page_size();
+    stacks_len = slot * nthreads;
+    void* m = mmap(nullptr, stacks_len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+    if (m == MAP_FAILED) return false;
+    stacks = static_cast<unsigned char*>(m);
+    for (unsigned i = 0; i < nthreads; ++i) mprotect(stacks + i * slot, page_size(), PROT_NONE);
+    threads.resize(nthreads);
+    if (shared_bytes) shared = region_alloc(shared_bytes);
+    altstack.resize(64 * 1024);
+    return true;
+  }
+
+  void* initial_sp(unsigned i) {
+    size_t slot = kStackBytes + page_size();
+    uintptr_t top = (uintptr_t(stacks + (i + 1) * slot)) & ~uintptr_t(15);
+    uint64_t* sp = reinterpret_cast<uint64_t*>(top);
+    *--sp = 0;                                      // alignment: fiber_main starts with rsp % 16 == 8
+    *--sp = reinterpret_cast<uint64_t>(&fiber_main);  // return address for `ret`
+    for (int r = 0; r < 6; ++r) *--sp = 0;          // rbp rbx r12 r13 r14 r15
+    --sp;                                           // mxcsr + x87 control word
+    uint32_t ctl[2] = {0x1f80u, 0x037fu};
+    memcpy(sp, ctl, 8);
+    return sp;
+  }
+};
+
+// Static __shared__ arrays are thread_local: find this module's TLS block so that each block
+// starts with poisoned (0xFF) shared memory, as uninitialised on a GPU. Stale reads of a
+// missing barrier then show up instead of reading the previous block's values.
+struct TlsSpan {
+  size_t size = 0;
+  void* handle = nullptr;
+};
+
+inline int find_tls_size(struct dl_phdr_info* info, size_t, void* data) {
+  auto* want = static_cast<std::pair<uintptr_t, size_t>*>(data);
+  if (info->dlpi_addr != want->first) return 0;
+  for (int i = 0; i < info->dlpi_phnum; ++i)
+    if (info->dlpi_phdr[i].p_type == PT_TLS) want->second = info->dlpi_phdr[i].p_memsz;
+  return 1;
+}
+
+inline const TlsSpan& module_tls() {
+  static TlsSpan span = [] {
+    TlsSpan t;
+    Dl_info info;
+    if (dladdr(reinterpret_cast<void*>(&find_tls_size), &info)) {
+      std::pair<uintptr_t, size_t> want{uintptr_t(info.dli_fbase), 0};
+      dl_iterate_phdr(find_tls_size, &want);
+      t.size = want.second;
+      t.handle = dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD);
+    }
+    return t;
+  }();
+  return span;
+}
+
+inline void poison_static_shared() {
+  const TlsSpan& t = module_tls();
+  void* block = nullptr;
+  t_poll = 0;  // touch the TLS block so that it exists
+  if (t.handle && t.size && dlinfo(t.handle, RTLD_DI_TLS_DATA, &block) == 0 && block) memset(block, 0xFF, t.size);
+  t_block = nullptr;
+  t_fault_jmp = nullptr;
+  t_poll = 0;
+}
+
+inline void fiber_main() {
+  Block* b = t_block;
+  const Kernel* k = b->launch->kernel;
+  k->invoke(k->fn, b->launch->args);
+  b->cur->state = State::Done;
+  tk_swap_context(&b->cur->sp, b->sched_sp);
+  __builtin_trap();
+}
+
+inline void run_blocks(Launch* L, uint64_t nblocks) {
+  Worker w;
+  unsigned nthreads = L->block.x * L->block.y * L->block.z;
+  if (!w.prepare(nthreads, L->shared_bytes)) {
+    std::lock_guard<std::mutex> g(L->err_mu);
+    if (!L->failed.exchange(true)) L->error = "cannot allocate fiber stacks";
+    return;
+  }
+  stack_t ss{};
+  ss.ss_sp = w.altstack.data();
+  ss.ss_size = w.altstack.size();
+  stack_t old_ss{};
+  sigaltstack(&ss, &old_ss);
+  if (w.shared) {
+    w.shared->what = "dynamic shared memory";
+  }
+  for (;;) {
+    uint64_t id = L->next_block.fetch_add(1);
+    if (id >= nblocks || L->failed.load()) break;
+    Block b;
+    b.launch = L;
+    b.bid = uint3{unsigned(id % L->grid.x), unsigned(id / L->grid.x % L->grid.y),
+                  unsigned(id / (uint64_t(L->grid.x) * L->grid.y))};
+    b.threads = w.threads.data();
+    b.nthreads = nthreads;
+    b.rng = L->seed * 0x9e3779b97f4a7c15ull + id + 1;
+    if (w.shared) {
+      b.dyn_shared = w.shared->data;
+      b.dyn_bytes = L->shared_bytes;
+      b.shared_region = w.shared;
+    }
+    for (unsigned i = 0; i < nthreads; ++i) {
+      Thread& t = w.threads[i];
+      t = Thread{};
+      t.tid = uint3{i % L->block.x, i / L->block.x % L->block.y, i / (L->block.x * L->block.y)};
+      t.linear = i;
+      t.lane = i % kWarp;
+      t.warp = i / kWarp;
+      t.sp = w.initial_sp(i);
+    }
+    poison_static_shared();
+    if (w.shared) memset(w.shared->data, 0xFF, w.shared->nbytes);
+    sigjmp_buf jb;
+    t_block = &b;
+    t_fault_jmp = &jb;
+    if (sigsetjmp(jb, 1) == 0) {
+      Scheduler s(&b);
+      s.run();
+    }
+    t_fault_jmp = nullptr;
+    t_block = nullptr;
+    if (w.shared && !b.aborted) {
+      int damage = region_check(w.shared);
+      if (damage) {
+        fail(&b, std::string("out-of-range dynamic shared-memory write ") + (damage == 1 ? "before" : "after") +
+                     " the " + std::to_string(L->shared_bytes) + " bytes, found in the guard zone after " +
+                     where(&b, nullptr));
+      }
+    }
+    if (b.aborted) break;
+  }
+  sigaltstack(&old_ss, nullptr);
+}
+
+// ------------------------------------------------------------------ registration helpers
+template <class T>
+constexpr char code_of() {
+  using U = std::remove_cv_t<T>;
+  if constexpr (std::is_pointer_v<U>) return 'p';
+  else if constexpr (std::is_same_v<U, bool>) return 'b';
+  else if constexpr (std::is_floating_point_v<U>) return sizeof(U) == 4 ? 'f' : 'd';
+  else if constexpr (std::is_integral_v<U> && std::is_signed_v<U>)
+    return sizeof(U) == 1 ? 'c' : sizeof(U) == 2 ? 'h' : sizeof(U) == 4 ? 'i' : 'l';
+  else if constexpr (std::is_integral_v<U>)
+    return sizeof(U) == 1 ? 'C' : sizeof(U) == 2 ? 'H' : sizeof(U) == 4 ? 'I' : 'L';
+  else return '?';
+}
+
+template <class... A, size_t... I>
+void invoke_impl(void (*f)(A...), void** args, std::index_sequence<I...>) {
+  f(*static_cast<std::remove_reference_t<A>*>(args[I])...);
+}
+
+template <class... A>
+struct Registrar {
+  static void invoke(void* fn, void** args) {
+    invoke_impl(reinterpret_cast<void (*)(A...)>(fn), args, std::index_sequence_for<A...>{});
+  }
+  static constexpr char sig[sizeof...(A) + 1] = {code_of<A>()..., '\0'};
+};
+
+template <class... A>
+int register_kernel(void (*f)(A...), const char* display) {
+  registry().push_back(Kernel{reinterpret_cast<void*>(f), &Registrar<A...>::invoke, Registrar<A...>::sig, display});
+  return 0;
+}
+
+}  // namespace tk
+
+// ------------------------------------------------------------------ built-in variables
+#define threadIdx (::tk::t_block->cur->tid)
+#define blockIdx (::tk::t_block->bid)
+#define blockDim (::tk::t_block->launch->block)
+#define gridDim (::tk::t_block->launch->grid)
+#define warpSize 32
+
+// ------------------------------------------------------------------ barriers
+#define __syncthreads() ((void)::tk::block_barrier(__COUNTER__, 0, 0))
+#define __syncthreads_count(p) ::tk::block_barrier(__COUNTER__, 1, (p) != 0)
+#define __syncthreads_and(p) ::tk::block_barrier(__COUNTER__, 2, (p) != 0)
+#define __syncthreads_or(p) ::tk::block_barrier(__COUNTER__, 3, (p) != 0)
+
+inline void __syncwarp(unsigned mask = 0xffffffffu) { ::tk::warp_collective(::tk::kSyncWarp, mask, 0, 0, 32); }
+
+// ------------------------------------------------------------------ warp collectives
+template <class T>
+inline T __shfl_sync(unsigned mask, T var, int src, int width = 32) {
+  return ::tk::from_bits<T>(::tk::warp_collective(::tk::kShflIdx, mask, ::tk::to_bits(var), src, width));
+}
+template <class T>
+inline T __shfl_up_sync(unsigned mask, T var, unsigned delta, int width = 32) {
+  return ::tk::from_bits<T>(::tk::warp_collective(::tk::kShflUp, mask, ::tk::to_bits(var), int(delta), width));
+}
+template <class T>
+inline T __shfl_down_sync(unsigned mask, T var, unsigned delta, int width = 32) {
+  return ::tk::from_bits<T>(::tk::warp_collective(::tk::kShflDown, mask, ::tk::to_bits(var), int(delta), width));
+}
+template <class T>
+inline T __shfl_xor_sync(unsigned mask, T var, int lane_mask, int width = 32) {
+  return ::tk::from_bits<T>(::tk::warp_collective(::tk::kShflXor, mask, ::tk::to_bits(var), lane_mask, width));
+}
+inline unsigned __ballot_sync(unsigned mask, int pred) {
+  return unsigned(::tk::warp_collective(::tk::kBallot, mask, pred != 0, 0, 32));
+}
+inline int __any_sync(unsigned mask, int pred) { return int(::tk::warp_collective(::tk::kAny, mask, pred != 0, 0, 32)); }
+inline int __all_sync(unsigned mask, int pred) { return int(::tk::warp_collective(::tk::kAll, mask, pred != 0, 0, 32)); }
+// The lanes of the warp that had not returned when the warp last synchronised (a barrier or
+// a warp collective): threads run one after another between those points.
+inline unsigned __activemask() {
+  ::tk::Block* b = ::tk::t_block;
+  unsigned w = b->cur->warp, n = std::min(32u, b->nthreads - w * 32);
+  unsigned exists = n == 32 ? 0xffffffffu : ((1u << n) - 1);
+  return exists & ~b->exited_at_sync[w];
+}
+
+// Lets other threads of the block run: intra-block spin-waits make progress.
+inline void __nanosleep(unsigned) {
+  ::tk::poll_watchdog();
+  ::tk::yield_to_scheduler();
+}
+
+// ------------------------------------------------------------------ memory fences and atomics
+inline void __threadfence() { ::tk::poll_watchdog(); __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+inline void __threadfence_block() { ::tk::poll_watchdog(); __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+inline void __threadfence_system() { ::tk::poll_watchdog(); __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+
+#define TK_ATOMIC_INT(T)                                                                                       \
+  inline T atomicAdd(T* p, T v) { ::tk::poll_watchdog(); return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); } \
+  inline T atomicSub(T* p, T v) { ::tk::poll_watchdog(); return __atomic_fetch_sub(p, v, __ATOMIC_SEQ_CST); } \
+  inline T atomicOr(T* p, T v) { ::tk::poll_watchdog(); return __atomic_fetch_or(p, v, __ATOMIC_SEQ_CST); }   \
+  inline T atomicAnd(T* p, T v) { ::tk::poll_watchdog(); return __atomic_fetch_and(p, v, __ATOMIC_SEQ_CST); } \
+  inline T atomicXor(T* p, T v) { ::tk::poll_watchdog(); return __atomic_fetch_xor(p, v, __ATOMIC_SEQ_CST); } \
+  inline T atomicExch(T* p, T v) { ::tk::poll_watchdog(); return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); } \
+  inline T atomicCAS(T* p, T cmp, T v) {                                                                       \
+    ::tk::poll_watchdog();                                                                                     \
+    __atomic_compare_exchange_n(p, &cmp, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);                        \
+    return cmp;                                                                                                \
+  }                                                                                                            \
+  inline T atomicMax(T* p, T v) {                                                                              \
+    ::tk::poll_watchdog();                                                                                     \
+    T old = __atomic_load_n(p, __ATOMIC_SEQ_CST);                                                              \
+    while (old < v && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {   \
+    }                                                                                                          \
+    return old;                                                                                                \
+  }                                                                                                            \
+  inline T atomicMin(T* p, T v) {                                                                              \
+    ::tk::poll_watchdog();                                                                                     \
+    T old = __atomic_load_n(p, __ATOMIC_SEQ_CST);                                                              \
+    while (old > v && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {   \
+    }                                                                                                          \
+    return old;                                                                                                \
+  }
+TK_ATOMIC_INT(int)
+TK_ATOMIC_INT(unsigned int)
+TK_ATOMIC_INT(unsigned long long)
+TK_ATOMIC_INT(long long)
+#undef TK_ATOMIC_INT
+
+inline unsigned short atomicCAS(unsigned short* p, unsigned short cmp, unsigned short v) {
+  ::tk::poll_watchdog();
+  __atomic_compare_exchange_n(p, &cmp, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+  return cmp;
+}
+
+template <class F, class U>
+inline F tk_atomic_float_add(F* p, F v) {
+  ::tk::poll_watchdog();
+  U* q = reinterpret_cast<U*>(p);
+  U old = __atomic_load_n(q, __ATOMIC_SEQ_CST), want;
+  do {
+    F f;
+    memcpy(&f, &old, sizeof f);
+    f += v;
+    memcpy(&want, &f, sizeof f);
+  } while (!__atomic_compare_exchange_n(q, &old, want, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST));
+  F r;
+  memcpy(&r, &old, sizeof r);
+  return r;
+}
+inline float atomicAdd(float* p, float v) { return tk_atomic_float_add<float, uint32_t>(p, v); }
+inline double atomicAdd(double* p, double v) { return tk_atomic_float_add<double, uint64_t>(p, v); }
+inline float atomicExch(float* p, float v) {
+  ::tk::poll_watchdog();
+  uint32_t u, o;
+  memcpy(&u, &v, 4);
+  o = __atomic_exchange_n(reinterpret_cast<uint32_t*>(p), u, __ATOMIC_SEQ_CST);
+  float r;
+  memcpy(&r, &o, 4);
+  return r;
+}
+
+// ------------------------------------------------------------------ integer and bit intrinsics
+inline int __popc(unsigned x) { return __builtin_popcount(x); }
+inline int __popcll(unsigned long long x) { return __builtin_popcountll(x); }
+inline int __clz(int x) { return x == 0 ? 32 : __builtin_clz(unsigned(x)); }
+inline int __clzll(long long x) { return x == 0 ? 64 : __builtin_clzll((unsigned long long)x); }
+inline int __ffs(int x) { return __builtin_ffs(x); }
+inline int __ffsll(long long x) { return __builtin_ffsll(x); }
+inline unsigned __brev(unsigned x) {
+  x = ((x >> 1) & 0x55555555u) | ((x & 0x55555555u) << 1);
+  x = ((x >> 2) & 0x33333333u) | ((x & 0x33333333u) << 2);
+  x = ((x >> 4) & 0x0f0f0f0fu) | ((x & 0x0f0f0f0fu) << 4);
+  return __builtin_bswap32(x);
+}
+inline unsigned long long __brevll(unsigned long long x) {
+  return (static_cast<unsigned long long>(__brev(unsigned(x))) << 32) | __brev(unsigned(x >> 32));
+}
+inline unsigned __byte_perm(unsigned x, unsigned y, unsigned s) {
+  uint64_t v = (uint64_t(y) << 32) | x;
+  unsigned r = 0;
+  for (int i = 0; i < 4; ++i) r |= unsigned((v >> (8 * ((s >> (4 * i)) & 7))) & 0xff) << (8 * i);
+  return r;
+}
+inline unsigned __funnelshift_l(unsigned lo, unsigned hi, unsigned s) {
+  uint64_t v = (uint64_t(hi) << 32) | lo;
+  return unsigned((v << (s & 31)) >> 32);
+}
+inline unsigned __funnelshift_r(unsigned lo, unsigned hi, unsigned s) {
+  uint64_t v = (uint64_t(hi) << 32) | lo;
+  return unsigned(v >> (s & 31));
+}
+inline unsigned __float_as_uint(float f) { unsigned u; memcpy(&u, &f, 4); return u; }
+inline float __uint_as_float(unsigned u) { float f; memcpy(&f, &u, 4); return f; }
+inline int __float_as_int(float f) { int u; memcpy(&u, &f, 4); return u; }
+inline float __int_as_float(int u) { float f; memcpy(&f, &u, 4); return f; }
+inline long long __double_as_longlong(double d) { long long u; memcpy(&u, &d, 8); return u; }
+inline double __longlong_as_double(long long u) { double d; memcpy(&d, &u, 8); return d; }
+template <class T>
+inline T __ldg(const T* p) { return *p; }
+
+inline int min(int a, int b) { return a < b ? a : b; }
+inline int max(int a, int b) { return a > b ? a : b; }
+inline unsigned min(unsigned a, unsigned b) { return a < b ? a : b; }
+inline unsigned max(unsigned a, unsigned b) { return a > b ? a : b; }
+inline long long min(long long a, long long b) { return a < b ? a : b; }
+inline long long max(long long a, long long b) { return a > b ? a : b; }
+inline unsigned long long min(unsigned long long a, unsigned long long b) { return a < b ? a : b; }
+inline unsigned long long max(unsigned long long a, unsigned long long b) { return a > b ? a : b; }
+inline float min(float a, float b) { return a < b ? a : b; }
+inline float max(float a, float b) { return a > b ? a : b; }
+
+// ------------------------------------------------------------------ dynamic shared memory
+namespace tk {
+inline unsigned char* dynamic_shared() { return t_block->dyn_shared; }
+}  // namespace tk
+
+// ------------------------------------------------------------------ the module's C interface
+extern "C" {
+
+__attribute__((visibility("default"))) int tk_kernel_count() { return int(::tk::registry().size()); }
+
+__attribute__((visibility("default"))) const char* tk_kernel_signature(int i) { return ::tk::registry()[i].signature; }
+
+__attribute__((visibility("default"))) const char* tk_kernel_display(int i) { return ::tk::registry()[i].display; }
+
+// The symbol name as the linker sees it: the plain name of an extern "C" kernel, the
+// mangled (lowered) name of a template instance.
+__attribute__((visibility("default"))) const char* tk_kernel_symbol(int i) {
+  Dl_info info;
+  if (dladdr(::tk::registry()[i].fn, &info) && info.dli_sname) return info.dli_sname;
+  return ::tk::registry()[i].display;
+}
+
+__attribute__((visibility("default"))) void* tk_region_alloc(size_t nbytes) { return ::tk::region_alloc(nbytes); }
+__attribute__((visibility("default"))) void* tk_region_data(void* r) { return static_cast<::tk::Region*>(r)->data; }
+__attribute__((visibility("default"))) int tk_region_check(void* r) { return ::tk::region_check(static_cast<::tk::Region*>(r)); }
+__attribute__((visibility("default"))) void tk_region_free(void* r) { ::tk::region_free(static_cast<::tk::Region*>(r)); }
+
+// args: like cuLaunchKernel's kernelParams, one pointer to each argument's value.
+// regions/region_names: the guarded buffers passed as pointer arguments, to name faults.
+__attribute__((visibility("default"))) int tk_launch(int kernel, const unsigned* grid, const unsigned* block,
+                                                     void** args, void** regions, const char** region_names,
+                                                     int nregions, size_t shared_bytes, int shuffle,
+                                                     unsigned long long seed, double timeout_s, int workers,
+                                                     char* err, size_t errlen) {
+  using namespace ::tk;
+  Launch L;
+  L.kernel = &registry()[kernel];
+  L.grid = uint3{grid[0], grid[1], grid[2]};
+  L.block = uint3{block[0], block[1], block[2]};
+  L.args = args;
+  L.shared_bytes = shared_bytes;
+  L.shuffle = shuffle != 0;
+  L.seed = seed;
+  L.timeout_s = timeout_s;
+  L.deadline = std::chrono::steady_clock::now() +
+               std::chrono::microseconds(static_cast<long long>(timeout_s * 1e6));
+  for (int i = 0; i < nregions; ++i) {
+    Region* r = static_cast<Region*>(regions[i]);
+    r->what = region_names[i];
+    L.regions.push_back(r);
+  }
+  uint64_t nblocks = uint64_t(L.grid.x) * L.grid.y * L.grid.z;
+  install_handlers();
+  int nworkers = int(std::min<uint64_t>(nblocks, uint64_t(std::max(1, workers))));
+  if (nworkers <= 1) {
+    run_blocks(&L, nblocks);
+  } else {
+    std::vector<std::thread> pool;
+    for (int i = 0; i < nworkers; ++i) pool.emplace_back(run_blocks, &L, nblocks);
+    for (auto& t : pool) t.join();
+  }
+  remove_handlers();
+  if (L.failed.load()) {
+    snprintf(err, errlen, "%s", L.error.c_str());
+    return 1;
+  }
+  return 0;
+}
+
+}  // extern "C"

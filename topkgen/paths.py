@@ -1,0 +1,45 @@
+"""Where topkgen finds CUDA headers (pip wheels, never a system toolkit) and its caches."""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+
+@lru_cache(maxsize=1)
+def cuda_include_dir() -> Path:
+    """The include folder of the nvidia-cuda-* wheels (cuda_fp16.h, cuda_bf16.h, nv/target)."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("nvidia")
+    for base in (spec.submodule_search_locations or []) if spec else []:
+        candidate = Path(base) / "cu13" / "include"
+        if (candidate / "cuda_bf16.h").is_file() and (candidate / "crt" / "host_defines.h").is_file():
+            return candidate
+    raise RuntimeError("CUDA headers not found: install the nvidia-cuda-runtime, nvidia-cuda-crt and "
+                       "nvidia-cuda-cccl wheels (pip install topkgen pulls them in)")
+
+
+def cache_root() -> Path:
+    """TOPKGEN_CACHE_DIR, else the user cache directory."""
+    explicit = os.environ.get("TOPKGEN_CACHE_DIR")
+    if explicit:
+        return Path(explicit)
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "topkgen"
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write to a temporary file beside `path`, then rename it into place."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    try:
+        with open(tmp, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if tmp.exists():
+            tmp.unlink()
