@@ -7,7 +7,9 @@ Exit status: 0 success, 1 "differs" (diff), 2 usage or input errors. Heavy modul
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
 import sys
 from typing import Any
 
@@ -151,6 +153,39 @@ def explain(policy_path: str | None, arch: str, dtype: str, k: int, n: int, dete
     click.echo(f"source: {sel.source.upper()}")
     click.echo(f"rule:   {sel.rule}")
     click.echo(f"why:    {sel.reason}")
+
+
+@main.command()
+@POLICY_OPTION
+@ARCH_OPTION
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out", show_default=True,
+              help="Bundle directory: <arch>/<kernel>.cubin and manifest.json.")
+@click.option("-j", "--jobs", type=click.IntRange(1, 256), default=os.cpu_count() or 1, show_default=True,
+              help="Kernels compiled in parallel.")
+@click.option("--allow-over-budget", is_flag=True, help="Report kernels over their resource budget without failing.")
+def build(policy_path: str | None, archs: tuple[str, ...], out_dir: str, jobs: int, allow_over_budget: bool) -> None:
+    """Render and compile every planned kernel with NVRTC into a cubin bundle and manifest."""
+    from pathlib import Path
+
+    from topkgen import bundle, compile as nvrtc_compile
+
+    policy = _load_policy(policy_path)
+    chosen = _archs(policy, archs)
+    total = sum(len(pol.plan(policy, a)) for a in chosen)
+    bar = click.progressbar(length=total, label="compiling", file=sys.stderr) if sys.stderr.isatty() else None
+    try:
+        with bar if bar is not None else contextlib.nullcontext():
+            manifest = bundle.build(policy, chosen, Path(out_dir), jobs=jobs, allow_over_budget=allow_over_budget,
+                                    progress=(lambda _spec: bar.update(1)) if bar is not None else None,
+                                    warn=lambda msg: click.echo(f"topkgen: warning: {msg}", err=True))
+    except (bundle.BuildError, nvrtc_compile.CompileError) as err:
+        click.echo(f"topkgen: build failed, {out_dir} left as it was:\n{err}", err=True)
+        sys.exit(1)
+    counts = {a: sum(1 for k in manifest["kernels"] if k["arch"] == a) for a in chosen}
+    size = sum(k["size_bytes"] for k in manifest["kernels"])
+    click.echo(f"wrote {out_dir}/manifest.json: {len(manifest['kernels'])} kernels "
+               f"({', '.join(f'{a} {n}' for a, n in counts.items())}), {size} bytes of cubin, "
+               f"NVRTC {manifest['nvrtc_version']}")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -25,9 +25,9 @@ K_MAX = 1024
 N_MAX = 2**31 - 1
 VECTOR_BYTES = 16
 THREADS_PER_SM = 2048
-# Register kernels keep N/32 keys per lane; beyond 64 the warp runs out of registers.
+# Register kernels keep N/32 keys per lane (at most 64) and one result per lane (K <= 32).
 REGISTER_MAX_N = 2048
-REGISTER_MAX_K = 64
+REGISTER_MAX_K = 32
 WORK_BY_FAMILY = {"register": ("ladder", "exact"), "radix": ("exact", "dynamic", "fixed_vec")}
 
 

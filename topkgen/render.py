@@ -6,6 +6,7 @@ copied from the policy file; StrictUndefined turns any missing value into an err
 
 from __future__ import annotations
 
+import re
 from functools import lru_cache
 from pathlib import Path
 
@@ -31,3 +32,58 @@ def _environment():
         trim_blocks=True,
         lstrip_blocks=True,
     )
+
+
+_NAME = re.compile(r"^topk_[a-z0-9_]{1,80}$")
+
+# The kernel parameters in order, as C types per dtype: the manifest lists them.
+PARAMS = (("x", "const {t}*"), ("values", "{t}*"), ("indices", "long long*"), ("rows", "int"),
+          ("n", "int"), ("k", "int"), ("largest", "int"))
+
+
+def params(spec: KernelSpec) -> list[dict[str, str]]:
+    return [{"name": name, "ctype": ctype.format(t=C_TYPES[spec.dtype])} for name, ctype in PARAMS]
+
+
+def _int(value: object, lo: int, hi: int, what: str) -> int:
+    if isinstance(value, bool) or not isinstance(value, int) or not lo <= value <= hi:
+        raise ValueError(f"{what}: {value!r} is not an integer in [{lo}, {hi}]")
+    return value
+
+
+def context(spec: KernelSpec) -> dict[str, object]:
+    """The template context: validated integers and strictly patterned names only."""
+    if not _NAME.match(spec.name):
+        raise ValueError(f"kernel name {spec.name!r} does not match {_NAME.pattern}")
+    ctx: dict[str, object] = {
+        "name": spec.name,
+        "arch": spec.arch if re.fullmatch(r"sm_[0-9]{2,3}", spec.arch) else "",
+        "ctype": C_TYPES[spec.dtype],
+        "k": _int(spec.k, 1, 1024, "k"),
+        "threads": _int(spec.threads, 32, 1024, "threads"),
+        "min_ctas_per_sm": _int(spec.min_ctas_per_sm, 1, 32, "min_ctas_per_sm"),
+        "rows_per_block": _int(spec.rows_per_block, 1, 32, "rows_per_block"),
+        "mode": {"fast": "fast", "deterministic": "deterministic"}[spec.mode],
+        "deterministic": spec.mode == "deterministic",
+        "work_rung": {"ladder": "ladder", "dynamic": "dynamic", "exact": f"exact N={int(spec.exact_n or 0)}",
+                      "fixed_vec": f"fixed_vec={int(spec.vector_iterations or 0)}"}[spec.work],
+        "body_steps": _int(spec.vector_iterations, 1, 8, "vector_iterations") if spec.work == "fixed_vec" else 0,
+        "tail_steps": _int(spec.tail_max_iterations, 1, 16, "tail_max_iterations")
+        if spec.tail_policy == "fixed" else 0,
+        "exact_n": _int(spec.exact_n, 1, 2**31 - 1, "exact_n") if spec.work == "exact" else 0,
+    }
+    if spec.family == "register":
+        rungs = spec.ladder if spec.work == "ladder" else (spec.exact_n,)
+        ctx["branches"] = [_int(r, 32, 2048, "ladder rung") for r in rungs]
+        for r in ctx["branches"]:  # type: ignore[union-attr]
+            if r % 32:
+                raise ValueError(f"ladder rung {r} is not a multiple of 32")
+    return ctx
+
+
+def render(spec: KernelSpec) -> str:
+    """The CUDA source of one kernel. The same text goes to NVRTC and to the emulator."""
+    template = {"register": "register_select.cu.j2", "radix": "radix_select.cu.j2"}[spec.family]
+    if spec.template != template:
+        raise ValueError(f"{spec.name}: family {spec.family} renders from {template}, not {spec.template}")
+    return _environment().get_template(template).render(**context(spec))

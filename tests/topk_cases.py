@@ -1,0 +1,74 @@
+"""Inputs and checks shared by the kernel and runtime tests: rows with NaN payloads of both
+signs, infinities, signed zeros, subnormals, all-equal rows and heavy ties."""
+
+from __future__ import annotations
+
+import ml_dtypes
+import numpy as np
+
+from topkgen import reference
+
+NUMPY_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
+BITS = {"float32": np.uint32, "bfloat16": np.uint16, "float16": np.uint16}
+# (quiet NaN, negative NaN with payload, +inf, -inf, smallest subnormal, largest negative subnormal)
+SPECIAL_BITS = {
+    "float32": (0x7FC00000, 0xFFC00123, 0x7F800000, 0xFF800000, 0x00000001, 0x807FFFFF),
+    "bfloat16": (0x7FC0, 0xFFC3, 0x7F80, 0xFF80, 0x0001, 0x807F),
+    "float16": (0x7E00, 0xFE03, 0x7C00, 0xFC00, 0x0001, 0x83FF),
+}
+PATTERNS = ("random", "ties", "all_equal", "specials", "ascending", "neg_inf_and_nan")
+
+
+def make_rows(dtype: str, rows: int, n: int, seed: int) -> np.ndarray:
+    """rows x n values; row r uses PATTERNS[r % len(PATTERNS)]."""
+    rng = np.random.default_rng(seed)
+    np_t = NUMPY_DTYPES[dtype]
+    out = np.empty((rows, n), dtype=np_t)
+    for r in range(rows):
+        pattern = PATTERNS[r % len(PATTERNS)]
+        if pattern == "random":
+            row = rng.standard_normal(n).astype(np.float32) * 100
+            row[rng.integers(0, n, size=n // 8 + 1)] = row[0]  # some duplicates
+            out[r] = row.astype(np_t)
+        elif pattern == "ties":
+            out[r] = rng.choice(np.array([-1.0, 0.0, 1.0, 2.0], np.float32), size=n).astype(np_t)
+        elif pattern == "all_equal":
+            out[r] = np_t(3.0)
+        elif pattern == "ascending":
+            out[r] = (np.arange(n, dtype=np.float32) % 2000 - 1000).astype(np_t)
+        else:
+            bits = rng.integers(0, 2 ** (8 * np.dtype(BITS[dtype]).itemsize), size=n, dtype=np.uint64)
+            bits = bits.astype(BITS[dtype])
+            specials = np.array(SPECIAL_BITS[dtype] + (0, 1 << (8 * np.dtype(BITS[dtype]).itemsize - 1)),
+                               dtype=BITS[dtype])  # ..., +0, -0
+            if pattern == "neg_inf_and_nan":
+                bits[:] = specials[3]
+                bits[rng.integers(0, n, size=max(1, n // 16))] = specials[1]
+                bits[rng.integers(0, n, size=max(1, n // 16))] = specials[0]
+            else:
+                where = rng.random(n) < 0.5
+                bits[where] = rng.choice(specials, size=int(where.sum()))
+            out[r] = bits.view(np_t)
+    return out
+
+
+def check_topk(x: np.ndarray, values: np.ndarray, indices: np.ndarray, k: int, largest: bool,
+               deterministic: bool, dtype: str, what: str = "") -> None:
+    """Deterministic: bit-exact against the reference. Fast: the same keys in the same order,
+    distinct indices, and values that are exactly the input at those indices."""
+    ref_values, ref_indices = reference.topk(x, k, largest=largest)
+    bits_t = BITS[dtype]
+    if deterministic:
+        np.testing.assert_array_equal(indices, ref_indices, err_msg=f"{what}: indices differ")
+        np.testing.assert_array_equal(values.view(bits_t), ref_values.view(bits_t), err_msg=f"{what}: values differ")
+        return
+    rows = x.reshape(-1, x.shape[-1])
+    idx = indices.reshape(-1, k)
+    assert ((idx >= 0) & (idx < x.shape[-1])).all(), f"{what}: index out of range"
+    for r in range(rows.shape[0]):
+        assert len(set(idx[r].tolist())) == k, f"{what}: row {r} has repeated indices"
+    gathered = np.take_along_axis(rows, idx, axis=-1)
+    np.testing.assert_array_equal(values.reshape(-1, k).view(bits_t), gathered.view(bits_t),
+                                  err_msg=f"{what}: values are not the inputs at the returned indices")
+    np.testing.assert_array_equal(reference.select_keys(values, largest), reference.select_keys(ref_values, largest),
+                                  err_msg=f"{what}: selected values differ from the reference")
