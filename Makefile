@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 OUT    ?= out
 JOBS   ?= 2
 
-.PHONY: build test install bench bench-plan bench-emulator bench-build bench-diff gpu-check clean
+.PHONY: build build-legacy test install bench bench-plan bench-emulator bench-build bench-diff gpu-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,20 +16,29 @@ $(STAMP): pyproject.toml
 
 install: $(STAMP)
 
-# The main job with the default policy.
+# The main job with the default policy: plan, then compile the bundle into $(OUT)/.
 build: $(STAMP)
-	$(BIN)/topkgen plan
+	$(BIN)/topkgen plan --format json > /dev/null
+	$(BIN)/topkgen build --out $(OUT) -j $(JOBS)
 
+# The old exact-N grid, for comparison (CI builds it too).
+build-legacy: $(STAMP)
+	$(BIN)/topkgen build --policy policies/legacy/exact_n_grid.yaml --out $(OUT)-legacy -j $(JOBS)
+
+# Tests share one compile cache per checkout so pytest-xdist workers reuse each other's work.
 test: $(STAMP)
-	$(BIN)/python -m pytest -q
+	TOPKGEN_CACHE_DIR=$(CURDIR)/.cache $(BIN)/python -m pytest -q -n $(JOBS)
 
-bench: bench-plan bench-emulator
+bench: bench-plan bench-emulator bench-build
 
 bench-plan: $(STAMP)
 	$(BIN)/python benchmarks/bench_cli.py plan
 
 clean:
-	rm -rf $(OUT) build dist *.egg-info
+	rm -rf $(OUT) $(OUT)-legacy .cache build dist *.egg-info
 
 bench-emulator: $(STAMP)
 	$(BIN)/python benchmarks/bench_emulator.py
+
+bench-build: $(STAMP)
+	$(BIN)/python benchmarks/bench_build.py

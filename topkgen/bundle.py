@@ -17,13 +17,13 @@ import os
 import shutil
 import struct
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import asdict
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterator
 
 from topkgen import __version__
 from topkgen.compile import CompiledKernel, compile_kernel, nvrtc_version
-from topkgen.policy import KernelSpec, Policy, jit_kernels, plan, rule_record
+from topkgen.policy import KernelSpec, Policy, plan, rule_record
 from topkgen.render import params, render
 from topkgen.schema import SchemaViolation, format_path, load_schema, validate
 
@@ -87,9 +87,16 @@ def compile_specs(specs: list[KernelSpec], jobs: int = 1,
         return list(pool.map(one, specs))
 
 
+@dataclass(frozen=True)
+class BuildResult:
+    manifest: dict
+    compiled: int     # kernels NVRTC compiled in this build
+    from_cache: int   # kernels taken from the compile cache
+
+
 def build(policy: Policy, archs: list[str], out: Path, *, jobs: int = 1, allow_over_budget: bool = False,
           progress: Callable[[KernelSpec], None] | None = None,
-          warn: Callable[[str], None] | None = None) -> dict:
+          warn: Callable[[str], None] | None = None) -> BuildResult:
     """Compile every planned kernel and write the bundle to `out`, atomically."""
     specs = [spec for arch in archs for spec in plan(policy, arch)]
     compiled = compile_specs(specs, jobs, progress)
@@ -111,7 +118,8 @@ def build(policy: Policy, archs: list[str], out: Path, *, jobs: int = 1, allow_o
     validate(manifest, load_schema("manifest.schema.json"))
     with _locked(out):
         _write_atomically(out, manifest, {f"{s.arch}/{s.name}.cubin": c.cubin for s, c in zip(specs, compiled)})
-    return manifest
+    cached = sum(1 for c in compiled if c.cached)
+    return BuildResult(manifest, len(compiled) - cached, cached)
 
 
 def manifest_bytes(manifest: dict) -> bytes:
@@ -209,6 +217,3 @@ def read_cubin(root: Path, entry: dict) -> bytes:
         raise ManifestError(f"kernel {entry['name']}: {entry['cubin']} does not match its sha256 in the manifest")
     return data
 
-
-def jit_specs(policy: Policy, archs: list[str]) -> list[KernelSpec]:
-    return [spec for arch in archs for spec in jit_kernels(policy, arch)]

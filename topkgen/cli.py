@@ -175,17 +175,18 @@ def build(policy_path: str | None, archs: tuple[str, ...], out_dir: str, jobs: i
     bar = click.progressbar(length=total, label="compiling", file=sys.stderr) if sys.stderr.isatty() else None
     try:
         with bar if bar is not None else contextlib.nullcontext():
-            manifest = bundle.build(policy, chosen, Path(out_dir), jobs=jobs, allow_over_budget=allow_over_budget,
+            result = bundle.build(policy, chosen, Path(out_dir), jobs=jobs, allow_over_budget=allow_over_budget,
                                     progress=(lambda _spec: bar.update(1)) if bar is not None else None,
                                     warn=lambda msg: click.echo(f"topkgen: warning: {msg}", err=True))
     except (bundle.BuildError, nvrtc_compile.CompileError) as err:
         click.echo(f"topkgen: build failed, {out_dir} left as it was:\n{err}", err=True)
         sys.exit(1)
+    manifest = result.manifest
     counts = {a: sum(1 for k in manifest["kernels"] if k["arch"] == a) for a in chosen}
     size = sum(k["size_bytes"] for k in manifest["kernels"])
     click.echo(f"wrote {out_dir}/manifest.json: {len(manifest['kernels'])} kernels "
                f"({', '.join(f'{a} {n}' for a, n in counts.items())}), {size} bytes of cubin, "
-               f"NVRTC {manifest['nvrtc_version']}")
+               f"NVRTC {manifest['nvrtc_version']}; {result.compiled} compiled, {result.from_cache} from cache")
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -1,0 +1,152 @@
+"""`topkgen build`: real NVRTC compiles, real cubins, atomic and repeatable bundles."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import jsonschema
+import pytest
+
+from topkgen import bundle
+from topkgen.compile import CompileError, compile_kernel
+from topkgen.schema import load_schema
+
+from .conftest import DEFAULT_POLICY, LEGACY_POLICY
+
+TOPKGEN = [sys.executable, "-m", "topkgen.cli"]
+
+
+def run(*args, cache: Path, check: bool = True) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TOPKGEN_CACHE_DIR": str(cache)}
+    proc = subprocess.run([*TOPKGEN, *map(str, args)], capture_output=True, text=True, env=env)
+    if check:
+        assert proc.returncode == 0, proc.stderr
+    return proc
+
+
+def tree(root: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="module")
+def default_bundle(tmp_path_factory):
+    base = tmp_path_factory.mktemp("default")
+    proc = run("build", "--out", base / "out", "-j", "2", cache=base / "cache")
+    return base, proc
+
+
+def test_default_bundle_has_58_cubins_for_sm90_and_sm100(default_bundle):
+    base, proc = default_bundle
+    out = base / "out"
+    assert "58 kernels (sm_90 29, sm_100 29)" in proc.stdout
+    manifest = json.loads((out / "manifest.json").read_text())
+    jsonschema.validate(manifest, load_schema("manifest.schema.json"))
+    assert len(manifest["kernels"]) == 58
+    for arch, sm in (("sm_90", 90), ("sm_100", 100)):
+        cubins = sorted((out / arch).glob("*.cubin"))
+        assert len(cubins) == 29
+        for path in cubins:
+            assert bundle.elf_sm(path.read_bytes()) == sm, path.name
+    for entry in manifest["kernels"]:
+        data = bundle.read_cubin(out, entry)
+        assert entry["size_bytes"] == len(data)
+        assert entry["symbol"] == entry["name"]
+        assert entry["resources"]["registers"] > 0
+        assert [p["ctype"] for p in entry["params"]][:3] == {
+            "float32": ["const float*", "float*", "long long*"],
+            "bfloat16": ["const __nv_bfloat16*", "__nv_bfloat16*", "long long*"]}[entry["dtype"]]
+    assert {t["rule"] for t in manifest["jit_only"]} == {"reg_exact_k16_n2048", "reg_exact_k32_n256",
+                                                        "reg_exact_k16_n1024_sm100"}
+    text = (out / "manifest.json").read_text()
+    assert str(base) not in text and os.sep + "work" not in text  # no absolute paths
+
+
+def test_two_clean_builds_are_byte_identical(default_bundle, tmp_path):
+    base, _ = default_bundle
+    run("build", "--out", tmp_path / "out", "-j", "2", cache=tmp_path / "cache")
+    assert tree(tmp_path / "out") == tree(base / "out")
+
+
+def test_warm_rebuild_compiles_nothing_and_a_corrupt_entry_is_recompiled(default_bundle):
+    base, _ = default_bundle
+    before = tree(base / "out")
+    proc = run("build", "--out", base / "out", cache=base / "cache")
+    assert "0 compiled, 58 from cache" in proc.stdout
+    victim = sorted((base / "cache" / "nvrtc").rglob("*.cubin"))[0]
+    victim.write_bytes(victim.read_bytes()[:-7] + b"garbage")
+    proc = run("build", "--out", base / "out", cache=base / "cache")
+    assert "1 compiled, 57 from cache" in proc.stdout
+    assert tree(base / "out") == before
+
+
+def test_over_budget_fails_and_leaves_the_previous_bundle(default_bundle, tmp_path):
+    base, _ = default_bundle
+    out = tmp_path / "out"
+    run("build", "--arch", "sm_90", "--out", out, cache=base / "cache")
+    before = tree(out)
+    tight = tmp_path / "tight.yaml"
+    tight.write_text(DEFAULT_POLICY.read_text().replace("budget: {max_registers: 255, spills: false}",
+                                                        "budget: {max_registers: 64, spills: false}"))
+    proc = run("build", "--policy", tight, "--arch", "sm_90", "--out", out, cache=base / "cache", check=False)
+    assert proc.returncode == 1
+    assert "kernel topk_register_ladder_k16_det_f32_sm_90 is over its resource budget:" in proc.stderr
+    assert "registers > budget 64" in proc.stderr
+    assert tree(out) == before
+    assert sorted(p.name for p in tmp_path.iterdir() if p.name.startswith(".out.tmp")) == []
+    proc = run("build", "--policy", tight, "--arch", "sm_90", "--out", out, "--allow-over-budget",
+               cache=base / "cache")
+    assert "warning: kernel topk_register_ladder_k16_det_f32_sm_90 is over its resource budget" in proc.stderr
+    assert json.loads((out / "manifest.json").read_text())["policy"]["path"] == "tight.yaml"
+
+
+def test_killed_build_leaves_the_previous_bundle(default_bundle, tmp_path):
+    base, _ = default_bundle
+    out = tmp_path / "out"
+    run("build", "--arch", "sm_100", "--out", out, cache=base / "cache")
+    before = tree(out)
+    env = {**os.environ, "TOPKGEN_CACHE_DIR": str(tmp_path / "cold")}
+    proc = subprocess.Popen([*TOPKGEN, "build", "--arch", "sm_90", "--out", str(out), "-j", "1"],
+                            env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    time.sleep(2.0)  # mid-way through compiling: a cold sm_90 build takes several seconds
+    proc.send_signal(signal.SIGKILL)
+    proc.wait()
+    assert tree(out) == before
+
+
+def test_concurrent_builds_into_one_directory(default_bundle, tmp_path):
+    base, _ = default_bundle
+    out = tmp_path / "out"
+    env = {**os.environ, "TOPKGEN_CACHE_DIR": str(base / "cache")}
+    procs = [subprocess.Popen([*TOPKGEN, "build", "--arch", arch, "--out", str(out)], env=env,
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE) for arch in ("sm_90", "sm_100")]
+    assert [p.wait() for p in procs] == [0, 0]
+    manifest, root = bundle.load_manifest(out)
+    assert len(manifest["kernels"]) == 29
+    for entry in manifest["kernels"]:
+        bundle.read_cubin(root, entry)
+    arch = manifest["archs"][0]
+    assert sorted(p.name for p in out.iterdir()) == sorted(["manifest.json", arch])
+
+
+def test_compile_error_names_the_kernel_and_shows_the_log():
+    with pytest.raises(CompileError, match=r"kernel topk_broken \(sm_90\) failed to compile:\n.*undeclared"):
+        compile_kernel('extern "C" __global__ void topk_broken() { undeclared_thing = 1; }', "topk_broken", "sm_90",
+                       use_cache=False)
+
+
+def test_legacy_grid_builds_96_kernels(default_bundle, tmp_path):
+    base, _ = default_bundle
+    proc = run("build", "--policy", LEGACY_POLICY, "--out", tmp_path / "legacy", "-j", "2", cache=base / "cache")
+    assert "96 kernels (sm_90 48, sm_100 48)" in proc.stdout
+
+
+def test_bad_arguments_exit_2(tmp_path):
+    proc = run("build", "--arch", "sm_80", "--out", tmp_path / "x", cache=tmp_path, check=False)
+    assert proc.returncode == 2 and "--arch sm_80" in proc.stderr
+    assert not (tmp_path / "x").exists()
