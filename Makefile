@@ -29,10 +29,13 @@ build-legacy: $(STAMP)
 test: $(STAMP)
 	TOPKGEN_CACHE_DIR=$(CURDIR)/.cache $(BIN)/python -m pytest -q -n $(JOBS)
 
-bench: bench-plan bench-emulator bench-build
+bench: bench-plan bench-diff bench-emulator bench-build
 
 bench-plan: $(STAMP)
 	$(BIN)/python benchmarks/bench_cli.py plan
+
+bench-diff: $(STAMP)
+	$(BIN)/python benchmarks/bench_cli.py diff
 
 clean:
 	rm -rf $(OUT) $(OUT)-legacy .cache build dist *.egg-info

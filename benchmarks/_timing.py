@@ -19,10 +19,13 @@ def median_seconds(fn: Callable[[], object], repeat: int = 7, warmup: int = 1) -
     return statistics.median(samples)
 
 
-def median_process_seconds(cmd: Sequence[str], repeat: int = 11, cwd: str | None = None) -> float:
+def median_process_seconds(cmd: Sequence[str], repeat: int = 11, cwd: str | None = None,
+                           ok: set[int] = frozenset({0})) -> float:
     """Median wall time of a whole process (start-up included)."""
 
     def run() -> None:
-        subprocess.run(cmd, check=True, stdout=subprocess.DEVNULL, cwd=cwd)
+        code = subprocess.run(cmd, stdout=subprocess.DEVNULL, cwd=cwd).returncode
+        if code not in ok:
+            raise RuntimeError(f"{' '.join(cmd)} exited {code}")
 
     return median_seconds(run, repeat=repeat, warmup=2)

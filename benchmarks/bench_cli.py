@@ -1,9 +1,12 @@
-"""Whole-process timings of topkgen commands (`plan`; `diff` once it exists)."""
+"""Whole-process timings of topkgen commands: `plan`, and a plan-level `diff` of two git
+revisions (a temporary repository whose second commit changes the policy)."""
 
 from __future__ import annotations
 
 import shutil
+import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -12,15 +15,34 @@ from _timing import median_process_seconds  # noqa: E402
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def _repo(base: Path) -> Path:
+    repo = base / "repo"
+    (repo / "policies").mkdir(parents=True)
+    text = (ROOT / "policies" / "topk.yaml").read_text()
+    git = ["git", "-c", "user.name=b", "-c", "user.email=b@example.invalid"]
+    subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
+    (repo / "policies" / "topk.yaml").write_text(text)
+    subprocess.run([*git, "add", "-A"], cwd=repo, check=True)
+    subprocess.run([*git, "commit", "-qm", "one"], cwd=repo, check=True)
+    (repo / "policies" / "topk.yaml").write_text(text.replace("      1024: 2\n  sm_100:", "      1024: 1\n  sm_100:"))
+    subprocess.run([*git, "commit", "-qam", "two"], cwd=repo, check=True)
+    return repo
+
+
 def main(which: list[str]) -> None:
     topkgen = shutil.which("topkgen", path=str(ROOT / ".venv" / "bin")) or "topkgen"
-    cases = {
-        "plan": [topkgen, "plan"],
-        "plan-json": [topkgen, "plan", "--format", "json"],
-    }
-    for name in which or list(cases):
-        seconds = median_process_seconds(cases[name], cwd=str(ROOT))
-        print(f"topkgen {' '.join(cases[name][1:])}: median {seconds * 1000:.0f} ms over 11 runs (whole process)")
+    with tempfile.TemporaryDirectory() as tmp:
+        repo = _repo(Path(tmp))
+        cases = {
+            "plan": ([topkgen, "plan"], ROOT),
+            "plan-json": ([topkgen, "plan", "--format", "json"], ROOT),
+            "diff": ([topkgen, "diff", "HEAD~1", "HEAD"], repo),
+        }
+        for name in which or list(cases):
+            cmd, cwd = cases[name]
+            ok = {0, 1} if name == "diff" else {0}
+            seconds = median_process_seconds(cmd, cwd=str(cwd), ok=ok)
+            print(f"topkgen {' '.join(cmd[1:])}: median {seconds * 1000:.0f} ms over 11 runs (whole process)")
 
 
 if __name__ == "__main__":

@@ -110,7 +110,7 @@ def build(policy: Policy, archs: list[str], out: Path, *, jobs: int = 1, allow_o
         "schema_version": SCHEMA_VERSION,
         "generator": {"name": "topkgen", "version": __version__},
         "nvrtc_version": nvrtc_version(),
-        "policy": {"path": policy.display_path, "name": policy.name, "sha256": policy.sha256},
+        "policy": {"path": policy.display_path, "name": policy.name, "sha256": policy.sha256, "text": policy.text},
         "archs": archs,
         "kernels": [kernel_entry(s, c) for s, c in zip(specs, compiled)],
         "jit_only": [rule_record(r) for r in policy.rules if not r.aot and any(a in r.archs for a in archs)],
@@ -200,6 +200,19 @@ def load_manifest(path: str | Path) -> tuple[dict, Path]:
     except SchemaViolation as err:
         raise ManifestError(f"{file}: {format_path(err.path)}: {err.message}") from None
     return doc, file.parent
+
+
+def manifest_policy(manifest: dict, label: str) -> Policy:
+    """The policy a bundle was built from, loaded by the same code as any policy file."""
+    from topkgen.policy import PolicyError, loads
+
+    text = manifest["policy"]["text"]
+    if hashlib.sha256(text.encode()).hexdigest() != manifest["policy"]["sha256"]:
+        raise ManifestError(f"{label}: policy.text does not match policy.sha256")
+    try:
+        return loads(text, source=f"{label}:policy")
+    except PolicyError as err:
+        raise ManifestError(str(err)) from None
 
 
 def read_cubin(root: Path, entry: dict) -> bytes:

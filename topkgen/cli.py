@@ -189,5 +189,33 @@ def build(policy_path: str | None, archs: tuple[str, ...], out_dir: str, jobs: i
                f"NVRTC {manifest['nvrtc_version']}; {result.compiled} compiled, {result.from_cache} from cache")
 
 
+@main.command()
+@click.argument("old")
+@click.argument("new")
+@click.option("--policy", "policy_in_repo", default="policies/topk.yaml", show_default=True,
+              help="The policy file inside a git revision.")
+@click.option("--shapes", "shapes_file", type=click.Path(dir_okay=False),
+              help="Workload file (YAML or JSON): a list of {arch, dtype, k, n, deterministic?}.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text", show_default=True)
+def diff(old: str, new: str, policy_in_repo: str, shapes_file: str | None, fmt: str) -> None:
+    """Compare kernel sets and dispatch. OLD and NEW: a policy file, a manifest, a bundle
+    directory or a git revision. Exit 0 when the same, 1 when they differ, 2 on error."""
+    from topkgen import diff as differ
+
+    try:
+        shapes = differ.load_shapes(shapes_file) if shapes_file else None
+        sides = [differ.load_side(s, policy_in_repo=policy_in_repo) for s in (old, new)]
+        report = differ.compare(*sides, shapes, workload=shapes_file)
+    except differ.DiffInputError as err:
+        raise InputError(str(err)) from None
+    if fmt == "json":
+        click.echo(json.dumps(differ.to_json(report), indent=2))
+    elif fmt == "markdown":
+        click.echo(differ.to_markdown(report), nl=False)
+    else:
+        click.echo(differ.to_text(report, style=click.style))
+    sys.exit(1 if report.differs else 0)
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

@@ -153,6 +153,7 @@ class Selection:
 class Policy:
     path: str
     sha256: str
+    text: str  # the YAML it was loaded from: manifests embed it so loaders use this same code
     name: str
     archs: dict[str, ArchTuning]
     aot_dtypes: tuple[str, ...]
@@ -179,6 +180,8 @@ class Policy:
     def display_path(self) -> str:
         """The policy's path as it may appear in shipped output: never absolute."""
         path = Path(self.path)
+        if not path.is_file():  # not a file here (a git revision, a manifest): keep the label
+            return self.path
         if path.resolve() == default_policy_path().resolve():
             return "policies/topk.yaml"
         try:
@@ -229,7 +232,7 @@ def loads(text: str | bytes, source: str = "<policy>") -> Policy:
         validate(doc, load_schema("policy.schema.json"))
     except SchemaViolation as err:
         raise located.error(err.path, err.message, err.at_key) from None
-    policy = _build(doc, located, source, hashlib.sha256(raw).hexdigest())
+    policy = _build(doc, located, source, hashlib.sha256(raw).hexdigest(), raw.decode("utf-8", "replace"))
     _check_kernel_names(policy, located)
     _check_total_dispatch(policy, located)
     return policy
@@ -295,7 +298,7 @@ def _parse_yaml(raw: bytes, source: str) -> tuple[Any, dict]:
     return build(node, ()), positions
 
 
-def _build(doc: dict, loc: _Locator, source: str, sha: str) -> Policy:
+def _build(doc: dict, loc: _Locator, source: str, sha: str, text: str) -> Policy:
     archs: dict[str, ArchTuning] = {}
     for name, t in doc["archs"].items():
         digits = name[3:]
@@ -342,7 +345,7 @@ def _build(doc: dict, loc: _Locator, source: str, sha: str) -> Policy:
                             f"rule '{r['name']}' has no place in dispatch_order, so dispatch would be ambiguous")
         rules.append(_build_rule(r, i, order.index(r["name"]), archs, aot + jit, families, loc))
     rules.sort(key=lambda r: r.position)
-    return Policy(source, sha, doc["name"], archs, aot, jit, families, tuple(rules),
+    return Policy(source, sha, text, doc["name"], archs, aot, jit, families, tuple(rules),
                   doc.get("aot_covers_all", False))
 
 
