@@ -262,8 +262,23 @@ def test_concurrent_compiles_leave_one_good_cache_entry(tmp_path):
     for p in procs:
         p.join(120)
     assert [queue.get(timeout=5) for _ in procs] == [64.0] * 3
-    entries = list((tmp_path / "emulator").iterdir())
-    assert len(entries) == 1 and entries[0].suffix == ".so"
+    entries = sorted(p.suffix for p in (tmp_path / "emulator").iterdir())
+    assert entries == [".sha256", ".so"]
+
+
+def test_a_corrupt_cache_entry_is_compiled_again(tmp_path, monkeypatch):
+    monkeypatch.setenv("TOPKGEN_CACHE_DIR", str(tmp_path))
+    source = 'extern "C" __global__ void twice(float* y) { y[threadIdx.x] *= 2.f; }\n'
+    compile_source(source, name="corrupt")
+    so = next((tmp_path / "emulator").glob("*.so"))
+    broken = so.with_name("broken.tmp")  # a new file: the loaded one stays mapped in this process
+    broken.write_bytes(so.read_bytes()[:1000])
+    os.replace(broken, so)
+    import topkgen.emulator as emu
+    emu._loaded.clear()
+    y = np.ones(4, np.float32)
+    compile_source(source, name="corrupt").launch("twice", 1, 4, [y])
+    assert y.tolist() == [2.0] * 4
 
 
 def test_host_compile_errors_name_the_source(tmp_path, monkeypatch):

@@ -58,12 +58,13 @@ def over_budget(spec: KernelSpec, compiled: CompiledKernel) -> str | None:
     return f"kernel {spec.name} is over its resource budget: {'; '.join(problems)}" if problems else None
 
 
-def kernel_entry(spec: KernelSpec, compiled: CompiledKernel) -> dict:
+def kernel_entry(spec: KernelSpec, compiled: CompiledKernel, source: str) -> dict:
     entry = spec.record()
     entry["launch"] = {**entry["launch"], "grid": GRID_RULE, "dynamic_shared_bytes": 0}
     entry.update({
         "symbol": compiled.symbol,
         "cubin": f"{spec.arch}/{spec.name}.cubin",
+        "source_sha256": hashlib.sha256(source.encode()).hexdigest(),
         "sha256": hashlib.sha256(compiled.cubin).hexdigest(),
         "size_bytes": len(compiled.cubin),
         "resources": asdict(compiled.resources),
@@ -74,14 +75,15 @@ def kernel_entry(spec: KernelSpec, compiled: CompiledKernel) -> dict:
 
 
 def compile_specs(specs: list[KernelSpec], jobs: int = 1,
-                  progress: Callable[[KernelSpec], None] | None = None) -> list[CompiledKernel]:
+                  progress: Callable[[KernelSpec], None] | None = None) -> list[tuple[str, CompiledKernel]]:
     """Render and compile kernels in parallel (NVRTC runs without the GIL)."""
 
-    def one(spec: KernelSpec) -> CompiledKernel:
-        compiled = compile_kernel(render(spec), spec.name, spec.arch)
+    def one(spec: KernelSpec) -> tuple[str, CompiledKernel]:
+        source = render(spec)
+        compiled = compile_kernel(source, spec.name, spec.arch)
         if progress:
             progress(spec)
-        return compiled
+        return source, compiled
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
         return list(pool.map(one, specs))
@@ -99,7 +101,7 @@ def build(policy: Policy, archs: list[str], out: Path, *, jobs: int = 1, allow_o
           warn: Callable[[str], None] | None = None) -> BuildResult:
     """Compile every planned kernel and write the bundle to `out`, atomically."""
     specs = [spec for arch in archs for spec in plan(policy, arch)]
-    compiled = compile_specs(specs, jobs, progress)
+    sources, compiled = zip(*compile_specs(specs, jobs, progress)) if specs else ((), ())
     problems = [p for p in (over_budget(s, c) for s, c in zip(specs, compiled)) if p]
     if problems and not allow_over_budget:
         raise BuildError("\n".join(problems))
@@ -112,7 +114,7 @@ def build(policy: Policy, archs: list[str], out: Path, *, jobs: int = 1, allow_o
         "nvrtc_version": nvrtc_version(),
         "policy": {"path": policy.display_path, "name": policy.name, "sha256": policy.sha256, "text": policy.text},
         "archs": archs,
-        "kernels": [kernel_entry(s, c) for s, c in zip(specs, compiled)],
+        "kernels": [kernel_entry(s, c, src) for s, c, src in zip(specs, compiled, sources)],
         "jit_only": [rule_record(r) for r in policy.rules if not r.aot and any(a in r.archs for a in archs)],
     }
     validate(manifest, load_schema("manifest.schema.json"))

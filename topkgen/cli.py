@@ -217,5 +217,72 @@ def diff(old: str, new: str, policy_in_repo: str, shapes_file: str | None, fmt: 
     sys.exit(1 if report.differs else 0)
 
 
+@main.command()
+@click.option("--bundle", "bundle_dir", required=True, type=click.Path(file_okay=False),
+              help="Bundle directory (from topkgen build).")
+@click.option("--arch", default=None, help="Target arch (default: the GPU's; required for the emulator).")
+@click.option("--backend", type=click.Choice(["cuda", "emulator"]), default="cuda", show_default=True)
+@click.option("--k", "k", type=int, required=True)
+@click.option("--smallest", is_flag=True, help="The k smallest instead of the k largest.")
+@click.option("--deterministic", is_flag=True, help="Ties by lower index, bit-exact run to run.")
+@click.option("--dtype", type=click.Choice(["bfloat16", "float16"]), default=None,
+              help="How to read a raw uint16 input (default bfloat16).")
+@click.argument("input_path", metavar="IN.npy", type=click.Path(dir_okay=False))
+@click.option("-o", "--output", "output_path", required=True, type=click.Path(dir_okay=False),
+              help="OUT.npz with arrays 'values' and 'indices'.")
+def run(bundle_dir: str, arch: str | None, backend: str, k: int, smallest: bool, deterministic: bool,
+        dtype: str | None, input_path: str, output_path: str) -> None:
+    """Top-k over the last dimension of IN.npy with the bundle's kernels (or JIT)."""
+    import numpy as np
+
+    from topkgen.paths import atomic_write
+    from topkgen.runtime import TopK, TopKError
+
+    try:
+        x = np.load(input_path, allow_pickle=False)
+    except (OSError, ValueError) as err:
+        raise InputError(f"{input_path}: cannot read .npy: {err}") from None
+    try:
+        op = TopK(bundle_dir, arch=arch, backend=backend)
+        if backend == "cuda":
+            values, indices = _run_on_gpu(op, x, k, smallest, deterministic, dtype)
+        else:
+            values, indices = op(x, k, largest=not smallest, deterministic=deterministic, dtype=dtype)
+    except TopKError as err:
+        raise InputError(str(err)) from None
+    import io
+
+    buffer = io.BytesIO()
+    np.savez(buffer, values=values, indices=indices)
+    from pathlib import Path
+
+    atomic_write(Path(output_path), buffer.getvalue())
+    sel = op.explain(_dtype_of(x, dtype), k, x.shape[-1], deterministic)
+    click.echo(f"{output_path}: values {values.dtype}{list(values.shape)}, indices int64{list(indices.shape)} "
+               f"by {sel.kernel.name} ({sel.source.upper()})")
+
+
+def _dtype_of(x: Any, dtype: str | None) -> str:
+    return dtype or ("bfloat16" if str(x.dtype) in ("uint16", "bfloat16") else str(x.dtype))
+
+
+def _run_on_gpu(op: Any, x: Any, k: int, smallest: bool, deterministic: bool, dtype: str | None):
+    """Host arrays go through device buffers that cuda.core allocates."""
+    import numpy as np
+    from cuda.core.experimental import Device
+
+    from topkgen.gpu_arrays import DeviceArray
+
+    device = Device()
+    stream = device.default_stream
+    dx = DeviceArray.from_host(np.ascontiguousarray(x), device, stream)
+    shape = (*x.shape[:-1], k)
+    values = DeviceArray.empty(shape, x.dtype, device, stream)
+    indices = DeviceArray.empty(shape, np.dtype(np.int64), device, stream)
+    op(dx, k, largest=not smallest, deterministic=deterministic, out=(values, indices), dtype=dtype, stream=stream)
+    stream.sync()
+    return values.to_host(stream), indices.to_host(stream)
+
+
 if __name__ == "__main__":  # pragma: no cover
     sys.exit(main())

@@ -122,7 +122,7 @@ def compile_source(source: str, *, name: str = "kernel") -> "Module":
         return _loaded[key]
     cache = cache_root() / "emulator"
     so_path = cache / f"{key}.so"
-    if not so_path.is_file():
+    if not _intact(so_path):
         cache.mkdir(parents=True, exist_ok=True)
         tmp_dir = cache / f".build-{os.getpid()}-{os.urandom(4).hex()}"
         tmp_dir.mkdir()
@@ -134,12 +134,24 @@ def compile_source(source: str, *, name: str = "kernel") -> "Module":
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
                 raise EmulationError(f"host compilation of '{name}' failed:\n{proc.stderr.strip()}")
-            atomic_write(so_path, out.read_bytes())
+            data = out.read_bytes()
+            atomic_write(so_path, data)
+            atomic_write(so_path.with_suffix(".sha256"), hashlib.sha256(data).hexdigest().encode())
         finally:
             shutil.rmtree(tmp_dir, ignore_errors=True)
     module = Module(so_path, name)
     _loaded[key] = module
     return module
+
+
+def _intact(so_path: Path) -> bool:
+    """A cache entry is used only when the shared object matches its recorded sha256;
+    a missing, partial or corrupt entry is compiled again."""
+    try:
+        recorded = so_path.with_suffix(".sha256").read_text().strip()
+        return hashlib.sha256(so_path.read_bytes()).hexdigest() == recorded
+    except OSError:
+        return False
 
 
 class Module:

@@ -1,0 +1,211 @@
+"""The runtime end to end through TopK(..., backend="emulator") against topkgen.reference."""
+
+from __future__ import annotations
+
+import json
+import multiprocessing as mp
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from topkgen import policy as pol
+from topkgen.runtime import TopK, TopKError
+
+from .topk_cases import check_topk, make_rows
+
+ARCHS = ("sm_90", "sm_100")
+
+
+@pytest.fixture(scope="module")
+def bundle_dir(tmp_path_factory):
+    out = tmp_path_factory.mktemp("bundle") / "out"
+    proc = subprocess.run([sys.executable, "-m", "topkgen.cli", "build", "--out", str(out), "-j", "2"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+def _shape_for(policy, rule, arch):
+    """A (dtype, k, n, deterministic) that the policy sends to `rule` on `arch`."""
+    for dtype in ("float32", "bfloat16", "float16"):
+        for det in (False, True):
+            for spec in pol.kernels_of_rule(policy, rule, arch, dtype):
+                k = max(spec.k_min, min(spec.k, 7))
+                for n in (spec.exact_n, min(spec.n_max, 40000), 3 * k + 5, 2500):
+                    if n and spec.n_min <= n <= spec.n_max and k <= n:
+                        sel = pol.select(policy, arch, dtype, k, n, deterministic=det)
+                        if sel.rule == rule.name:
+                            return dtype, k, n, det
+    return None
+
+
+@pytest.mark.parametrize("arch", ARCHS)
+def test_every_rule_is_reached_and_matches_the_reference(bundle_dir, arch):
+    op = TopK(bundle_dir, arch=arch, backend="emulator")
+    reached = set()
+    for rule in op.policy.rules:
+        shape = _shape_for(op.policy, rule, arch)
+        if shape is None:
+            assert arch not in rule.archs
+            continue
+        dtype, k, n, det = shape
+        for largest in (True, False):
+            x = make_rows(dtype, 3, n, seed=n)
+            sel = op.explain(dtype, k, n, det)
+            values, indices = op(x, k, largest=largest, deterministic=det)
+            check_topk(x, values, indices, k, largest, sel.kernel.mode == "deterministic", dtype,
+                       what=f"{rule.name} {dtype} k={k} n={n}")
+        assert sel.rule == rule.name
+        assert sel.source == ("jit" if not rule.aot or dtype == "float16" else "aot")
+        reached.add(rule.name)
+    assert reached == {r.name for r in op.policy.rules if arch in r.archs}
+
+
+def test_exact_tiers_go_to_jit_and_to_aot_without_it(bundle_dir, monkeypatch):
+    tiers = [("sm_90", 16, 2048), ("sm_100", 16, 2048), ("sm_90", 32, 256), ("sm_100", 32, 256), ("sm_100", 16, 1024)]
+    for arch, k, n in tiers:
+        op = TopK(bundle_dir, arch=arch, backend="emulator")
+        assert op.explain("float32", k, n).source == "jit"
+    monkeypatch.setenv("TOPKGEN_DISABLE_JIT", "1")
+    for arch, k, n in tiers:
+        op = TopK(bundle_dir, arch=arch, backend="emulator")
+        sel = op.explain("bfloat16", k, n)
+        assert sel.source == "aot" and sel.kernel.name in {e["name"] for e in op.manifest["kernels"]}
+        x = make_rows("bfloat16", 2, n, seed=k)
+        values, indices = op(x, k)
+        check_topk(x, values, indices, k, True, sel.kernel.mode == "deterministic", "bfloat16")
+    with pytest.raises(TopKError, match="float16.*JIT is disabled"):
+        TopK(bundle_dir, arch="sm_90", backend="emulator")(np.zeros((2, 64), np.float16), 4)
+
+
+def test_float16_goes_to_jit_and_matches(bundle_dir):
+    op = TopK(bundle_dir, arch="sm_90", backend="emulator")
+    x = make_rows("float16", 4, 700, seed=3)
+    sel = op.explain("float16", 40, 700, True)
+    assert sel.source == "jit"
+    values, indices = op(x, 40, deterministic=True)
+    check_topk(x, values, indices, 40, True, True, "float16")
+
+
+def test_leading_dims_out_and_raw_bfloat16(bundle_dir):
+    op = TopK(bundle_dir, arch="sm_100", backend="emulator")
+    x = make_rows("bfloat16", 6, 300, seed=9).reshape(2, 3, 300)
+    values = np.empty((2, 3, 10), x.dtype)
+    indices = np.empty((2, 3, 10), np.int64)
+    op(x, 10, largest=False, deterministic=True, out=(values, indices))
+    raw_values, raw_indices = op(x.view(np.uint16), 10, largest=False, deterministic=True)
+    check_topk(x.reshape(6, 300), values.reshape(6, 10), indices.reshape(6, 10), 10, False, True, "bfloat16")
+    assert np.array_equal(raw_indices, indices) and np.array_equal(raw_values, values.view(np.uint16))
+
+
+def test_an_arch_the_bundle_lacks_is_served_by_jit(tmp_path):
+    out = tmp_path / "sm90only"
+    subprocess.run([sys.executable, "-m", "topkgen.cli", "build", "--arch", "sm_90", "--out", str(out)],
+                   check=True, capture_output=True)
+    op = TopK(out, arch="sm_100", backend="emulator")
+    sel = op.explain("float32", 100, 5000)
+    assert sel.source == "jit" and "the bundle has no sm_100 kernel" in sel.reason
+    x = make_rows("float32", 2, 5000, seed=1)
+    check_topk(x, *op(x, 100), 100, True, False, "float32")
+
+
+def test_bad_arrays_get_clear_errors(bundle_dir):
+    op = TopK(bundle_dir, arch="sm_90", backend="emulator")
+    with pytest.raises(TopKError, match="dtype float64 is not supported"):
+        op(np.zeros((2, 8)), 2)
+    with pytest.raises(TopKError, match="last dimension must be contiguous"):
+        op(np.zeros((8, 4), np.float32).T, 2)
+    with pytest.raises(TopKError, match="k: must be <= n"):
+        op(np.zeros((2, 8), np.float32), 9)
+    with pytest.raises(TopKError, match="emulator backend needs an explicit arch"):
+        TopK(bundle_dir, backend="emulator")
+
+
+def test_tampered_cubin_is_refused(bundle_dir, tmp_path):
+    copy = tmp_path / "bundle"
+    shutil.copytree(bundle_dir, copy)
+    op = TopK(copy, arch="sm_90", backend="emulator")
+    name = op.explain("float32", 50, 5000).kernel.name
+    cubin = copy / "sm_90" / f"{name}.cubin"
+    data = bytearray(cubin.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    cubin.write_bytes(bytes(data))
+    with pytest.raises(TopKError, match=f"kernel {name}: sm_90/{name}.cubin does not match its sha256"):
+        op(np.zeros((1, 5000), np.float32), 50)
+
+
+def test_manifest_entry_pointing_outside_the_bundle_is_refused(bundle_dir, tmp_path):
+    copy = tmp_path / "bundle"
+    shutil.copytree(bundle_dir, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    entry = next(e for e in manifest["kernels"] if e["name"] == "topk_radix_dyn_k64_fast_f32_sm_90")
+    outside = tmp_path / "evil.cubin"
+    outside.write_bytes((copy / entry["cubin"]).read_bytes())
+    entry["cubin"] = "../evil.cubin"
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    op = TopK(copy, arch="sm_90", backend="emulator")
+    with pytest.raises(TopKError, match="cubin path '../evil.cubin' leaves the bundle directory"):
+        op(np.zeros((1, 5000), np.float32), 50)
+
+
+def _jit_in_child(bundle: str, cache: str, queue) -> None:
+    os.environ["TOPKGEN_CACHE_DIR"] = cache
+    op = TopK(bundle, arch="sm_90", backend="emulator")
+    x = make_rows("float32", 2, 2048, seed=5)
+    values, indices = op(x, 16)
+    check_topk(x, values, indices, 16, True, True, "float32")
+    queue.put("ok")
+
+
+def test_concurrent_jit_compiles_leave_one_good_cache_entry(bundle_dir, tmp_path):
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_jit_in_child, args=(str(bundle_dir), str(tmp_path), queue)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(300)
+    assert [queue.get(timeout=5) for _ in procs] == ["ok"] * 3
+    assert sorted(p.suffix for p in (tmp_path / "emulator").iterdir()) == [".sha256", ".so"]
+
+
+def _nvrtc_in_child(cache: str, queue) -> None:
+    os.environ["TOPKGEN_CACHE_DIR"] = cache
+    from topkgen.compile import compile_kernel
+    from topkgen.render import render
+    policy = pol.load()
+    spec = pol.select(policy, "sm_90", "float16", 16, 2048).kernel
+    queue.put(compile_kernel(render(spec), spec.name, "sm_90").symbol)
+
+
+def test_concurrent_nvrtc_jit_compiles_leave_one_good_entry(tmp_path):
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    procs = [ctx.Process(target=_nvrtc_in_child, args=(str(tmp_path), queue)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    for p in procs:
+        p.join(300)
+    assert [queue.get(timeout=5) for _ in procs] == ["topk_register_n2048_k16_det_f16_sm_90"] * 3
+    assert sorted(p.suffix for p in (tmp_path / "nvrtc").rglob("*") if p.is_file()) == [".cubin", ".json"]
+
+
+def test_topkgen_run_on_the_emulator(bundle_dir, tmp_path):
+    x = make_rows("float32", 5, 3000, seed=11)
+    np.save(tmp_path / "in.npy", x)
+    proc = subprocess.run([sys.executable, "-m", "topkgen.cli", "run", "--bundle", str(bundle_dir), "--arch", "sm_90",
+                           "--backend", "emulator", "--k", "33", "--smallest", "--deterministic",
+                           str(tmp_path / "in.npy"), "-o", str(tmp_path / "out.npz")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert "by topk_radix_dyn_k64_det_f32_sm_90 (AOT)" in proc.stdout
+    result = np.load(tmp_path / "out.npz")
+    check_topk(x, result["values"], result["indices"], 33, False, True, "float32")
+    bad = subprocess.run([sys.executable, "-m", "topkgen.cli", "run", "--bundle", str(bundle_dir), "--arch", "sm_90",
+                          "--backend", "emulator", "--k", "5000", str(tmp_path / "in.npy"), "-o",
+                          str(tmp_path / "bad.npz")], capture_output=True, text=True)
+    assert bad.returncode == 2 and "k: must be <= 1024, got 5000" in bad.stderr and not (tmp_path / "bad.npz").exists()

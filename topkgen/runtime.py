@@ -1,0 +1,293 @@
+"""The consumer side: load a bundle, pick kernels with topkgen.policy.select (the policy the
+bundle was built from travels inside its manifest), and JIT-compile what the bundle leaves
+out: the JIT-only tiers, float16, and any arch the bundle lacks.
+
+Backends: "cuda" loads cubins with cuda.core and launches on the caller's stream; it takes
+any array exposing __cuda_array_interface__ or DLPack (torch, cupy) without importing torch.
+"emulator" runs the same rendered source on the CPU (numpy arrays), which is how CI proves
+the whole runtime path.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+from dataclasses import replace
+from typing import Any
+
+import numpy as np
+
+from topkgen import bundle as bundles
+from topkgen.policy import DispatchError, KernelSpec, Selection, select
+from topkgen.render import render
+
+BACKENDS = ("cuda", "emulator")
+_NUMPY_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
+
+
+class TopKError(RuntimeError):
+    """A shape, array or bundle the runtime cannot serve; the message says which and why."""
+
+
+def jit_disabled() -> bool:
+    return os.environ.get("TOPKGEN_DISABLE_JIT", "") not in ("", "0")
+
+
+class TopK:
+    """Top-k over the last dimension, served by the kernels of a bundle (or JIT)."""
+
+    def __init__(self, bundle: str | os.PathLike, *, arch: str | None = None, backend: str = "cuda") -> None:
+        if backend not in BACKENDS:
+            raise TopKError(f"backend: {backend!r} is not one of {', '.join(BACKENDS)}")
+        try:
+            self.manifest, self.root = bundles.load_manifest(bundle)
+            self.policy = bundles.manifest_policy(self.manifest, str(bundle))
+        except bundles.ManifestError as err:
+            raise TopKError(str(err)) from None
+        if backend == "emulator" and arch is None:
+            raise TopKError("arch: the emulator backend needs an explicit arch (sm_90, sm_100, ...)")
+        self.backend_name = backend
+        self._backend: _Backend = _EmulatorBackend() if backend == "emulator" else _CudaBackend()
+        self.arch = arch or self._backend.current_arch()
+        if self.arch not in self.policy.archs:
+            raise TopKError(f"arch: {self.arch} is not in the bundle's policy (knows {', '.join(self.policy.archs)})")
+        self._entries = {k["name"]: k for k in self.manifest["kernels"] if k["arch"] == self.arch}
+        self._loaded: dict[str, Any] = {}
+
+    # ------------------------------------------------------------------ choosing
+    def explain(self, dtype: str, k: int, n: int, deterministic: bool = False) -> Selection:
+        """The kernel that serves a shape and why: what `topkgen explain` prints, except that
+        an AOT kernel missing from this bundle (an arch it lacks) is served by JIT."""
+        jit = not jit_disabled()
+        try:
+            sel = select(self.policy, self.arch, dtype, k, n, deterministic=deterministic, jit=jit)
+        except DispatchError as err:
+            raise TopKError(f"{err}{' (TOPKGEN_DISABLE_JIT is set)' if not jit else ''}") from None
+        if sel.source == "aot" and sel.kernel.name not in self._entries:
+            if not jit:
+                raise TopKError(f"TOPKGEN_DISABLE_JIT is set and the bundle {self.root} has no kernel "
+                                f"{sel.kernel.name} for {self.arch}")
+            sel = replace(sel, source="jit", reason=f"{sel.reason}; the bundle has no {self.arch} kernel: JIT")
+        return sel
+
+    # ------------------------------------------------------------------ running
+    def __call__(self, x: Any, k: int, *, largest: bool = True, deterministic: bool = False,
+                 out: tuple[Any, Any] | None = None, dtype: str | None = None, stream: Any = None):
+        """Returns (values, indices) of the k largest (or smallest) along the last dimension."""
+        view = self._backend.view(x, dtype)
+        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
+            raise TopKError(f"k: must be an integer, got {k!r}")
+        sel = self.explain(view.dtype, int(k), view.n, deterministic)
+        kernel = self._kernel(sel)
+        return self._backend.run(kernel, sel.kernel, view, int(k), largest, out, stream)
+
+    def _kernel(self, sel: Selection) -> Any:
+        spec = sel.kernel
+        if spec.name in self._loaded:
+            return self._loaded[spec.name]
+        source = render(spec)
+        if sel.source == "aot":
+            entry = self._entries[spec.name]
+            try:
+                cubin = bundles.read_cubin(self.root, entry)  # path inside the bundle, sha256 checked
+            except bundles.ManifestError as err:
+                raise TopKError(str(err)) from None
+            if hashlib.sha256(source.encode()).hexdigest() != entry["source_sha256"]:
+                raise TopKError(f"kernel {spec.name}: the bundle was built from other source than this "
+                                f"topkgen renders; rebuild the bundle")
+            loaded = self._backend.load_aot(spec, cubin, entry["symbol"], source)
+        else:
+            loaded = self._backend.load_jit(spec, source)
+        self._loaded[spec.name] = loaded
+        return loaded
+
+
+class _View:
+    """An input seen as rows x n, whatever library it comes from."""
+
+    def __init__(self, array: Any, dtype: str, shape: tuple[int, ...], ptr: int = 0) -> None:
+        self.array, self.dtype, self.shape, self.ptr = array, dtype, shape, ptr
+        if not shape or shape[-1] < 1:
+            raise TopKError(f"x: expected at least one dimension of size >= 1, got shape {shape}")
+        self.n = int(shape[-1])
+        self.rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
+        if self.rows >= 2**31:
+            raise TopKError(f"x: {self.rows} rows is more than the kernels' 2^31 - 1")
+
+
+class _Backend:
+    def current_arch(self) -> str:
+        raise NotImplementedError
+
+    def view(self, x: Any, dtype: str | None) -> _View:
+        raise NotImplementedError
+
+    def load_aot(self, spec: KernelSpec, cubin: bytes, symbol: str, source: str) -> Any:
+        raise NotImplementedError
+
+    def load_jit(self, spec: KernelSpec, source: str) -> Any:
+        raise NotImplementedError
+
+    def run(self, kernel: Any, spec: KernelSpec, view: _View, k: int, largest: bool, out: Any, stream: Any):
+        raise NotImplementedError
+
+
+def _grid(spec: KernelSpec, rows: int) -> int:
+    return (rows + spec.rows_per_block - 1) // spec.rows_per_block
+
+
+# ----------------------------------------------------------------------------- emulator
+
+class _EmulatorBackend(_Backend):
+    """numpy arrays on the CPU emulator: float32, float16, bfloat16 (ml_dtypes or raw uint16)."""
+
+    def view(self, x: Any, dtype: str | None) -> _View:
+        if not isinstance(x, np.ndarray):
+            raise TopKError(f"x: the emulator backend takes numpy arrays, got {type(x).__name__}")
+        name = str(x.dtype)
+        if x.dtype == np.uint16:
+            name = dtype or "bfloat16"
+            if name not in ("bfloat16", "float16"):
+                raise TopKError(f"dtype: raw uint16 input must be bfloat16 or float16, got {name!r}")
+        elif dtype is not None and dtype != name:
+            raise TopKError(f"dtype: {dtype!r} does not match the array's {name}")
+        if name not in _NUMPY_DTYPES:
+            raise TopKError(f"x: dtype {x.dtype} is not supported (float32, bfloat16, float16)")
+        if x.ndim and x.strides[-1] != x.itemsize:
+            raise TopKError("x: the last dimension must be contiguous")
+        return _View(x, name, x.shape)
+
+    def load_aot(self, spec: KernelSpec, cubin: bytes, symbol: str, source: str) -> Any:
+        return self.load_jit(spec, source)  # the very source the cubin was compiled from
+
+    def load_jit(self, spec: KernelSpec, source: str) -> Any:
+        from topkgen.emulator import compile_source
+
+        return compile_source(source, name=spec.name)
+
+    def run(self, kernel: Any, spec: KernelSpec, view: _View, k: int, largest: bool, out: Any, stream: Any):
+        x = np.ascontiguousarray(view.array).reshape(view.rows, view.n)
+        values = np.empty((view.rows, k), dtype=x.dtype)
+        indices = np.empty((view.rows, k), dtype=np.int64)
+        kernel.launch(spec.name, _grid(spec, view.rows), spec.threads,
+                      [x, values, indices, np.int32(view.rows), np.int32(view.n), np.int32(k), np.int32(largest)])
+        shape = (*view.shape[:-1], k)
+        if out is not None:
+            out_values, out_indices = out
+            if out_values.shape != shape or out_indices.shape != shape or out_indices.dtype != np.int64 \
+                    or out_values.dtype != view.array.dtype:
+                raise TopKError(f"out: expected ({view.array.dtype}{list(shape)}, int64{list(shape)})")
+            out_values[...] = values.reshape(shape)
+            out_indices[...] = indices.reshape(shape)
+            return out_values, out_indices
+        return values.reshape(shape), indices.reshape(shape)
+
+
+# ----------------------------------------------------------------------------- cuda
+
+class _CudaBackend(_Backend):
+    """Device arrays through __cuda_array_interface__ or DLPack, kernels through cuda.core."""
+
+    def __init__(self) -> None:
+        try:
+            from cuda.core.experimental import Device
+
+            self.device = Device()
+            self.device.set_current()
+        except Exception as err:  # no driver, no GPU
+            raise TopKError(f"backend 'cuda': no usable GPU ({err})") from None
+
+    def current_arch(self) -> str:
+        major, minor = self.device.compute_capability
+        return f"sm_{major}{minor}"
+
+    def view(self, x: Any, dtype: str | None) -> _View:
+        from cuda.core.experimental.utils import StridedMemoryView
+
+        if not (hasattr(x, "__cuda_array_interface__") or hasattr(x, "__dlpack__")):
+            raise TopKError(f"x: expected a device array (__cuda_array_interface__ or DLPack), "
+                            f"got {type(x).__name__}")
+        try:
+            smv = StridedMemoryView(x, stream_ptr=-1)
+        except Exception as err:
+            raise TopKError(f"x: cannot view the array: {err}") from None
+        name = _dtype_name(smv.dtype, dtype)
+        shape = tuple(smv.shape)
+        strides = smv.strides  # in elements, or None when C-contiguous
+        if strides is not None:
+            expect = 1
+            for size, stride in zip(reversed(shape), reversed(strides)):
+                if size > 1 and stride != expect:
+                    raise TopKError("x: must be contiguous (the last dimension and the rows)")
+                expect *= size
+        return _View(x, name, shape, smv.ptr)
+
+    def load_aot(self, spec: KernelSpec, cubin: bytes, symbol: str, source: str) -> Any:
+        from cuda.core.experimental import ObjectCode
+
+        return ObjectCode.from_cubin(cubin, symbol_mapping={spec.name: symbol}).get_kernel(spec.name)
+
+    def load_jit(self, spec: KernelSpec, source: str) -> Any:
+        from topkgen.compile import compile_kernel
+
+        arch = self.current_arch()
+        compiled = compile_kernel(source, spec.name, arch)  # cached on disk, shared by processes
+        return self.load_aot(spec, compiled.cubin, compiled.symbol, source)
+
+    def run(self, kernel: Any, spec: KernelSpec, view: _View, k: int, largest: bool, out: Any, stream: Any):
+        import ctypes
+
+        from cuda.core.experimental import LaunchConfig, launch
+
+        shape = (*view.shape[:-1], k)
+        torch = sys.modules.get("torch")
+        if out is None:
+            if torch is not None and isinstance(view.array, torch.Tensor):
+                out = (torch.empty(shape, dtype=view.array.dtype, device=view.array.device),
+                       torch.empty(shape, dtype=torch.int64, device=view.array.device))
+            else:
+                raise TopKError("out: pass (values, indices) device arrays for inputs that are not torch tensors")
+        values, indices = out
+        v_ptr, i_ptr = _device_ptr(values, shape), _device_ptr(indices, shape)
+        cuda_stream = self._stream(stream, view.array)
+        config = LaunchConfig(grid=_grid(spec, view.rows), block=spec.threads)
+        launch(cuda_stream, config, kernel, ctypes.c_void_p(view.ptr), ctypes.c_void_p(v_ptr),
+               ctypes.c_void_p(i_ptr), np.int32(view.rows), np.int32(view.n), np.int32(k), np.int32(largest))
+        return values, indices
+
+    def _stream(self, stream: Any, array: Any) -> Any:
+        from cuda.core.experimental import Stream
+
+        if isinstance(stream, Stream):
+            return stream
+        if stream is None:
+            torch = sys.modules.get("torch")
+            if torch is not None and isinstance(array, torch.Tensor):
+                stream = torch.cuda.current_stream(array.device).cuda_stream
+            else:
+                return self.device.default_stream
+        if isinstance(stream, int):
+            return Stream.from_handle(stream)
+        return self.device.create_stream(stream)
+
+
+def _device_ptr(array: Any, shape: tuple[int, ...]) -> int:
+    from cuda.core.experimental.utils import StridedMemoryView
+
+    smv = StridedMemoryView(array, stream_ptr=-1)
+    if tuple(smv.shape) != shape or smv.strides not in (None, tuple(int(np.prod(shape[i + 1:])) for i in range(len(shape)))):
+        raise TopKError(f"out: expected contiguous arrays of shape {list(shape)}, got {list(smv.shape)}")
+    return smv.ptr
+
+
+def _dtype_name(np_dtype: Any, requested: str | None) -> str:
+    name = str(np_dtype)
+    if name in ("uint16", "|V2", "void16", "V2") or name.startswith("bfloat16"):
+        name = requested or "bfloat16"
+    if name not in _NUMPY_DTYPES:
+        raise TopKError(f"x: dtype {np_dtype} is not supported (float32, bfloat16, float16)")
+    if requested is not None and requested != name:
+        raise TopKError(f"dtype: {requested!r} does not match the array's {name}")
+    return name
+
