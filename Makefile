@@ -45,3 +45,8 @@ bench-emulator: $(STAMP)
 
 bench-build: $(STAMP)
 	$(BIN)/python benchmarks/bench_build.py
+
+# The device checks (build, GPU tests, compute-sanitizer, benchmark against torch.topk).
+# On the accelerator machine run it with its own python: `python3 scripts/gpu_check.py`.
+gpu-check: $(STAMP)
+	$(BIN)/python scripts/gpu_check.py

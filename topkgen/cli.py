@@ -269,11 +269,11 @@ def _dtype_of(x: Any, dtype: str | None) -> str:
 def _run_on_gpu(op: Any, x: Any, k: int, smallest: bool, deterministic: bool, dtype: str | None):
     """Host arrays go through device buffers that cuda.core allocates."""
     import numpy as np
-    from cuda.core.experimental import Device
 
     from topkgen.gpu_arrays import DeviceArray
+    from topkgen.runtime import _cuda_core
 
-    device = Device()
+    device = _cuda_core().Device()
     stream = device.default_stream
     dx = DeviceArray.from_host(np.ascontiguousarray(x), device, stream)
     shape = (*x.shape[:-1], k)

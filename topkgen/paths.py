@@ -9,9 +9,13 @@ from pathlib import Path
 
 @lru_cache(maxsize=1)
 def cuda_include_dir() -> Path:
-    """The include folder of the nvidia-cuda-* wheels (cuda_fp16.h, cuda_bf16.h, nv/target)."""
+    """The include folder of the nvidia-cuda-* wheels (cuda_fp16.h, cuda_bf16.h, nv/target).
+    TOPKGEN_CUDA_INCLUDE overrides it (a machine whose Python lacks the header wheels)."""
     import importlib.util
 
+    override = os.environ.get("TOPKGEN_CUDA_INCLUDE")
+    if override:
+        return Path(override)
     spec = importlib.util.find_spec("nvidia")
     for base in (spec.submodule_search_locations or []) if spec else []:
         candidate = Path(base) / "cu13" / "include"

@@ -30,6 +30,24 @@ class TopKError(RuntimeError):
     """A shape, array or bundle the runtime cannot serve; the message says which and why."""
 
 
+def gpu_unavailable() -> str | None:
+    """Why no CUDA GPU can be used here, or None when one can."""
+    try:
+        from cuda.bindings import driver
+    except ImportError as err:
+        return f"cuda-bindings is not installed ({err})"
+    try:
+        (err,) = driver.cuInit(0)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            return f"the CUDA driver is not usable ({err.name})"
+        err, count = driver.cuDeviceGetCount()
+        if err != driver.CUresult.CUDA_SUCCESS or count < 1:
+            return "no CUDA device"
+    except Exception as err:  # libcuda missing entirely
+        return f"the CUDA driver is not installed ({err})"
+    return None
+
+
 def jit_disabled() -> bool:
     return os.environ.get("TOPKGEN_DISABLE_JIT", "") not in ("", "0")
 
@@ -186,12 +204,26 @@ class _EmulatorBackend(_Backend):
 
 # ----------------------------------------------------------------------------- cuda
 
+def _cuda_core() -> Any:
+    """cuda.core's objects, wherever this version keeps them (experimental before 1.0)."""
+    import types
+
+    try:
+        from cuda.core import experimental as core
+        from cuda.core.experimental.utils import StridedMemoryView
+    except ImportError:
+        import cuda.core as core
+        from cuda.core.utils import StridedMemoryView
+    return types.SimpleNamespace(Device=core.Device, ObjectCode=core.ObjectCode, LaunchConfig=core.LaunchConfig,
+                                 launch=core.launch, Stream=core.Stream, StridedMemoryView=StridedMemoryView)
+
+
 class _CudaBackend(_Backend):
     """Device arrays through __cuda_array_interface__ or DLPack, kernels through cuda.core."""
 
     def __init__(self) -> None:
         try:
-            from cuda.core.experimental import Device
+            Device = _cuda_core().Device
 
             self.device = Device()
             self.device.set_current()
@@ -203,7 +235,7 @@ class _CudaBackend(_Backend):
         return f"sm_{major}{minor}"
 
     def view(self, x: Any, dtype: str | None) -> _View:
-        from cuda.core.experimental.utils import StridedMemoryView
+        StridedMemoryView = _cuda_core().StridedMemoryView
 
         if not (hasattr(x, "__cuda_array_interface__") or hasattr(x, "__dlpack__")):
             raise TopKError(f"x: expected a device array (__cuda_array_interface__ or DLPack), "
@@ -224,7 +256,7 @@ class _CudaBackend(_Backend):
         return _View(x, name, shape, smv.ptr)
 
     def load_aot(self, spec: KernelSpec, cubin: bytes, symbol: str, source: str) -> Any:
-        from cuda.core.experimental import ObjectCode
+        ObjectCode = _cuda_core().ObjectCode
 
         return ObjectCode.from_cubin(cubin, symbol_mapping={spec.name: symbol}).get_kernel(spec.name)
 
@@ -238,7 +270,8 @@ class _CudaBackend(_Backend):
     def run(self, kernel: Any, spec: KernelSpec, view: _View, k: int, largest: bool, out: Any, stream: Any):
         import ctypes
 
-        from cuda.core.experimental import LaunchConfig, launch
+        core = _cuda_core()
+        LaunchConfig, launch = core.LaunchConfig, core.launch
 
         shape = (*view.shape[:-1], k)
         torch = sys.modules.get("torch")
@@ -257,7 +290,7 @@ class _CudaBackend(_Backend):
         return values, indices
 
     def _stream(self, stream: Any, array: Any) -> Any:
-        from cuda.core.experimental import Stream
+        Stream = _cuda_core().Stream
 
         if isinstance(stream, Stream):
             return stream
@@ -273,7 +306,7 @@ class _CudaBackend(_Backend):
 
 
 def _device_ptr(array: Any, shape: tuple[int, ...]) -> int:
-    from cuda.core.experimental.utils import StridedMemoryView
+    StridedMemoryView = _cuda_core().StridedMemoryView
 
     smv = StridedMemoryView(array, stream_ptr=-1)
     if tuple(smv.shape) != shape or smv.strides not in (None, tuple(int(np.prod(shape[i + 1:])) for i in range(len(shape)))):

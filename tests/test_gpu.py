@@ -1,0 +1,89 @@
+"""The runtime on a real GPU: the cuda backend against topkgen.reference and torch.topk.
+Skipped cleanly where no GPU is present (CI and the developers' machines)."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from topkgen.runtime import gpu_unavailable
+
+from .topk_cases import check_topk, make_rows
+
+REASON = gpu_unavailable()
+pytestmark = pytest.mark.skipif(REASON is not None, reason=f"no GPU: {REASON}")
+
+# (dtype, k, n, deterministic): one shape per rule of the default policy, plus JIT tiers and float16.
+SHAPES = [
+    ("float32", 16, 2048, False), ("bfloat16", 32, 256, True), ("float32", 16, 1024, False),
+    ("float32", 10, 700, False), ("bfloat16", 60, 1500, True), ("float32", 300, 4000, False),
+    ("float32", 64, 100000, False), ("bfloat16", 1000, 50000, True), ("float16", 100, 30000, True),
+    ("float32", 5, 33, True),
+]
+
+
+@pytest.fixture(scope="module")
+def op(tmp_path_factory):
+    from topkgen.runtime import TopK, _CudaBackend
+
+    arch = _CudaBackend().current_arch()
+    out = tmp_path_factory.mktemp("gpu") / "bundle"
+    subprocess.run([sys.executable, "-m", "topkgen.cli", "build", "--arch", arch, "--out", str(out)], check=True)
+    return TopK(out, backend="cuda")
+
+
+def _on_device(op, x, k, largest, det):
+    from topkgen.gpu_arrays import DeviceArray
+    from topkgen.runtime import _cuda_core
+
+    device = _cuda_core().Device()
+    stream = device.default_stream
+    dx = DeviceArray.from_host(np.ascontiguousarray(x), device, stream)
+    values = DeviceArray.empty((*x.shape[:-1], k), x.dtype, device, stream)
+    indices = DeviceArray.empty((*x.shape[:-1], k), np.dtype(np.int64), device, stream)
+    op(dx, k, largest=largest, deterministic=det, out=(values, indices), stream=stream)
+    stream.sync()
+    return values.to_host(stream), indices.to_host(stream)
+
+
+@pytest.mark.parametrize("dtype,k,n,det", SHAPES)
+@pytest.mark.parametrize("largest", [True, False])
+def test_cuda_backend_matches_the_reference(op, dtype, k, n, det, largest):
+    x = make_rows(dtype, 7, n, seed=n + k)
+    values, indices = _on_device(op, x, k, largest, det)
+    sel = op.explain(dtype, k, n, det)
+    check_topk(x, values, indices, k, largest, sel.kernel.mode == "deterministic", dtype,
+               what=f"{sel.kernel.name} ({sel.source})")
+
+
+@pytest.mark.parametrize("dtype,k,n,det", SHAPES)
+def test_cuda_backend_matches_torch_topk(op, dtype, k, n, det):
+    torch = pytest.importorskip("torch")
+    tdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[dtype]
+    x = torch.randn(33, n, device="cuda").to(tdtype)
+    values, indices = op(x, k, deterministic=det)
+    ref_values, _ = torch.topk(x, k, dim=-1, largest=True, sorted=True)
+    torch.cuda.synchronize()
+    assert torch.equal(values, ref_values)
+    assert torch.equal(torch.gather(x, -1, indices), values)
+
+
+def test_sliced_misaligned_rows_on_the_gpu(op):
+    torch = pytest.importorskip("torch")
+    base = torch.randn(4 * 1001 + 3, device="cuda")
+    x = base[3:].view(4, 1001)  # every row starts off a 16-byte boundary
+    values, indices = op(x, 50, deterministic=True)
+    expect = torch.topk(x, 50, dim=-1)
+    assert torch.equal(values, expect.values)
+
+
+def test_jit_disabled_still_serves_aot_dtypes(op, monkeypatch):
+    monkeypatch.setenv("TOPKGEN_DISABLE_JIT", "1")
+    x = make_rows("float32", 3, 2048, seed=1)
+    values, indices = _on_device(op, x, 16, True, False)
+    check_topk(x, values, indices, 16, True, False, "float32")
+    assert op.explain("float32", 16, 2048).source == "aot"
+
