@@ -60,16 +60,22 @@ __device__ __forceinline__ void unpack_vector(const uint4& q, Bits (&keys)[V]) {
   for (int i = 0; i < V; ++i) keys[i] = Bits(words[i / kPerWord] >> ((i % kPerWord) * kShift));
 }
 
+// Inclusive prefix sum across the lanes of a full warp.
+__device__ __forceinline__ int warp_inclusive_scan(int value) {
+  const int lane = threadIdx.x & 31;
+#pragma unroll
+  for (int offset = 1; offset < 32; offset <<= 1) {
+    const int other = __shfl_up_sync(kFullMask, value, offset);
+    if (lane >= offset) value += other;
+  }
+  return value;
+}
+
 // Exclusive prefix sum over the block, in thread order; also returns the block total.
 template <int THREADS>
 __device__ __forceinline__ int block_exclusive_scan(int value, int* warp_sums, int& total) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
-  int inclusive = value;
-#pragma unroll
-  for (int offset = 1; offset < 32; offset <<= 1) {
-    const int other = __shfl_up_sync(kFullMask, inclusive, offset);
-    if (lane >= offset) inclusive += other;
-  }
+  const int inclusive = warp_inclusive_scan(value);
   if (lane == 31) warp_sums[warp] = inclusive;
   __syncthreads();
   int before = 0, sum = 0;
@@ -92,12 +98,7 @@ __device__ __forceinline__ void find_digit(const int* hist, int remaining, int* 
   int count = 0, inclusive = 0;
   if (t < 256) {
     count = hist[255 - t];
-    inclusive = count;
-#pragma unroll
-    for (int offset = 1; offset < 32; offset <<= 1) {
-      const int other = __shfl_up_sync(kFullMask, inclusive, offset);
-      if (lane >= offset) inclusive += other;
-    }
+    inclusive = warp_inclusive_scan(count);
     if (lane == 31) warp_sums[warp] = inclusive;
   }
   __syncthreads();

@@ -112,6 +112,8 @@ def _tier_n(n: dict[str, Any]) -> str:
         return "=" + "/".join(map(str, n["exact"]))
     if "ladder" in n:
         return " ladder " + "/".join(map(str, n["ladder"]))
+    if "vector_iterations" in n:
+        return f" up to {n['vector_iterations']} vectors per thread"
     return " " + _window(n)
 
 

@@ -132,9 +132,6 @@ def _nvrtc(source: str, name: str, arch: str) -> tuple[str, bytes, str]:
         nvrtc.nvrtcDestroyProgram(prog)
 
 
-_FUNCTION = re.compile(r"Function properties for (\S+)")
-
-
 def parse_resources(log: str, symbol: str, name: str) -> Resources:
     """ptxas -v output for one entry function: registers, spills, stack, shared, barriers."""
     start = log.find(f"Compiling entry function '{symbol}'")

@@ -192,8 +192,11 @@ class Policy:
 
 def rule_record(rule: Rule) -> dict[str, Any]:
     """A JIT-only tier (or any rule) as plain data for the plan JSON, manifest and diff."""
-    n: dict[str, Any] = {"exact": list(rule.n_exact)} if rule.n_exact else \
-        {"ladder": list(rule.ladder)} if rule.ladder else {"min": rule.n_min, "max": rule.n_max}
+    n: dict[str, Any] = (
+        {"exact": list(rule.n_exact)} if rule.work == "exact"
+        else {"ladder": list(rule.ladder)} if rule.work == "ladder"
+        else {"vector_iterations": rule.vector_iterations} if rule.work == "fixed_vec"
+        else {"min": rule.n_min, "max": rule.n_max})
     return {"rule": rule.name, "family": rule.family, "work": rule.work, "archs": list(rule.archs),
             "dtypes": list(rule.dtypes), "k": list(rule.k_rungs), "k_min": rule.k_min, "n": n,
             "modes": list(rule.modes), "serves": list(rule.serves), "reason": rule.reason}
@@ -207,9 +210,9 @@ def default_policy_path() -> Path:
 
 
 def _data_dir(name: str) -> Path:
-    checkout = Path(__file__).resolve().parent.parent / name
-    if checkout.is_dir():
-        return checkout
+    top = Path(__file__).resolve().parent.parent
+    if (top / "pyproject.toml").is_file() and (top / name).is_dir():  # a checkout (editable install)
+        return top / name
     return Path(str(resources.files("topkgen").joinpath(name)))
 
 

@@ -268,8 +268,6 @@ class _CudaBackend(_Backend):
         return self.load_aot(spec, compiled.cubin, compiled.symbol, source)
 
     def run(self, kernel: Any, spec: KernelSpec, view: _View, k: int, largest: bool, out: Any, stream: Any):
-        import ctypes
-
         core = _cuda_core()
         LaunchConfig, launch = core.LaunchConfig, core.launch
 
@@ -285,8 +283,9 @@ class _CudaBackend(_Backend):
         v_ptr, i_ptr = _device_ptr(values, shape), _device_ptr(indices, shape)
         cuda_stream = self._stream(stream, view.array)
         config = LaunchConfig(grid=_grid(spec, view.rows), block=spec.threads)
-        launch(cuda_stream, config, kernel, ctypes.c_void_p(view.ptr), ctypes.c_void_p(v_ptr),
-               ctypes.c_void_p(i_ptr), np.int32(view.rows), np.int32(view.n), np.int32(k), np.int32(largest))
+        # cuda.core passes Python ints as pointers and numpy scalars with their C types.
+        launch(cuda_stream, config, kernel, int(view.ptr), int(v_ptr), int(i_ptr),
+               np.int32(view.rows), np.int32(view.n), np.int32(k), np.int32(largest))
         return values, indices
 
     def _stream(self, stream: Any, array: Any) -> Any:
