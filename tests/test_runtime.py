@@ -205,6 +205,14 @@ def test_topkgen_run_on_the_emulator(bundle_dir, tmp_path):
     assert "by topk_radix_dyn_k64_det_f32_sm_90 (AOT)" in proc.stdout
     result = np.load(tmp_path / "out.npz")
     check_topk(x, result["values"], result["indices"], 33, False, True, "float32")
+    xb = make_rows("bfloat16", 3, 500, seed=12)
+    np.save(tmp_path / "bf16.npy", xb)  # numpy stores ml_dtypes.bfloat16 as raw 2-byte records
+    proc = subprocess.run([sys.executable, "-m", "topkgen.cli", "run", "--bundle", str(bundle_dir), "--arch", "sm_100",
+                           "--backend", "emulator", "--k", "20", str(tmp_path / "bf16.npy"), "-o",
+                           str(tmp_path / "bf16.npz")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    result = np.load(tmp_path / "bf16.npz")
+    check_topk(xb, result["values"].view(xb.dtype), result["indices"], 20, True, True, "bfloat16")
     bad = subprocess.run([sys.executable, "-m", "topkgen.cli", "run", "--bundle", str(bundle_dir), "--arch", "sm_90",
                           "--backend", "emulator", "--k", "5000", str(tmp_path / "in.npy"), "-o",
                           str(tmp_path / "bad.npz")], capture_output=True, text=True)

@@ -1,6 +1,6 @@
 """Command-line interface: argument parsing, formatting and exit codes only.
 
-Exit status: 0 success, 1 "differs" (diff), 2 usage or input errors. Heavy modules
+Exit status: 0 success, 1 a failed build or "the sides differ" (diff), 2 usage or input errors. Heavy modules
 (NVRTC, numpy, the emulator) are imported inside the commands that need them, so
 `topkgen plan` stays fast.
 """
@@ -235,6 +235,9 @@ def diff(old: str, new: str, policy_in_repo: str, shapes_file: str | None, fmt: 
 def run(bundle_dir: str, arch: str | None, backend: str, k: int, smallest: bool, deterministic: bool,
         dtype: str | None, input_path: str, output_path: str) -> None:
     """Top-k over the last dimension of IN.npy with the bundle's kernels (or JIT)."""
+    import io
+    from pathlib import Path
+
     import numpy as np
 
     from topkgen.paths import atomic_write
@@ -244,28 +247,23 @@ def run(bundle_dir: str, arch: str | None, backend: str, k: int, smallest: bool,
         x = np.load(input_path, allow_pickle=False)
     except (OSError, ValueError) as err:
         raise InputError(f"{input_path}: cannot read .npy: {err}") from None
+    if x.dtype.kind == "V" and x.dtype.itemsize == 2:  # ml_dtypes.bfloat16 saved by numpy
+        x = x.view(np.uint16)
+    raw = x.dtype == np.uint16
     try:
         op = TopK(bundle_dir, arch=arch, backend=backend)
+        sel = op.explain((dtype or "bfloat16") if raw else str(x.dtype), k, x.shape[-1], deterministic)
         if backend == "cuda":
             values, indices = _run_on_gpu(op, x, k, smallest, deterministic, dtype)
         else:
             values, indices = op(x, k, largest=not smallest, deterministic=deterministic, dtype=dtype)
     except TopKError as err:
         raise InputError(str(err)) from None
-    import io
-
     buffer = io.BytesIO()
     np.savez(buffer, values=values, indices=indices)
-    from pathlib import Path
-
     atomic_write(Path(output_path), buffer.getvalue())
-    sel = op.explain(_dtype_of(x, dtype), k, x.shape[-1], deterministic)
     click.echo(f"{output_path}: values {values.dtype}{list(values.shape)}, indices int64{list(indices.shape)} "
                f"by {sel.kernel.name} ({sel.source.upper()})")
-
-
-def _dtype_of(x: Any, dtype: str | None) -> str:
-    return dtype or ("bfloat16" if str(x.dtype) in ("uint16", "bfloat16") else str(x.dtype))
 
 
 def _run_on_gpu(op: Any, x: Any, k: int, smallest: bool, deterministic: bool, dtype: str | None):
