@@ -115,7 +115,7 @@ def build(policy: Policy, archs: list[str], out: Path, *, jobs: int = 1, allow_o
         "policy": {"path": policy.display_path, "name": policy.name, "sha256": policy.sha256, "text": policy.text},
         "archs": archs,
         "kernels": [kernel_entry(s, c, src) for s, c, src in zip(specs, compiled, sources)],
-        "jit_only": [rule_record(r) for r in policy.rules if not r.aot and any(a in r.archs for a in archs)],
+        "jit_only": [rule_record(r) for r in policy.jit_only_rules(archs)],
     }
     validate(manifest, load_schema("manifest.schema.json"))
     with _locked(out):

@@ -65,8 +65,7 @@ def plan_document(policy: pol.Policy, archs: list[str]) -> dict[str, Any]:
         "policy": {"path": policy.display_path, "name": policy.name, "sha256": policy.sha256},
         "archs": archs,
         "kernels": kernels,
-        "jit_only": [pol.rule_record(r) for r in policy.rules
-                     if not r.aot and any(a in r.archs for a in archs)],
+        "jit_only": [pol.rule_record(r) for r in policy.jit_only_rules(archs)],
         "totals": {"per_arch": totals, "all": len(kernels)},
     }
 

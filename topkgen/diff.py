@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import json
 import subprocess
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -71,7 +71,6 @@ class Report:
     tiers_removed: list[dict]
     dispatch: list[dict]
     shapes_checked: int
-    notes: list[str] = field(default_factory=list)
 
     @property
     def differs(self) -> bool:
@@ -96,7 +95,7 @@ def load_side(spec: str, *, policy_in_repo: str = DEFAULT_POLICY_IN_REPO, cwd: P
 def _policy_side(label: str, kind: str, policy: Policy) -> Side:
     archs = list(policy.archs)
     kernels = {s.name: s.record() for arch in archs for s in plan(policy, arch)}
-    tiers = {r.name: rule_record(r) for r in policy.rules if not r.aot}
+    tiers = {r.name: rule_record(r) for r in policy.jit_only_rules()}
     return Side(label, kind, policy, archs, kernels, tiers)
 
 

@@ -173,8 +173,10 @@ class Policy:
                 return r
         raise KeyError(name)
 
-    def jit_only_rules(self, arch: str | None = None) -> list[Rule]:
-        return [r for r in self.rules if not r.aot and (arch is None or arch in r.archs)]
+    def jit_only_rules(self, archs: Iterable[str] | None = None) -> list[Rule]:
+        """The JIT-only tiers (aot: false) that apply to any of `archs` (all when None)."""
+        wanted = None if archs is None else set(archs)
+        return [r for r in self.rules if not r.aot and (wanted is None or wanted & set(r.archs))]
 
     @property
     def display_path(self) -> str:
@@ -486,7 +488,7 @@ def plan(policy: Policy, arch: str) -> list[KernelSpec]:
 def jit_kernels(policy: Policy, arch: str) -> list[KernelSpec]:
     """The kernels of the JIT-only rules for one arch, for every dtype they serve."""
     _check_arch(policy, arch)
-    return [spec for rule in policy.jit_only_rules(arch) for dtype in policy.dtypes
+    return [spec for rule in policy.jit_only_rules([arch]) for dtype in policy.dtypes
             for spec in kernels_of_rule(policy, rule, arch, dtype)]
 
 
