@@ -222,6 +222,12 @@ def test_out_of_range_dynamic_shared_read(bugs):
         bugs.launch("oob_dynamic_shared_far", 1, 1, [np.zeros(1, np.float32), np.int32(16)], shared_bytes=64)
 
 
+def test_misaligned_vector_load(bugs):
+    with pytest.raises(EmulationError, match=r"misaligned memory access .* at kernel 'misaligned_vector_load', "
+                                             r"block \(0,0,0\), thread \(0,0,0\)"):
+        bugs.launch("misaligned_vector_load", 1, 4, [np.zeros(32, np.float32), np.zeros(4, np.float32)])
+
+
 def test_deadlock(bugs):
     with pytest.raises(EmulationError, match=r"deadlock: 16 threads wait at __syncthreads while thread \(0,0,0\) "
                                              r"waits in __shfl_sync"):

@@ -207,8 +207,10 @@ def test_packaged_policy_is_found_outside_the_checkout(tmp_path):
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target),
                     str(wheel)], check=True, capture_output=True)
     code = ("import topkgen.policy as p, topkgen.render as r; "
-            "print(p.default_policy_path()); print(len(p.plan(p.load(), 'sm_90'))); print(r.template_dir())")
+            "print(p.default_policy_path()); print(len(p.plan(p.load(), 'sm_90'))); print(r.template_dir()); "
+            "print(len(r.render(p.plan(p.load(), 'sm_90')[0])))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,
                          env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"}, check=True)
     lines = out.stdout.split()
     assert lines[0].startswith(str(target)) and lines[1] == "29" and lines[2].startswith(str(target))
+    assert int(lines[3]) > 1000  # the kernel template and its shared header render from the wheel

@@ -88,3 +88,9 @@ extern "C" __global__ void spin_on_other_cta(int* flag) {
     atomicExch(flag, 0);
   }
 }
+
+// A 16-byte vector load one float off the 16-byte boundary: faults on a GPU.
+extern "C" __global__ void misaligned_vector_load(const float* x, float* out) {
+  const float4 v = reinterpret_cast<const float4*>(x + 1)[threadIdx.x];
+  out[threadIdx.x] = v.x + v.y + v.z + v.w;
+}

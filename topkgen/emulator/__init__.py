@@ -4,7 +4,8 @@
 SIMT header `include/topkgen_sim.h`; `Module.launch` runs a kernel with every CUDA thread as
 a fiber. Faults (partial or divergent barriers, deadlocks, bad warp masks, out-of-bounds
 global or dynamic shared accesses, a launch that outlives the watchdog) raise
-EmulationError naming the kernel, block and thread or lane.
+EmulationError naming the kernel, block and thread or lane; so do misaligned accesses
+(a 16-byte vector load off a 16-byte boundary), which x86 would tolerate and a GPU does not.
 
 Limits: kernels must not spin-wait on another CTA (reported as a watchdog timeout);
 __activemask() returns the lanes that had not returned when the warp last synchronised; reads that stay inside
@@ -28,7 +29,9 @@ import numpy as np
 from topkgen.paths import atomic_write, cache_root, cuda_include_dir
 
 INCLUDE_DIR = Path(__file__).resolve().parent / "include"
-CXX_FLAGS = ("-std=c++17", "-O2", "-fPIC", "-shared", "-pthread", "-w", "-fno-strict-aliasing")
+# The alignment sanitizer in trap mode makes a misaligned access trap as it faults on a GPU.
+CXX_FLAGS = ("-std=c++17", "-O2", "-fPIC", "-shared", "-pthread", "-w", "-fno-strict-aliasing",
+             "-fsanitize=alignment", "-fsanitize-undefined-trap-on-error")
 DEFAULT_TIMEOUT_S = 120.0
 MAX_THREADS_PER_BLOCK = 1024
 

@@ -10,6 +10,7 @@
 // Faults are reported, never silently tolerated: partial or divergent __syncthreads,
 // deadlocks, warp collectives whose mask disagrees with the lanes that arrive, reads and
 // writes outside the buffers passed to the launch (guard pages and checked guard zones),
+// misaligned vector accesses (the alignment sanitizer in trap mode),
 // out-of-range dynamic shared memory, stack overflow, and launches that outlive the
 // watchdog.
 #pragma once
@@ -583,7 +584,7 @@ inline int& signal_users() {
   return n;
 }
 inline struct sigaction* old_actions() {
-  static struct sigaction a[2];
+  static struct sigaction a[3];
   return a;
 }
 inline std::vector<Launch*>& live_launches() {
@@ -616,6 +617,14 @@ inline std::string describe_address(Launch* L, Block* b, uintptr_t a, bool write
 
 inline void on_fault(int sig, siginfo_t* info, void* uctx) {
   Block* b = t_block;
+  if (b && b->cur && t_fault_jmp && sig == SIGILL) {
+    // Modules are compiled with the alignment sanitizer in trap mode: a load or store through
+    // a pointer not aligned to its type (a 16-byte vector access off a 16-byte boundary)
+    // traps here, as it would fault on a GPU.
+    fail(b, "misaligned memory access (a load or store not aligned to its type, such as a 16-byte "
+            "vector access off a 16-byte boundary) at " + where(b, b->cur));
+    siglongjmp(*t_fault_jmp, 1);
+  }
   if (b && b->cur && t_fault_jmp) {
     bool write = false;
 #if defined(__x86_64__)
@@ -625,7 +634,7 @@ inline void on_fault(int sig, siginfo_t* info, void* uctx) {
     siglongjmp(*t_fault_jmp, 1);
   }
   // Not ours: restore the previous handler and let the fault happen again.
-  sigaction(sig, &old_actions()[sig == SIGSEGV ? 0 : 1], nullptr);
+  sigaction(sig, &old_actions()[sig == SIGSEGV ? 0 : sig == SIGBUS ? 1 : 2], nullptr);
 }
 
 inline void install_handlers() {
@@ -638,6 +647,7 @@ inline void install_handlers() {
   sigemptyset(&sa.sa_mask);
   sigaction(SIGSEGV, &sa, &old_actions()[0]);
   sigaction(SIGBUS, &sa, &old_actions()[1]);
+  sigaction(SIGILL, &sa, &old_actions()[2]);
 }
 
 inline void remove_handlers() {
@@ -645,6 +655,7 @@ inline void remove_handlers() {
   if (--signal_users() > 0) return;
   sigaction(SIGSEGV, &old_actions()[0], nullptr);
   sigaction(SIGBUS, &old_actions()[1], nullptr);
+  sigaction(SIGILL, &old_actions()[2], nullptr);
 }
 
 // ------------------------------------------------------------------ block execution
