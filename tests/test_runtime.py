@@ -217,3 +217,30 @@ def test_topkgen_run_on_the_emulator(bundle_dir, tmp_path):
                           "--backend", "emulator", "--k", "5000", str(tmp_path / "in.npy"), "-o",
                           str(tmp_path / "bad.npz")], capture_output=True, text=True)
     assert bad.returncode == 2 and "k: must be <= 1024, got 5000" in bad.stderr and not (tmp_path / "bad.npz").exists()
+
+
+class _Interface:
+    """An object that only exposes the __cuda_array_interface__ protocol (as cupy or numba
+    arrays do); the cuda backend reads pointer, shape, strides and dtype from it."""
+
+    def __init__(self, typestr, shape, strides=None, ptr=0x7F0000001000):
+        self.__cuda_array_interface__ = {"typestr": typestr, "shape": shape, "strides": strides,
+                                         "data": (ptr, False), "version": 3}
+
+
+def test_device_arrays_are_read_from_the_cuda_array_interface():
+    from topkgen.runtime import _c_contiguous, _device_array, _dtype_name
+
+    ptr, shape, strides, name = _device_array(_Interface("<f4", (3, 100)), "x")
+    assert (ptr, shape, strides, _dtype_name(name, None)) == (0x7F0000001000, (3, 100), None, "float32")
+    _, _, strides, name = _device_array(_Interface("<u2", (4, 10), strides=(20, 2)), "x")
+    assert strides == (10, 1) and _c_contiguous((4, 10), strides)
+    assert _dtype_name(name, None) == "bfloat16" and _dtype_name(name, "float16") == "float16"
+    _, shape, strides, _ = _device_array(_Interface("<f4", (4, 10), strides=(80, 4)), "x")  # every other row
+    assert not _c_contiguous(shape, strides)
+    _, shape, strides, _ = _device_array(_Interface("<f4", (10, 4), strides=(4, 40)), "x")  # transposed
+    assert not _c_contiguous(shape, strides)
+    with pytest.raises(TopKError, match="dtype <f8 is not supported"):
+        _dtype_name(_device_array(_Interface("<f8", (2,)), "x")[3], None)
+    with pytest.raises(TopKError, match="x: expected a device array"):
+        _device_array(np.zeros(3, np.float32), "x")

@@ -235,25 +235,11 @@ class _CudaBackend(_Backend):
         return f"sm_{major}{minor}"
 
     def view(self, x: Any, dtype: str | None) -> _View:
-        StridedMemoryView = _cuda_core().StridedMemoryView
-
-        if not (hasattr(x, "__cuda_array_interface__") or hasattr(x, "__dlpack__")):
-            raise TopKError(f"x: expected a device array (__cuda_array_interface__ or DLPack), "
-                            f"got {type(x).__name__}")
-        try:
-            smv = StridedMemoryView(x, stream_ptr=-1)
-        except Exception as err:
-            raise TopKError(f"x: cannot view the array: {err}") from None
-        name = _dtype_name(smv.dtype, dtype)
-        shape = tuple(smv.shape)
-        strides = smv.strides  # in elements, or None when C-contiguous
-        if strides is not None:
-            expect = 1
-            for size, stride in zip(reversed(shape), reversed(strides)):
-                if size > 1 and stride != expect:
-                    raise TopKError("x: must be contiguous (the last dimension and the rows)")
-                expect *= size
-        return _View(x, name, shape, smv.ptr)
+        ptr, shape, strides, found = _device_array(x, "x")
+        name = _dtype_name(found, dtype)
+        if not _c_contiguous(shape, strides):
+            raise TopKError("x: must be contiguous (the last dimension and the rows)")
+        return _View(x, name, shape, ptr)
 
     def load_aot(self, spec: KernelSpec, cubin: bytes, symbol: str, source: str) -> Any:
         ObjectCode = _cuda_core().ObjectCode
@@ -305,20 +291,54 @@ class _CudaBackend(_Backend):
 
 
 def _device_ptr(array: Any, shape: tuple[int, ...]) -> int:
-    StridedMemoryView = _cuda_core().StridedMemoryView
-
-    smv = StridedMemoryView(array, stream_ptr=-1)
-    if tuple(smv.shape) != shape or smv.strides not in (None, tuple(int(np.prod(shape[i + 1:])) for i in range(len(shape)))):
-        raise TopKError(f"out: expected contiguous arrays of shape {list(shape)}, got {list(smv.shape)}")
-    return smv.ptr
+    ptr, found_shape, strides, _ = _device_array(array, "out")
+    if found_shape != shape or not _c_contiguous(found_shape, strides):
+        raise TopKError(f"out: expected contiguous arrays of shape {list(shape)}, got {list(found_shape)}")
+    return ptr
 
 
-def _dtype_name(np_dtype: Any, requested: str | None) -> str:
-    name = str(np_dtype)
-    if name in ("uint16", "|V2", "void16", "V2") or name.startswith("bfloat16"):
+def _device_array(x: Any, label: str) -> tuple[int, tuple[int, ...], tuple[int, ...] | None, str]:
+    """(pointer, shape, strides in elements or None, dtype name) of a device array.
+
+    torch tensors are read through their own attributes (without importing torch): cuda.core
+    cannot view bfloat16 through DLPack yet. Then __cuda_array_interface__, then DLPack."""
+    if type(x).__module__.startswith("torch") and hasattr(x, "data_ptr"):
+        if not x.is_cuda:
+            raise TopKError(f"{label}: expected a CUDA tensor, got one on {x.device}")
+        return x.data_ptr(), tuple(x.shape), tuple(x.stride()), str(x.dtype).removeprefix("torch.")
+    cai = getattr(x, "__cuda_array_interface__", None)
+    if cai is not None:
+        itemsize = int(cai["typestr"][2:])
+        strides = None if cai.get("strides") is None else tuple(s // itemsize for s in cai["strides"])
+        names = {"<f4": "float32", "<f2": "float16", "<u2": "uint16"}
+        return int(cai["data"][0]), tuple(cai["shape"]), strides, names.get(cai["typestr"], cai["typestr"])
+    if hasattr(x, "__dlpack__"):
+        try:
+            smv = _cuda_core().StridedMemoryView(x, stream_ptr=-1)
+        except Exception as err:
+            raise TopKError(f"{label}: cannot view the array through DLPack: {err}") from None
+        if smv.is_device_accessible:
+            return smv.ptr, tuple(smv.shape), smv.strides, str(smv.dtype)
+    raise TopKError(f"{label}: expected a device array (__cuda_array_interface__ or DLPack), got {type(x).__name__}")
+
+
+def _c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...] | None) -> bool:
+    if strides is None:
+        return True
+    expect = 1
+    for size, stride in zip(reversed(shape), reversed(strides)):
+        if size > 1 and stride != expect:
+            return False
+        expect *= size
+    return True
+
+
+def _dtype_name(found: str, requested: str | None) -> str:
+    name = found
+    if name == "uint16":
         name = requested or "bfloat16"
     if name not in _NUMPY_DTYPES:
-        raise TopKError(f"x: dtype {np_dtype} is not supported (float32, bfloat16, float16)")
+        raise TopKError(f"x: dtype {found} is not supported (float32, bfloat16, float16)")
     if requested is not None and requested != name:
         raise TopKError(f"dtype: {requested!r} does not match the array's {name}")
     return name
