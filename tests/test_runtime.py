@@ -122,6 +122,8 @@ def test_bad_arrays_get_clear_errors(bundle_dir):
         op(np.zeros((8, 4), np.float32).T, 2)
     with pytest.raises(TopKError, match="k: must be <= n"):
         op(np.zeros((2, 8), np.float32), 9)
+    values, indices = op(np.zeros((0, 50), np.float32), 5)
+    assert values.shape == indices.shape == (0, 5)
     with pytest.raises(TopKError, match="emulator backend needs an explicit arch"):
         TopK(bundle_dir, backend="emulator")
 

@@ -172,7 +172,7 @@ class _EmulatorBackend(_Backend):
             raise TopKError(f"dtype: {dtype!r} does not match the array's {name}")
         if name not in _NUMPY_DTYPES:
             raise TopKError(f"x: dtype {x.dtype} is not supported (float32, bfloat16, float16)")
-        if x.ndim and x.strides[-1] != x.itemsize:
+        if x.size and x.shape[-1] > 1 and x.strides[-1] != x.itemsize:
             raise TopKError("x: the last dimension must be contiguous")
         return _View(x, name, x.shape)
 
@@ -188,8 +188,9 @@ class _EmulatorBackend(_Backend):
         x = np.ascontiguousarray(view.array).reshape(view.rows, view.n)
         values = np.empty((view.rows, k), dtype=x.dtype)
         indices = np.empty((view.rows, k), dtype=np.int64)
-        kernel.launch(spec.name, _grid(spec, view.rows), spec.threads,
-                      [x, values, indices, np.int32(view.rows), np.int32(view.n), np.int32(k), np.int32(largest)])
+        if view.rows:  # an empty batch launches nothing
+            kernel.launch(spec.name, _grid(spec, view.rows), spec.threads,
+                          [x, values, indices, np.int32(view.rows), np.int32(view.n), np.int32(k), np.int32(largest)])
         shape = (*view.shape[:-1], k)
         if out is not None:
             out_values, out_indices = out
@@ -269,6 +270,8 @@ class _CudaBackend(_Backend):
         v_ptr, i_ptr = _device_ptr(values, shape), _device_ptr(indices, shape)
         cuda_stream = self._stream(stream, view.array)
         config = LaunchConfig(grid=_grid(spec, view.rows), block=spec.threads)
+        if view.rows == 0:  # an empty batch launches nothing
+            return values, indices
         # cuda.core passes Python ints as pointers and numpy scalars with their C types.
         launch(cuda_stream, config, kernel, int(view.ptr), int(v_ptr), int(i_ptr),
                np.int32(view.rows), np.int32(view.n), np.int32(k), np.int32(largest))
