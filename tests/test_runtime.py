@@ -231,18 +231,18 @@ class _Interface:
 
 
 def test_device_arrays_are_read_from_the_cuda_array_interface():
-    from topkgen.runtime import _c_contiguous, _device_array, _dtype_name
+    from topkgen.runtime import _c_contiguous, _device_array, dtype_name
 
     ptr, shape, strides, name = _device_array(_Interface("<f4", (3, 100)), "x")
-    assert (ptr, shape, strides, _dtype_name(name, None)) == (0x7F0000001000, (3, 100), None, "float32")
+    assert (ptr, shape, strides, dtype_name(name, None)) == (0x7F0000001000, (3, 100), None, "float32")
     _, _, strides, name = _device_array(_Interface("<u2", (4, 10), strides=(20, 2)), "x")
     assert strides == (10, 1) and _c_contiguous((4, 10), strides)
-    assert _dtype_name(name, None) == "bfloat16" and _dtype_name(name, "float16") == "float16"
+    assert dtype_name(name, None) == "bfloat16" and dtype_name(name, "float16") == "float16"
     _, shape, strides, _ = _device_array(_Interface("<f4", (4, 10), strides=(80, 4)), "x")  # every other row
     assert not _c_contiguous(shape, strides)
     _, shape, strides, _ = _device_array(_Interface("<f4", (10, 4), strides=(4, 40)), "x")  # transposed
     assert not _c_contiguous(shape, strides)
     with pytest.raises(TopKError, match="dtype <f8 is not supported"):
-        _dtype_name(_device_array(_Interface("<f8", (2,)), "x")[3], None)
+        dtype_name(_device_array(_Interface("<f8", (2,)), "x")[3], None)
     with pytest.raises(TopKError, match="x: expected a device array"):
         _device_array(np.zeros(3, np.float32), "x")

@@ -240,7 +240,7 @@ def run(bundle_dir: str, arch: str | None, backend: str, k: int, smallest: bool,
     import numpy as np
 
     from topkgen.paths import atomic_write
-    from topkgen.runtime import TopK, TopKError
+    from topkgen.runtime import TopK, TopKError, dtype_name
 
     try:
         x = np.load(input_path, allow_pickle=False)
@@ -248,10 +248,9 @@ def run(bundle_dir: str, arch: str | None, backend: str, k: int, smallest: bool,
         raise InputError(f"{input_path}: cannot read .npy: {err}") from None
     if x.dtype.kind == "V" and x.dtype.itemsize == 2:  # ml_dtypes.bfloat16 saved by numpy
         x = x.view(np.uint16)
-    raw = x.dtype == np.uint16
     try:
         op = TopK(bundle_dir, arch=arch, backend=backend)
-        sel = op.explain((dtype or "bfloat16") if raw else str(x.dtype), k, x.shape[-1], deterministic)
+        sel = op.explain(dtype_name(str(x.dtype), dtype), k, x.shape[-1], deterministic)
         if backend == "cuda":
             values, indices = _run_on_gpu(op, x, k, smallest, deterministic, dtype)
         else:

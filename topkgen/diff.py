@@ -16,12 +16,11 @@ from typing import Any
 import yaml
 
 from topkgen import bundle
-from topkgen.policy import DispatchError, Policy, PolicyError, loads, plan, rule_record, select
+from topkgen.policy import DTYPE_SIZES, DispatchError, Policy, PolicyError, loads, plan, rule_record, select
 
 DEFAULT_POLICY_IN_REPO = "policies/topk.yaml"
 DEFAULT_KS = (1, 16, 32, 64, 100, 128, 256, 512, 1024)
 DEFAULT_NS = (64, 256, 1000, 1024, 2048, 4096, 8192, 16384, 32768, 131072)
-DTYPES = ("float32", "bfloat16", "float16")
 PARAM_FIELDS = ("family", "rule", "dtype", "k", "k_min", "n_window", "mode", "work", "work_rung", "launch",
                 "vector_tail")
 BUILT_FIELDS = ("resources", "size_bytes")
@@ -138,7 +137,7 @@ def _revision_side(rev: str, policy_in_repo: str, cwd: Path | None) -> Side:
 # ----------------------------------------------------------------------------- shapes
 
 def default_shapes(archs: list[str]) -> list[Shape]:
-    return [Shape(a, d, k, n, det) for a in archs for d in DTYPES for k in DEFAULT_KS for n in DEFAULT_NS
+    return [Shape(a, d, k, n, det) for a in archs for d in DTYPE_SIZES for k in DEFAULT_KS for n in DEFAULT_NS
             for det in (False, True) if k <= n]
 
 
@@ -193,10 +192,9 @@ def compare(old: Side, new: Side, shapes: list[Shape] | None = None, *, workload
     counts["total"] = (len(old.kernels), len(new.kernels))
     added = [new.kernels[n] for n in new.kernels if n not in old.kernels]
     removed = [old.kernels[n] for n in old.kernels if n not in new.kernels]
-    both_built = old.built and new.built
+    fields = PARAM_FIELDS + (BUILT_FIELDS if old.built and new.built else ())
     changed = []
     for name in old.kernels.keys() & new.kernels.keys():
-        fields = PARAM_FIELDS + (BUILT_FIELDS if both_built else ())
         delta = {f: {"old": old.kernels[name].get(f), "new": new.kernels[name].get(f)} for f in fields
                  if old.kernels[name].get(f) != new.kernels[name].get(f)}
         if delta:

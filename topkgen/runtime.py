@@ -19,11 +19,10 @@ from typing import Any
 import numpy as np
 
 from topkgen import bundle as bundles
-from topkgen.policy import DispatchError, KernelSpec, Selection, select
+from topkgen.policy import DTYPE_SIZES, DispatchError, KernelSpec, Selection, select
 from topkgen.render import render
 
 BACKENDS = ("cuda", "emulator")
-_NUMPY_DTYPES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16"}
 
 
 class TopKError(RuntimeError):
@@ -65,7 +64,6 @@ class TopK:
             raise TopKError(str(err)) from None
         if backend == "emulator" and arch is None:
             raise TopKError("arch: the emulator backend needs an explicit arch (sm_90, sm_100, ...)")
-        self.backend_name = backend
         self._backend: _Backend = _EmulatorBackend() if backend == "emulator" else _CudaBackend()
         self.arch = arch or self._backend.current_arch()
         if self.arch not in self.policy.archs:
@@ -163,15 +161,7 @@ class _EmulatorBackend(_Backend):
     def view(self, x: Any, dtype: str | None) -> _View:
         if not isinstance(x, np.ndarray):
             raise TopKError(f"x: the emulator backend takes numpy arrays, got {type(x).__name__}")
-        name = str(x.dtype)
-        if x.dtype == np.uint16:
-            name = dtype or "bfloat16"
-            if name not in ("bfloat16", "float16"):
-                raise TopKError(f"dtype: raw uint16 input must be bfloat16 or float16, got {name!r}")
-        elif dtype is not None and dtype != name:
-            raise TopKError(f"dtype: {dtype!r} does not match the array's {name}")
-        if name not in _NUMPY_DTYPES:
-            raise TopKError(f"x: dtype {x.dtype} is not supported (float32, bfloat16, float16)")
+        name = dtype_name(str(x.dtype), dtype)
         if x.size and x.shape[-1] > 1 and x.strides[-1] != x.itemsize:
             raise TopKError("x: the last dimension must be contiguous")
         return _View(x, name, x.shape)
@@ -237,7 +227,7 @@ class _CudaBackend(_Backend):
 
     def view(self, x: Any, dtype: str | None) -> _View:
         ptr, shape, strides, found = _device_array(x, "x")
-        name = _dtype_name(found, dtype)
+        name = dtype_name(found, dtype)
         if not _c_contiguous(shape, strides):
             raise TopKError("x: must be contiguous (the last dimension and the rows)")
         return _View(x, name, shape, ptr)
@@ -336,13 +326,16 @@ def _c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...] | None) -> bo
     return True
 
 
-def _dtype_name(found: str, requested: str | None) -> str:
+def dtype_name(found: str, requested: str | None) -> str:
+    """The topkgen dtype of an array whose element type is `found`; raw uint16 holds
+    bfloat16 (the default) or float16 bits, as `requested` says."""
     name = found
     if name == "uint16":
         name = requested or "bfloat16"
-    if name not in _NUMPY_DTYPES:
-        raise TopKError(f"x: dtype {found} is not supported (float32, bfloat16, float16)")
+        if name not in ("bfloat16", "float16"):
+            raise TopKError(f"dtype: raw uint16 input must be bfloat16 or float16, got {name!r}")
+    if name not in DTYPE_SIZES:
+        raise TopKError(f"x: dtype {found} is not supported ({', '.join(DTYPE_SIZES)})")
     if requested is not None and requested != name:
         raise TopKError(f"dtype: {requested!r} does not match the array's {name}")
     return name
-

@@ -21,6 +21,7 @@ import re
 import shutil
 import subprocess
 from dataclasses import dataclass
+from functools import lru_cache
 from pathlib import Path
 from typing import Any, Sequence
 
@@ -100,10 +101,16 @@ def _compiler() -> str:
     return cxx
 
 
+@lru_cache(maxsize=None)
+def _toolchain(cxx: str) -> str:
+    """What besides the source decides the shared object: compiler, flags and SIMT header."""
+    version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
+    return "\0".join((version, " ".join(CXX_FLAGS), (INCLUDE_DIR / "topkgen_sim.h").read_text()))
+
+
 def _cache_key(unit: str, cxx: str) -> str:
     h = hashlib.sha256()
-    version = subprocess.run([cxx, "--version"], capture_output=True, text=True).stdout
-    for part in (unit, version, " ".join(CXX_FLAGS), (INCLUDE_DIR / "topkgen_sim.h").read_text()):
+    for part in (unit, _toolchain(cxx)):
         h.update(part.encode())
         h.update(b"\0")
     return h.hexdigest()
