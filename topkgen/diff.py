@@ -367,12 +367,13 @@ def _kernel_change(old: Side, new: Side, name: str) -> dict[str, Any] | None:
 
 
 def _over_budget(old: Side, new: Side) -> list[dict[str, Any]]:
-    """Kernels over their register or spill budget on either built side."""
+    """Kernels over their register or spill budget on either built side: per side its
+    problems, [] within budget, None where the side is not built or lacks the kernel."""
     def problems(side: Side, name: str) -> list[str] | None:
         entry = side.kernels.get(name)
         if not side.built or entry is None:
             return None
-        return bundle.budget_problems(entry["resources"], entry["budget"]) or None
+        return bundle.budget_problems(entry["resources"], entry["budget"])
 
     rows = []
     for name in dict.fromkeys([*old.kernels, *new.kernels]):

@@ -84,7 +84,7 @@ def _choice_text(choice: dict[str, Any]) -> str:
 
 def _budget_text(row: dict[str, Any]) -> str:
     def one(problems: list[str] | None) -> str:
-        return "; ".join(problems) if problems else "within budget"
+        return "n/a" if problems is None else "; ".join(problems) or "within budget"
     return f"old: {one(row['old'])}; new: {one(row['new'])}"
 
 

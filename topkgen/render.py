@@ -117,8 +117,8 @@ def loaded_templates(env, name: str) -> tuple[str, ...]:
         if current in seen:
             continue
         seen.append(current)
-        source, _, _ = env.loader.get_source(env, current)
-        for ref in meta.find_referenced_templates(env.parse(source)):
+        source, filename, _ = env.loader.get_source(env, current)
+        for ref in meta.find_referenced_templates(env.parse(source, current, filename)):
             if ref is None:
                 return tuple(sorted(set(seen) | set(env.loader.list_templates())))
             todo.append(ref)
