@@ -20,7 +20,6 @@ from typing import Any, Callable
 
 import yaml
 
-from topkgen import bundle
 from topkgen.policy import DispatchError, KernelSpec, Policy, PolicyError, loads, plan, rule_record, select
 from topkgen.sources import TEMPLATES_IN_REPO, GitRepo, SourceError, Templates, directory_templates, \
     installed_templates, repo_path
@@ -139,7 +138,7 @@ def load_side(spec: str, *, policy_in_repo: str = DEFAULT_POLICY_IN_REPO, cwd: P
             policy = loads(path.read_bytes(), source=spec)
             return _rendered_side(spec, "policy", "policy file, installed templates", policy, installed_templates())
         return _revision_side(spec, policy_in_repo, cwd)
-    except (PolicyError, SourceError, bundle.ManifestError) as err:
+    except (PolicyError, SourceError) as err:
         raise DiffInputError(str(err)) from None
     except OSError as err:
         raise DiffInputError(f"{spec}: cannot read: {err.strerror}") from None
@@ -195,8 +194,13 @@ def _rendered_side(label: str, kind: str, origin: str, policy: Policy, templates
 
 
 def _manifest_side(label: str, path: Path) -> Side:
-    manifest, _ = bundle.load_manifest(path)
-    policy = bundle.manifest_policy(manifest, label)
+    from topkgen import bundle  # with NVRTC's module: only when a side is a bundle
+
+    try:
+        manifest, _ = bundle.load_manifest(path)
+        policy = bundle.manifest_policy(manifest, label)
+    except bundle.ManifestError as err:
+        raise DiffInputError(str(err)) from None
     archs = list(manifest["archs"])
     return Side(label, "manifest", f"bundle for {', '.join(archs) or 'no arch'}, NVRTC {manifest['nvrtc_version']}",
                 policy, archs, {k["name"]: k for k in manifest["kernels"]},
@@ -206,6 +210,8 @@ def _manifest_side(label: str, path: Path) -> Side:
 def build_sides(sides: list[Side], jobs: int = 1, progress: Callable[[KernelSpec], None] | None = None) -> None:
     """Compile every side not built yet through the compile cache (NVRTC in parallel); its
     kernel records become what its manifest would carry: resources, cubin size and hash."""
+    from topkgen import bundle
+
     for side in sides:
         if side.built:
             continue
@@ -369,6 +375,10 @@ def _kernel_change(old: Side, new: Side, name: str) -> dict[str, Any] | None:
 def _over_budget(old: Side, new: Side) -> list[dict[str, Any]]:
     """Kernels over their register or spill budget on either built side: per side its
     problems, [] within budget, None where the side is not built or lacks the kernel."""
+    if not (old.built or new.built):
+        return []
+    from topkgen import bundle
+
     def problems(side: Side, name: str) -> list[str] | None:
         entry = side.kernels.get(name)
         if not side.built or entry is None:

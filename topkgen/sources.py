@@ -10,7 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import subprocess
-from dataclasses import dataclass, field
+from functools import cached_property, lru_cache
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 from typing import Any
 
@@ -46,38 +47,55 @@ class _FilesLoader(jinja2.BaseLoader):
         return sorted(self.files)
 
 
+class _Renderer:
+    """One Jinja environment per distinct set of template files, and the renders made
+    with it: two sides with the same templates (most diffs) compile and render them once."""
+
+    def __init__(self, files: dict[str, bytes], where: str) -> None:
+        self.env = render.environment(_FilesLoader(files, where))
+        self.loads: dict[str, tuple[str, ...]] = {}
+        self.sources: dict[KernelSpec, str] = {}
+
+    def render(self, spec: KernelSpec) -> tuple[str, tuple[str, ...]]:
+        name = render.template_name(spec)
+        if name not in self.loads:
+            self.loads[name] = render.loaded_templates(self.env, name)
+        if spec not in self.sources:
+            self.sources[spec] = render.render(spec, self.env)
+        return self.sources[spec], self.loads[name]
+
+
+_RENDERERS: dict[str, _Renderer] = {}
+
+
 @dataclass
 class Templates:
     """A set of template files and the renders made from them."""
 
     where: str                # how messages name the folder: "HEAD~1:templates/", "templates/"
     files: dict[str, bytes]   # name relative to the folder -> content
-    _env: Any = field(default=None, repr=False)
-    _loads: dict[str, tuple[str, ...]] = field(default_factory=dict, repr=False)
 
     def digest(self, name: str) -> str | None:
         data = self.files.get(name)
         return None if data is None else hashlib.sha256(data).hexdigest()
 
-    @property
-    def env(self) -> jinja2.Environment:
-        if self._env is None:
-            self._env = render.environment(_FilesLoader(self.files, self.where))
-        return self._env
+    @cached_property
+    def _renderer(self) -> _Renderer:
+        key = hashlib.sha256(b"".join(hashlib.sha256(name.encode()).digest() + hashlib.sha256(data).digest()
+                                      for name, data in sorted(self.files.items()))).hexdigest()
+        return _RENDERERS.get(key) or _RENDERERS.setdefault(key, _Renderer(self.files, self.where))
 
     def render(self, spec: KernelSpec) -> tuple[str, tuple[str, ...]]:
         """The kernel's source and the template files that made it."""
+        renderer = self._renderer
         try:
-            name = render.template_name(spec)
-            if name not in self._loads:
-                self._loads[name] = render.loaded_templates(self.env, name)
-            return render.render(spec, self.env), self._loads[name]
+            return renderer.render(spec)
         except SourceError:
             raise
         except jinja2.TemplateNotFound as err:
             raise SourceError(f"{self.where}: no template {err.name!r} (kernel {spec.name})") from None
         except jinja2.TemplateSyntaxError as err:
-            raise SourceError(f"{err.filename or self.where}:{err.lineno}: {err.message}") from None
+            raise SourceError(f"{self.where}{err.name}:{err.lineno}: {err.message}") from None
         except (jinja2.TemplateError, ValueError) as err:
             raise SourceError(f"{self.where}: cannot render kernel {spec.name}: {err}") from None
 
@@ -93,6 +111,7 @@ def directory_templates(path: Path, where: str) -> Templates:
     return Templates(where, files)
 
 
+@lru_cache(maxsize=1)
 def installed_templates() -> Templates:
     return directory_templates(render.template_dir(), "templates/")
 
