@@ -47,6 +47,13 @@ def plan_names(policy: pol.Policy) -> list[str]:
     return [s.name for arch in policy.archs for s in pol.plan(policy, arch)]
 
 
+def jit_names(policy: pol.Policy) -> list[str]:
+    """Every kernel the runtime may compile for this policy: any rule's, any dtype's, not in the plan."""
+    aot = set(plan_names(policy))
+    return [s.name for arch in policy.archs for rule in policy.rules for dtype in policy.dtypes
+            for s in pol.kernels_of_rule(policy, rule, arch, dtype) if s.name not in aot]
+
+
 # The second commit drops the K=32/N=256 JIT tier and narrows the dynamic K ladder's launch
 # bound for K=1024 from 2 CTAs per SM to 1.
 DEFAULT_TEXT = DEFAULT_POLICY.read_text()
@@ -86,6 +93,10 @@ def test_a_template_change_is_a_source_change_of_every_kernel_that_reads_it(repo
     assert sorted(changed) == sorted(plan_names(default_policy)) and len(changed) == 58
     assert all(c["aspects"] == ["source"] and c["templates"] == ["topk_common.cuh"] for c in changed.values())
     assert doc["dispatch"]["changed"] == [] and doc["summary"]["kernels"]["changed_in"]["source"] == 58
+    # The kernels the runtime compiles (JIT-only tiers, float16) read the header too.
+    jit = jit_names(pol.loads(CHANGED))  # the policy at HEAD~1 and HEAD
+    assert sorted(c["name"] for c in doc["kernels"]["jit_changed"]) == sorted(jit) and jit
+    assert all(c["templates"] == ["topk_common.cuh"] for c in doc["kernels"]["jit_changed"])
     text = topkgen("diff", "HEAD~1", "HEAD", cwd=repo)
     assert text.returncode == 1
     assert "kernels: 0 added, 0 removed, 58 changed (58 in source)" in text.stdout
@@ -100,6 +111,18 @@ def test_a_template_change_is_a_source_change_of_every_kernel_that_reads_it(repo
     registers = [n for n in plan_names(default_policy) if n.startswith("topk_register_")]
     assert [c["name"] for c in doc["kernels"]["changed"]] == registers and registers
     assert all(c["templates"] == ["register_select.cu.j2"] for c in doc["kernels"]["changed"])
+
+
+def test_a_change_that_only_the_jit_kernels_see(repo):
+    radix = repo / "templates" / "radix_select.cu.j2"
+    radix.write_text(radix.read_text() + '{% if ctype == "__half" %}// float16 only\n{% endif %}')
+    git(repo, "commit", "-q", "-am", "a line for float16 radix kernels (all JIT)")
+    code, doc = diff_json("HEAD~1", "HEAD", cwd=repo)
+    assert code == 1 and doc["kernels"]["changed"] == []
+    expected = [n for n in jit_names(pol.loads(CHANGED)) if n.startswith("topk_radix_") and "_f16_" in n]
+    assert sorted(c["name"] for c in doc["kernels"]["jit_changed"]) == sorted(expected) and expected
+    text = topkgen("diff", "HEAD~1", "HEAD", "--stat", cwd=repo).stdout
+    assert f"JIT kernels: {len(expected)} changed in source" in text and text.rstrip().endswith("differ")
 
 
 def test_two_revisions_with_a_policy_change(repo):

@@ -20,7 +20,8 @@ from typing import Any, Callable
 
 import yaml
 
-from topkgen.policy import DispatchError, KernelSpec, Policy, PolicyError, loads, plan, rule_record, select
+from topkgen.policy import DispatchError, KernelSpec, Policy, PolicyError, kernels_of_rule, loads, plan, \
+    rule_record, select
 from topkgen.sources import TEMPLATES_IN_REPO, GitRepo, SourceError, Templates, directory_templates, \
     installed_templates, repo_path
 
@@ -68,11 +69,15 @@ class Side:
     archs: list[str]                     # the archs whose AOT kernels the side holds
     kernels: dict[str, dict[str, Any]]   # name -> record (a built side's carry resources)
     jit_tiers: dict[str, dict[str, Any]]
-    templates: Templates | None = None   # what its kernels render from; None for a bundle
+    templates: Templates | None = None   # what its AOT kernels render from; None for a bundle
     specs: dict[str, KernelSpec] = field(default_factory=dict)      # what --build compiles
     sources: dict[str, str] = field(default_factory=dict)           # name -> rendered source
     loads: dict[str, tuple[str, ...]] = field(default_factory=dict)  # name -> template files read
     built: bool = False
+    # The kernels its runtime would compile (JIT-only tiers, JIT dtypes, archs a bundle lacks):
+    # name -> {arch, source_sha256}, rendered from jit_templates (a bundle's: the installed ones).
+    jit_kernels: dict[str, dict[str, str]] = field(default_factory=dict)
+    jit_templates: Templates | None = None
 
 
 @dataclass(frozen=True)
@@ -96,6 +101,7 @@ class Report:
     added: list[dict]
     removed: list[dict]
     changed: list[dict]      # {name, arch, aspects, changes: {field: {old, new}}, templates}
+    jit_changed: list[dict]  # JIT kernels of both sides whose source differs: {name, arch, templates}
     over_budget: list[dict]  # {name, arch, old: [problem] | None, new: [problem] | None}
     tiers_added: list[dict]
     tiers_removed: list[dict]
@@ -104,7 +110,8 @@ class Report:
 
     @property
     def differs(self) -> bool:
-        return bool(self.added or self.removed or self.changed or self.tiers_added or self.tiers_removed
+        return bool(self.added or self.removed or self.changed or self.jit_changed or self.tiers_added
+                    or self.tiers_removed
                     or self.dispatch or any(a != b for a, b in self.counts.values()))
 
     def summary(self) -> dict[str, Any]:
@@ -118,7 +125,8 @@ class Report:
         return {
             "counts": {a: {"old": o, "new": n} for a, (o, n) in self.counts.items()},
             "kernels": {"added": len(self.added), "removed": len(self.removed), "changed": len(self.changed),
-                        "changed_in": {a: sum(1 for c in self.changed if a in c["aspects"]) for a in ASPECTS}},
+                        "changed_in": {a: sum(1 for c in self.changed if a in c["aspects"]) for a in ASPECTS},
+                        "jit_changed_in_source": len(self.jit_changed)},
             "over_budget": {"old": over(self.old), "new": over(self.new)},
             "jit_only": {"added": len(self.tiers_added), "removed": len(self.tiers_removed)},
             "dispatch": {"shapes_checked": self.shapes_checked, "changed": len(self.dispatch),
@@ -188,9 +196,27 @@ def _rendered_side(label: str, kind: str, origin: str, policy: Policy, templates
                 {r.name: rule_record(r) for r in policy.jit_only_rules()}, templates, specs)
     for name, spec in specs.items():
         source, used = templates.render(spec)
-        side.kernels[name] = {**spec.record(), "source_sha256": hashlib.sha256(source.encode()).hexdigest()}
+        side.kernels[name] = {**spec.record(), "source_sha256": _sha256(source)}
         side.sources[name], side.loads[name] = source, used
+    _render_jit_kernels(side, templates)
     return side
+
+
+def _render_jit_kernels(side: Side, templates: Templates) -> None:
+    """Every kernel of every rule and dtype that the side does not hold ahead of time."""
+    side.jit_templates = templates
+    for arch in side.policy.archs:
+        for rule in side.policy.rules:
+            for dtype in side.policy.dtypes:
+                for spec in kernels_of_rule(side.policy, rule, arch, dtype):
+                    if spec.name not in side.kernels:
+                        source, used = templates.render(spec)
+                        side.jit_kernels[spec.name] = {"arch": arch, "source_sha256": _sha256(source)}
+                        side.loads[spec.name] = used
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _manifest_side(label: str, path: Path) -> Side:
@@ -202,9 +228,11 @@ def _manifest_side(label: str, path: Path) -> Side:
     except bundle.ManifestError as err:
         raise DiffInputError(str(err)) from None
     archs = list(manifest["archs"])
-    return Side(label, "manifest", f"bundle for {', '.join(archs) or 'no arch'}, NVRTC {manifest['nvrtc_version']}",
+    side = Side(label, "manifest", f"bundle for {', '.join(archs) or 'no arch'}, NVRTC {manifest['nvrtc_version']}",
                 policy, archs, {k["name"]: k for k in manifest["kernels"]},
                 {t["rule"]: t for t in manifest["jit_only"]}, built=True)
+    _render_jit_kernels(side, installed_templates())  # what this topkgen's runtime compiles for it
+    return side
 
 
 def build_sides(sides: list[Side], jobs: int = 1, progress: Callable[[KernelSpec], None] | None = None) -> None:
@@ -313,6 +341,10 @@ def compare(old: Side, new: Side, shapes: list[Shape] | None = None, *, workload
     removed = [old.kernels[n] for n in old.kernels if n not in new.kernels]
     changed = [c for c in (_kernel_change(old, new, name) for name in new.kernels if name in old.kernels)
                if c is not None]
+    jit_changed = [{"name": name, "arch": kernel["arch"],
+                    "templates": _changed_templates(old.jit_templates, new.jit_templates, old, new, name)}
+                   for name, kernel in new.jit_kernels.items()
+                   if name in old.jit_kernels and old.jit_kernels[name]["source_sha256"] != kernel["source_sha256"]]
     tiers_added = [new.jit_tiers[r] for r in new.jit_tiers if r not in old.jit_tiers]
     tiers_removed = [old.jit_tiers[r] for r in old.jit_tiers if r not in new.jit_tiers]
 
@@ -333,8 +365,8 @@ def compare(old: Side, new: Side, shapes: list[Shape] | None = None, *, workload
             raise DiffInputError(f"{where}: {err}") from None
         if (before["kernel"], before["source"]) != (after["kernel"], after["source"]):
             dispatch.append({"shape": shape.record(), "old": before, "new": after, "moves": movement(before, after)})
-    return Report(old, new, counts, added, removed, changed, _over_budget(old, new), tiers_added, tiers_removed,
-                  dispatch, len(shapes))
+    return Report(old, new, counts, added, removed, changed, jit_changed, _over_budget(old, new), tiers_added,
+                  tiers_removed, dispatch, len(shapes))
 
 
 def _flatten(record: dict[str, Any], prefix: str = "") -> dict[str, Any]:
@@ -366,10 +398,19 @@ def _kernel_change(old: Side, new: Side, name: str) -> dict[str, Any] | None:
     change: dict[str, Any] = {"name": name, "arch": new.kernels[name]["arch"],
                               "aspects": [x for x in ASPECTS if any(field_aspect(p) == x for p in paths)],
                               "changes": {p: {"old": a[p], "new": b[p]} for p in paths}, "templates": None}
-    if "source_sha256" in paths and old.templates is not None and new.templates is not None:
-        read = set(old.loads.get(name, ())) | set(new.loads.get(name, ()))
-        change["templates"] = sorted(t for t in read if old.templates.digest(t) != new.templates.digest(t))
+    if "source_sha256" in paths:
+        change["templates"] = _changed_templates(old.templates, new.templates, old, new, name)
     return change
+
+
+def _changed_templates(old_templates: Templates | None, new_templates: Templates | None, old: Side, new: Side,
+                       name: str) -> list[str] | None:
+    """The template files a kernel's render read whose content differs between the sides
+    ([]: the policy's values changed its source); None when a side's templates are unknown."""
+    if old_templates is None or new_templates is None:
+        return None
+    read = set(old.loads.get(name, ())) | set(new.loads.get(name, ()))
+    return sorted(t for t in read if old_templates.digest(t) != new_templates.digest(t))
 
 
 def _over_budget(old: Side, new: Side) -> list[dict[str, Any]]:

@@ -36,7 +36,8 @@ def to_json(report: Report) -> dict[str, Any]:
         "old": side(report.old), "new": side(report.new), "differs": report.differs,
         "summary": report.summary(),
         "kernels": {"added": [k["name"] for k in report.added], "removed": [k["name"] for k in report.removed],
-                    "changed": report.changed, "over_budget": report.over_budget},
+                    "changed": report.changed, "jit_changed": report.jit_changed,
+                    "over_budget": report.over_budget},
         "jit_only": {"added": report.tiers_added, "removed": report.tiers_removed},
         "dispatch": {"shapes_checked": report.shapes_checked, "changed": report.dispatch},
     }
@@ -59,9 +60,7 @@ def change_text(change: dict[str, Any]) -> str:
     for path, delta in fields.items():
         old, new = delta["old"], delta["new"]
         if path == "source_sha256":
-            templates = change["templates"]
-            parts.append("source" + (f" ({', '.join(templates)})" if templates
-                                     else " (templates unchanged)" if templates == [] else ""))
+            parts.append(_templates_text(change))
         elif path == "sha256":
             if "size_bytes" not in fields and "source_sha256" not in fields:
                 parts.append("cubin bytes differ, same size")
@@ -73,6 +72,11 @@ def change_text(change: dict[str, Any]) -> str:
         else:
             parts.append(f"{field_label(path)} {_value(old)} -> {_value(new)}")
     return ", ".join(parts)
+
+
+def _templates_text(change: dict[str, Any]) -> str:
+    templates = change["templates"]
+    return "source" + (f" ({', '.join(templates)})" if templates else " (templates unchanged)" if templates == [] else "")
 
 
 def _choice_text(choice: dict[str, Any]) -> str:
@@ -107,7 +111,8 @@ def _summary_lines(report: Report) -> dict[str, str]:
     k = s["kernels"]
     changed_in = ", ".join(f"{n} in {a}" for a, n in k["changed_in"].items() if n)
     lines = {"kernels": f"{k['added']} added, {k['removed']} removed, {k['changed']} changed"
-                        + (f" ({changed_in})" if changed_in else "")}
+                        + (f" ({changed_in})" if changed_in else ""),
+             "JIT kernels": f"{k['jit_changed_in_source']} changed in source"}
     budget = s["over_budget"]
     if budget["old"] is not None or budget["new"] is not None:
         def count(n: int | None) -> str:
@@ -140,6 +145,8 @@ def to_text(report: Report, style: Style = _plain, *, summary_only: bool = False
     section("kernels added", [style(f"  + {k['name']}", fg="green") for k in report.added])
     section("kernels removed", [style(f"  - {k['name']}", fg="red") for k in report.removed])
     section("kernels changed", [f"  {style('~ ' + c['name'], fg='yellow')}: {change_text(c)}" for c in report.changed])
+    section("JIT kernels changed in source", [f"  {style('~ ' + c['name'], fg='yellow')}: {_templates_text(c)}"
+                                              for c in report.jit_changed])
     section("kernels over budget", [f"  {style('! ' + b['name'], fg='red')}: {_budget_text(b)}"
                                     for b in report.over_budget])
     section("JIT-only tiers added", [style(f"  + {t['rule']}: {t['reason']}", fg="green") for t in report.tiers_added])
@@ -187,6 +194,8 @@ def _markdown_sections(report: Report) -> list[tuple[str, list[str], list[str]]]
         (f"Kernels removed: {len(report.removed)}", [], [f"- {_code(k['name'])}" for k in report.removed]),
         (f"Kernels changed: {len(report.changed)}", table,
          [f"| {_code(c['name'])} | {_md(change_text(c))} |" for c in report.changed]),
+        (f"JIT kernels changed in source: {len(report.jit_changed)}", table,
+         [f"| {_code(c['name'])} | {_md(_templates_text(c))} |" for c in report.jit_changed]),
         (f"Kernels over budget: {len(report.over_budget)}", table,
          [f"| {_code(b['name'])} | {_md(_budget_text(b))} |" for b in report.over_budget]),
         (f"JIT-only tiers added: {len(report.tiers_added)}", [],
