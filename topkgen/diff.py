@@ -116,18 +116,16 @@ class Report:
 
     def summary(self) -> dict[str, Any]:
         """The counts a reviewer reads first; `--stat` prints this alone."""
-        def over(side: Side) -> int | None:
-            return sum(1 for b in self.over_budget if b[side_key(side)]) if side.built else None
-
-        def side_key(side: Side) -> str:
-            return "old" if side is self.old else "new"
+        def over(which: str) -> int | None:
+            built = (self.old if which == "old" else self.new).built
+            return sum(1 for b in self.over_budget if b[which]) if built else None
 
         return {
             "counts": {a: {"old": o, "new": n} for a, (o, n) in self.counts.items()},
             "kernels": {"added": len(self.added), "removed": len(self.removed), "changed": len(self.changed),
                         "changed_in": {a: sum(1 for c in self.changed if a in c["aspects"]) for a in ASPECTS},
                         "jit_changed_in_source": len(self.jit_changed)},
-            "over_budget": {"old": over(self.old), "new": over(self.new)},
+            "over_budget": {"old": over("old"), "new": over("new")},
             "jit_only": {"added": len(self.tiers_added), "removed": len(self.tiers_removed)},
             "dispatch": {"shapes_checked": self.shapes_checked, "changed": len(self.dispatch),
                          "moves": {m: sum(1 for d in self.dispatch if d["moves"] == m) for m in MOVES}},

@@ -7,7 +7,6 @@ the sides, folding details into <details> blocks and counting what it leaves out
 from __future__ import annotations
 
 import json
-from collections import defaultdict
 from typing import Any, Callable
 
 from topkgen.diff import Report, Side, field_aspect, field_label
@@ -76,7 +75,9 @@ def change_text(change: dict[str, Any]) -> str:
 
 def _templates_text(change: dict[str, Any]) -> str:
     templates = change["templates"]
-    return "source" + (f" ({', '.join(templates)})" if templates else " (templates unchanged)" if templates == [] else "")
+    if templates is None:  # a bundle side: which templates built it is not recorded
+        return "source"
+    return f"source ({', '.join(templates)})" if templates else "source (templates unchanged)"
 
 
 def _choice_text(choice: dict[str, Any]) -> str:
@@ -150,7 +151,8 @@ def to_text(report: Report, style: Style = _plain, *, summary_only: bool = False
     section("kernels over budget", [f"  {style('! ' + b['name'], fg='red')}: {_budget_text(b)}"
                                     for b in report.over_budget])
     section("JIT-only tiers added", [style(f"  + {t['rule']}: {t['reason']}", fg="green") for t in report.tiers_added])
-    section("JIT-only tiers removed", [style(f"  - {t['rule']}: {t['reason']}", fg="red") for t in report.tiers_removed])
+    section("JIT-only tiers removed",
+            [style(f"  - {t['rule']}: {t['reason']}", fg="red") for t in report.tiers_removed])
     section("dispatch changes, shapes grouped by move",
             [f"  {g['where']}: {_choice_text(g['old'])} -> {_choice_text(g['new'])}  "
              f"{style('[' + g['moves'] + ']', fg='magenta')}  {len(g['shapes'])} shape(s): {', '.join(g['shapes'])}"

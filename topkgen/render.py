@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from topkgen.policy import KernelSpec, _data_dir
 
@@ -20,7 +21,7 @@ def template_dir() -> Path:
     return _data_dir("templates")
 
 
-def environment(loader):
+def environment(loader: Any) -> Any:
     """A Jinja environment with the settings every render uses, over any loader: the
     installed templates, or another revision's (topkgen diff reads them from git)."""
     import jinja2
@@ -97,13 +98,13 @@ def template_name(spec: KernelSpec) -> str:
     return template
 
 
-def render(spec: KernelSpec, env=None) -> str:
+def render(spec: KernelSpec, env: Any = None) -> str:
     """The CUDA source of one kernel. The same text goes to NVRTC and to the emulator.
     `env` (from `environment`) renders from other templates than the installed ones."""
     return (env or _environment()).get_template(template_name(spec)).render(**context(spec))
 
 
-def loaded_templates(env, name: str) -> tuple[str, ...]:
+def loaded_templates(env: Any, name: str) -> tuple[str, ...]:
     """Every template file that rendering `name` reads (itself and its includes, followed
     through), so a change in the kernels' source can be traced to the files that made it.
     An include whose name is computed at render time cannot be followed: then every file

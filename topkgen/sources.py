@@ -10,8 +10,8 @@ from __future__ import annotations
 
 import hashlib
 import subprocess
-from functools import cached_property, lru_cache
 from dataclasses import dataclass
+from functools import cached_property, lru_cache
 from pathlib import Path, PurePosixPath
 from typing import Any
 
