@@ -1,5 +1,7 @@
-"""Whole-process timings of topkgen commands: `plan`, and a plan-level `diff` of two git
-revisions (a temporary repository whose second commit changes the policy)."""
+"""Whole-process timings of topkgen commands: `plan`, and `diff` of two git revisions of a
+temporary repository holding the checkout's policies and templates, whose second commit
+changes the policy: rendering every kernel of both sides (`diff`), and compiling both
+through a warm compile cache (`diff-build`; the warm-up runs fill the cache)."""
 
 from __future__ import annotations
 
@@ -17,14 +19,15 @@ ROOT = Path(__file__).resolve().parent.parent
 
 def _repo(base: Path) -> Path:
     repo = base / "repo"
-    (repo / "policies").mkdir(parents=True)
-    text = (ROOT / "policies" / "topk.yaml").read_text()
+    repo.mkdir()
+    shutil.copytree(ROOT / "policies", repo / "policies")
+    shutil.copytree(ROOT / "templates", repo / "templates")
     git = ["git", "-c", "user.name=b", "-c", "user.email=b@example.invalid"]
     subprocess.run(["git", "init", "-q"], cwd=repo, check=True)
-    (repo / "policies" / "topk.yaml").write_text(text)
     subprocess.run([*git, "add", "-A"], cwd=repo, check=True)
     subprocess.run([*git, "commit", "-qm", "one"], cwd=repo, check=True)
-    (repo / "policies" / "topk.yaml").write_text(text.replace("      1024: 2\n  sm_100:", "      1024: 1\n  sm_100:"))
+    policy = repo / "policies" / "topk.yaml"
+    policy.write_text(policy.read_text().replace("      1024: 2\n  sm_100:", "      1024: 1\n  sm_100:"))
     subprocess.run([*git, "commit", "-qam", "two"], cwd=repo, check=True)
     return repo
 
@@ -37,10 +40,11 @@ def main(which: list[str]) -> None:
             "plan": ([topkgen, "plan"], ROOT),
             "plan-json": ([topkgen, "plan", "--format", "json"], ROOT),
             "diff": ([topkgen, "diff", "HEAD~1", "HEAD"], repo),
+            "diff-build": ([topkgen, "diff", "HEAD~1", "HEAD", "--build"], repo),
         }
         for name in which or list(cases):
             cmd, cwd = cases[name]
-            ok = {0, 1} if name == "diff" else {0}
+            ok = {0, 1} if name.startswith("diff") else {0}
             seconds = median_process_seconds(cmd, cwd=str(cwd), ok=ok)
             print(f"topkgen {' '.join(cmd[1:])}: median {seconds * 1000:.0f} ms over 11 runs (whole process)")
 

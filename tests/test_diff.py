@@ -1,9 +1,12 @@
-"""`topkgen diff` against real git repositories made in temporary directories."""
+"""`topkgen diff` against real git repositories made in temporary directories, real bundles
+and real NVRTC builds (through the compile cache)."""
 
 from __future__ import annotations
 
 import json
 import os
+import pty
+import re
 import shutil
 import subprocess
 import sys
@@ -12,16 +15,18 @@ from pathlib import Path
 import jsonschema
 import pytest
 
+from topkgen import policy as pol
 from topkgen.schema import load_schema
 
-from .conftest import DEFAULT_POLICY, LEGACY_POLICY
+from .conftest import DEFAULT_POLICY, LEGACY_POLICY, ROOT
 
 TOPKGEN = [sys.executable, "-m", "topkgen.cli"]
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+ENV.pop("NO_COLOR", None)
 
 
-def topkgen(*args, cwd: Path | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([*TOPKGEN, *map(str, args)], capture_output=True, text=True, cwd=cwd,
-                          env={**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+def topkgen(*args, cwd: Path | None = None, env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*TOPKGEN, *map(str, args)], capture_output=True, text=True, cwd=cwd, env=env or ENV)
 
 
 def git(repo: Path, *args: str) -> None:
@@ -29,23 +34,45 @@ def git(repo: Path, *args: str) -> None:
                    check=True, capture_output=True)
 
 
+def diff_json(*args, cwd: Path | None = None) -> tuple[int, dict]:
+    proc = topkgen("diff", *args, "--format", "json", cwd=cwd)
+    assert proc.returncode in (0, 1), proc.stderr
+    doc = json.loads(proc.stdout)
+    jsonschema.validate(doc, load_schema("diff.schema.json"))
+    assert doc["differs"] == (proc.returncode == 1)
+    return proc.returncode, doc
+
+
+def plan_names(policy: pol.Policy) -> list[str]:
+    return [s.name for arch in policy.archs for s in pol.plan(policy, arch)]
+
+
+def jit_names(policy: pol.Policy) -> list[str]:
+    """Every kernel the runtime may compile for this policy: any rule's, any dtype's, not in the plan."""
+    aot = set(plan_names(policy))
+    return [s.name for arch in policy.archs for rule in policy.rules for dtype in policy.dtypes
+            for s in pol.kernels_of_rule(policy, rule, arch, dtype) if s.name not in aot]
+
+
 # The second commit drops the K=32/N=256 JIT tier and narrows the dynamic K ladder's launch
 # bound for K=1024 from 2 CTAs per SM to 1.
-CHANGED = (DEFAULT_POLICY.read_text()
+DEFAULT_TEXT = DEFAULT_POLICY.read_text()
+CHANGED = (DEFAULT_TEXT
            .replace("  - reg_exact_k32_n256\n", "")
-           .replace(DEFAULT_POLICY.read_text()[DEFAULT_POLICY.read_text().index("  - name: reg_exact_k32_n256"):
-                                               DEFAULT_POLICY.read_text().index("  - name: reg_exact_k16_n1024_sm100")], "")
+           .replace(DEFAULT_TEXT[DEFAULT_TEXT.index("  - name: reg_exact_k32_n256"):
+                                 DEFAULT_TEXT.index("  - name: reg_exact_k16_n1024_sm100")], "")
            .replace("      1024: 2\n  sm_100:", "      1024: 1\n  sm_100:"))
 assert "1024: 1" in CHANGED
 
 
 @pytest.fixture
 def repo(tmp_path):
+    """A checkout's policies and templates; v1 is the default policy, HEAD the CHANGED one."""
     root = tmp_path / "repo"
-    (root / "policies" / "legacy").mkdir(parents=True)
+    root.mkdir()
     git(root, "init", "-q", "-b", "main")
-    shutil.copy(DEFAULT_POLICY, root / "policies" / "topk.yaml")
-    shutil.copy(LEGACY_POLICY, root / "policies" / "legacy" / "exact_n_grid.yaml")
+    shutil.copytree(ROOT / "policies", root / "policies")
+    shutil.copytree(ROOT / "templates", root / "templates")
     git(root, "add", "-A")
     git(root, "commit", "-q", "-m", "default policy")
     git(root, "tag", "v1")
@@ -54,50 +81,362 @@ def repo(tmp_path):
     return root
 
 
-def test_legacy_against_default_policy_files():
-    proc = topkgen("diff", LEGACY_POLICY, DEFAULT_POLICY)
-    assert proc.returncode == 1
-    assert "sm_90    48 -> 29" in proc.stdout and "sm_100   48 -> 29" in proc.stdout
-    assert "total    96 -> 58" in proc.stdout
-    assert "JIT-only tiers added: 3" in proc.stdout and "JIT-only tiers removed: 1" in proc.stdout
-    assert "\x1b[" not in proc.stdout  # no colour when not on a terminal
-    same = topkgen("diff", DEFAULT_POLICY, DEFAULT_POLICY)
-    assert same.returncode == 0 and same.stdout.rstrip().endswith("same")
+# ----------------------------------------------------------------------------- revisions
+
+def test_a_template_change_is_a_source_change_of_every_kernel_that_reads_it(repo, default_policy):
+    common = repo / "templates" / "topk_common.cuh"
+    common.write_text(common.read_text() + "// one more line in the shared header\n")
+    git(repo, "commit", "-q", "-am", "touch the kernels' shared header")
+    code, doc = diff_json("HEAD~1", "HEAD", cwd=repo)
+    assert code == 1
+    changed = {c["name"]: c for c in doc["kernels"]["changed"]}
+    assert sorted(changed) == sorted(plan_names(default_policy)) and len(changed) == 58
+    assert all(c["aspects"] == ["source"] and c["templates"] == ["topk_common.cuh"] for c in changed.values())
+    assert doc["dispatch"]["changed"] == [] and doc["summary"]["kernels"]["changed_in"]["source"] == 58
+    # The kernels the runtime compiles (JIT-only tiers, float16) read the header too.
+    jit = jit_names(pol.loads(CHANGED))  # the policy at HEAD~1 and HEAD
+    assert sorted(c["name"] for c in doc["kernels"]["jit_changed"]) == sorted(jit) and jit
+    assert all(c["templates"] == ["topk_common.cuh"] for c in doc["kernels"]["jit_changed"])
+    text = topkgen("diff", "HEAD~1", "HEAD", cwd=repo)
+    assert text.returncode == 1
+    assert "kernels: 0 added, 0 removed, 58 changed (58 in source)" in text.stdout
+    assert "~ topk_radix_dyn_k64_fast_f32_sm_90: source (topk_common.cuh)" in text.stdout
+
+    # A change to one family's template touches that family's kernels only.
+    register = repo / "templates" / "register_select.cu.j2"
+    register.write_text(register.read_text() + "// register kernels only\n")
+    git(repo, "commit", "-q", "-am", "touch the register template")
+    code, doc = diff_json("HEAD~1", "HEAD", cwd=repo)
+    assert code == 1
+    registers = [n for n in plan_names(default_policy) if n.startswith("topk_register_")]
+    assert [c["name"] for c in doc["kernels"]["changed"]] == registers and registers
+    assert all(c["templates"] == ["register_select.cu.j2"] for c in doc["kernels"]["changed"])
 
 
-def test_two_revisions(repo):
-    proc = topkgen("diff", "HEAD~1", "HEAD", "--format", "json", cwd=repo)
-    assert proc.returncode == 1, proc.stderr
-    doc = json.loads(proc.stdout)
-    jsonschema.validate(doc, load_schema("diff.schema.json"))
+def test_a_change_that_only_the_jit_kernels_see(repo):
+    radix = repo / "templates" / "radix_select.cu.j2"
+    radix.write_text(radix.read_text() + '{% if ctype == "__half" %}// float16 only\n{% endif %}')
+    git(repo, "commit", "-q", "-am", "a line for float16 radix kernels (all JIT)")
+    code, doc = diff_json("HEAD~1", "HEAD", cwd=repo)
+    assert code == 1 and doc["kernels"]["changed"] == []
+    expected = [n for n in jit_names(pol.loads(CHANGED)) if n.startswith("topk_radix_") and "_f16_" in n]
+    assert sorted(c["name"] for c in doc["kernels"]["jit_changed"]) == sorted(expected) and expected
+    text = topkgen("diff", "HEAD~1", "HEAD", "--stat", cwd=repo).stdout
+    assert f"JIT kernels: {len(expected)} changed in source" in text and text.rstrip().endswith("differ")
+
+
+def test_two_revisions_with_a_policy_change(repo):
+    code, doc = diff_json("HEAD~1", "HEAD", cwd=repo)
+    assert code == 1
     assert doc["old"]["kind"] == doc["new"]["kind"] == "revision"
-    assert doc["counts"]["total"] == {"old": 58, "new": 58}
+    assert doc["summary"]["counts"]["total"] == {"old": 58, "new": 58}
     assert [t["rule"] for t in doc["jit_only"]["removed"]] == ["reg_exact_k32_n256"]
-    changed = {c["name"]: c["changes"] for c in doc["kernels"]["changed"]}
+    changed = {c["name"]: c for c in doc["kernels"]["changed"]}
     assert set(changed) == {"topk_radix_dyn_k1024_fast_f32_sm_90", "topk_radix_dyn_k1024_det_f32_sm_90",
                             "topk_radix_dyn_k1024_fast_bf16_sm_90", "topk_radix_dyn_k1024_det_bf16_sm_90"}
-    assert changed["topk_radix_dyn_k1024_det_f32_sm_90"]["launch"]["new"]["min_ctas_per_sm"] == 1
+    entry = changed["topk_radix_dyn_k1024_det_f32_sm_90"]
+    # Only what changed: the launch bound, and the source it is rendered into; no template did.
+    assert set(entry["changes"]) == {"launch.min_ctas_per_sm", "source_sha256"}
+    assert entry["changes"]["launch.min_ctas_per_sm"] == {"old": 2, "new": 1}
+    assert entry["aspects"] == ["launch", "source"] and entry["templates"] == []
     moves = [d for d in doc["dispatch"]["changed"] if d["shape"]["k"] == 32 and d["shape"]["n"] == 256]
     assert moves and all(d["moves"] == "jit -> aot" for d in moves if d["shape"]["dtype"] != "float16")
     assert all(d["old"]["rule"] == "reg_exact_k32_n256" for d in moves)
+    text = topkgen("diff", "v1", "HEAD", cwd=repo).stdout
+    assert "~ topk_radix_dyn_k1024_det_f32_sm_90: min CTAs/SM 2 -> 1, source (templates unchanged)" in text
 
 
 def test_revisions_are_read_through_git_not_the_work_tree(repo):
     (repo / "policies" / "topk.yaml").write_text("not: [valid")
+    (repo / "templates" / "topk_common.cuh").write_text("#error not this one\n")
     assert topkgen("diff", "HEAD", "main", cwd=repo).returncode == 0
     proc = topkgen("diff", "v1", "HEAD", "--format", "markdown", cwd=repo)
     assert proc.returncode == 1
-    assert proc.stdout.startswith("### topkgen diff `v1` → `HEAD`")
+    assert proc.stdout.startswith("### topkgen diff `v1` → `HEAD`: differ")
     assert "| sm_90 | 29 | 29 | +0 |" in proc.stdout
-    assert "**JIT-only tiers removed: 1**" in proc.stdout
+    assert "- **JIT-only tiers**: 0 added, 1 removed" in proc.stdout
 
 
-def test_policy_option_picks_a_file_inside_the_revision(repo):
+def test_one_revision_is_compared_with_the_working_tree(repo):
+    assert topkgen("diff", "HEAD", cwd=repo).returncode == 0
+    (repo / "policies" / "topk.yaml").write_text(DEFAULT_TEXT)
+    code, doc = diff_json("HEAD", cwd=repo)
+    assert code == 1 and doc["new"]["kind"] == "worktree" and doc["new"]["label"] == "working tree"
+    assert [t["rule"] for t in doc["jit_only"]["added"]] == ["reg_exact_k32_n256"]
+    assert diff_json("v1", cwd=repo)[0] == 0
+    # Templates in the working tree count too, uncommitted as they are.
+    header = repo / "templates" / "topk_common.cuh"
+    header.write_text(header.read_text() + "// uncommitted\n")
+    code, doc = diff_json("v1", cwd=repo)
+    assert code == 1 and len(doc["kernels"]["changed"]) == 58
+    assert {tuple(c["templates"]) for c in doc["kernels"]["changed"]} == {("topk_common.cuh",)}
+    # Alone, OLD must be a revision.
+    proc = topkgen("diff", DEFAULT_POLICY, cwd=repo)
+    assert proc.returncode == 2 and "NEW is missing: only a git revision may stand alone" in proc.stderr
+
+
+def test_policy_option_picks_a_file_inside_each_side(repo):
     proc = topkgen("diff", "HEAD", "HEAD", "--policy", "policies/legacy/exact_n_grid.yaml", cwd=repo)
     assert proc.returncode == 0
+    proc = topkgen("diff", "HEAD", "--policy", "policies/legacy/exact_n_grid.yaml", cwd=repo)
+    assert proc.returncode == 0 and "old: revision" in proc.stdout
+    assert "new: working tree: policies/legacy/exact_n_grid.yaml" in proc.stdout
     proc = topkgen("diff", "HEAD", str(repo / "policies" / "legacy" / "exact_n_grid.yaml"), cwd=repo)
     assert proc.returncode == 1 and "29 -> 48" in proc.stdout
+    proc = topkgen("diff", "HEAD", "v1", "--policy", "../outside.yaml", cwd=repo)
+    assert proc.returncode == 2 and "--policy '../outside.yaml': expected a path relative" in proc.stderr
 
+
+def test_a_repository_of_policies_alone_renders_with_the_installed_templates(tmp_path):
+    root = tmp_path / "policies-only"
+    (root / "policies").mkdir(parents=True)
+    git(root, "init", "-q")
+    shutil.copy(DEFAULT_POLICY, root / "policies" / "topk.yaml")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "one")
+    code, doc = diff_json("HEAD", DEFAULT_POLICY, cwd=root)
+    assert code == 0 and "installed templates (no templates/ at that revision)" in doc["old"]["origin"]
+
+
+def test_git_trees_are_read_in_one_batch_whatever_the_file_names(tmp_path):
+    from topkgen.sources import GitRepo
+
+    root = tmp_path / "names"
+    (root / "templates" / "sub dir").mkdir(parents=True)
+    files = {f"templates/t{i}.j2": f"file {i}\n".encode() * i for i in range(40)}
+    files.update({"templates/sub dir/with space\n and newline.cuh": b"\x00\xff binary \n\n",
+                  "templates/ünï.cuh": "ünïcode\n".encode(), "templates/empty": b"", "other/x": b"not asked for"})
+    for name, data in files.items():
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        (root / name).write_bytes(data)
+    git(root, "init", "-q")
+    git(root, "add", "-A")
+    git(root, "commit", "-qm", "many files")
+    repo = GitRepo.around(root, "HEAD")
+    read = repo.read(repo.commit("HEAD"), ["templates"])
+    assert read == {name: data for name, data in files.items() if name.startswith("templates/")}
+
+
+# ----------------------------------------------------------------------------- any two sides
+
+def test_sides_with_different_dtypes_compare(tmp_path):
+    without = re.sub(r"\n  jit: \[float16\][^\n]*", "", DEFAULT_TEXT)
+    assert without != DEFAULT_TEXT
+    path = tmp_path / "no_f16.yaml"
+    path.write_text(without)
+    assert topkgen("diff", path, path).returncode == 0  # a policy without float16 diffs against itself
+    code, doc = diff_json(DEFAULT_POLICY, path)
+    assert code == 1
+    grid = [d for d in doc["dispatch"]["changed"]]
+    f16_shapes = doc["dispatch"]["shapes_checked"] // 3  # three dtypes in the union, same grid each
+    assert len(grid) == f16_shapes == doc["summary"]["dispatch"]["moves"]["served -> unsupported"]
+    assert all(d["shape"]["dtype"] == "float16" and d["moves"] == "served -> unsupported"
+               and d["new"]["source"] == "unsupported" for d in grid)
+    assert {d["shape"]["arch"] for d in grid} == {"sm_90", "sm_100"}
+    back = topkgen("diff", path, DEFAULT_POLICY, "--stat")
+    assert back.returncode == 1 and f"dispatch: {f16_shapes} of {3 * f16_shapes} shapes change: " \
+                                   f"{f16_shapes} unsupported -> served" in back.stdout
+
+
+@pytest.fixture(scope="module")
+def bundles(tmp_path_factory):
+    """The default bundle for both archs, and one built for sm_100 only."""
+    base = tmp_path_factory.mktemp("bundles")
+    for name, archs in (("full", ()), ("sm100", ("--arch", "sm_100"))):
+        proc = topkgen("build", *archs, "--out", base / name, "-j", "2")
+        assert proc.returncode == 0, proc.stderr
+    return base
+
+
+def test_a_bundle_serves_an_arch_it_lacks_by_jit(bundles, default_policy):
+    code, doc = diff_json(bundles / "full", bundles / "sm100")
+    assert code == 1
+    assert doc["summary"]["counts"]["sm_90"] == {"old": 29, "new": 0}
+    moved = {json.dumps(d["shape"], sort_keys=True): d for d in doc["dispatch"]["changed"]}
+    expected = 0
+    for arch in ("sm_90", "sm_100"):
+        for dtype in default_policy.dtypes:
+            for k in (1, 16, 32, 64, 100, 128, 256, 512, 1024):
+                for n in (64, 256, 1000, 1024, 2048, 4096, 8192, 16384, 32768, 131072):
+                    for det in (False, True):
+                        if k > n:
+                            continue
+                        sel = pol.select(default_policy, arch, dtype, k, n, deterministic=det)
+                        key = json.dumps({"arch": arch, "dtype": dtype, "k": k, "n": n, "deterministic": det},
+                                         sort_keys=True)
+                        if arch == "sm_90" and sel.source == "aot":
+                            expected += 1
+                            assert moved[key]["moves"] == "aot -> jit"
+                            assert moved[key]["old"]["kernel"] == moved[key]["new"]["kernel"] == sel.kernel.name
+                        else:
+                            assert key not in moved
+    assert expected == len(moved) == doc["summary"]["dispatch"]["moves"]["aot -> jit"] > 0
+    # A bundle and the policy it was built from, rendered here: the same sources, the same kernels.
+    assert topkgen("diff", bundles / "full", DEFAULT_POLICY).returncode == 0
+
+
+def test_manifest_and_bundle_sides_compare_resources(bundles, tmp_path):
+    b = tmp_path / "b"
+    shutil.copytree(bundles / "full", b)
+    manifest = json.loads((b / "manifest.json").read_text())
+    entry = next(k for k in manifest["kernels"] if k["name"] == "topk_radix_dyn_k64_fast_f32_sm_90")
+    registers = entry["resources"]["registers"]
+    entry["resources"]["registers"] = 200  # over the radix family's budget of 96
+    (b / "manifest.json").write_text(json.dumps(manifest))
+    assert topkgen("diff", bundles / "full", bundles / "full" / "manifest.json").returncode == 0
+    proc = topkgen("diff", bundles / "full", b)
+    assert proc.returncode == 1
+    assert f"~ topk_radix_dyn_k64_fast_f32_sm_90: registers {registers} -> 200 ({200 - registers:+d})" in proc.stdout
+    assert "over budget: old 0, new 1" in proc.stdout
+    assert "! topk_radix_dyn_k64_fast_f32_sm_90: old: within budget; new: 200 registers > budget 96" in proc.stdout
+    assert "dispatch: 0 of" in proc.stdout
+    # A manifest against a policy: no resources on the policy side, so none compared; the
+    # kernel over its budget is still shown.
+    proc = topkgen("diff", b, DEFAULT_POLICY)
+    assert proc.returncode == 0 and "kernels: 0 added, 0 removed, 0 changed\n" in proc.stdout
+    assert "over budget: old 1, new not built" in proc.stdout
+    assert "! topk_radix_dyn_k64_fast_f32_sm_90: old: 200 registers > budget 96; new: n/a" in proc.stdout
+
+
+def test_a_duplicated_kernel_entry_is_refused(bundles, tmp_path):
+    manifest = json.loads((bundles / "full" / "manifest.json").read_text())
+    manifest["kernels"].append(manifest["kernels"][3])
+    dup = tmp_path / "dup.json"
+    dup.write_text(json.dumps(manifest))
+    name = manifest["kernels"][3]["name"]
+    proc = topkgen("diff", bundles / "full", dup)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert f"dup.json: kernels[{len(manifest['kernels']) - 1}]: duplicate name \"{name}\"" in proc.stderr
+
+
+def test_manifests_of_unsupported_schema_versions(bundles, tmp_path):
+    manifest = json.loads((bundles / "full" / "manifest.json").read_text())
+    manifest["schema_version"] = 99
+    other = tmp_path / "v99.json"
+    other.write_text(json.dumps(manifest))
+    proc = topkgen("diff", bundles / "full", other)
+    assert proc.returncode == 2 and "v99.json: schema_version: 99 is not supported" in proc.stderr
+
+
+# ----------------------------------------------------------------------------- --build
+
+def test_build_reports_the_resource_deltas_of_exactly_the_affected_kernels(repo, tmp_path):
+    raised = DEFAULT_TEXT.replace("threads: 256", "threads: 512", 1)  # sm_90's radix block size
+    (repo / "policies" / "topk.yaml").write_text(raised)
+    git(repo, "commit", "-q", "-am", "sm_90: radix blocks of 512 threads")
+    code, doc = diff_json("v1", "HEAD", "--build", "-j", "2", cwd=repo)
+    assert code == 1 and doc["old"]["built"] and doc["new"]["built"]
+
+    old_policy, new_policy = pol.loads(DEFAULT_TEXT), pol.loads(raised)
+    old_plan = {s.name: s.record() for a in old_policy.archs for s in pol.plan(old_policy, a)}
+    new_plan = {s.name: s.record() for a in new_policy.archs for s in pol.plan(new_policy, a)}
+    affected = {n for n in new_plan if new_plan[n]["launch"] != old_plan[n]["launch"]}
+    assert affected and all(n.endswith("_sm_90") and "_radix_" in n for n in affected)
+    changed = {c["name"]: c["changes"] for c in doc["kernels"]["changed"]}
+    assert set(changed) == affected
+
+    # The deltas are those of real builds of each side (the same compile cache, so cheap).
+    built = {}
+    for label, text in (("old", DEFAULT_TEXT), ("new", raised)):
+        (tmp_path / f"{label}.yaml").write_text(text)
+        proc = topkgen("build", "--policy", tmp_path / f"{label}.yaml", "--arch", "sm_90", "--out", tmp_path / label)
+        assert proc.returncode == 0, proc.stderr
+        built[label] = {k["name"]: k for k in json.loads((tmp_path / label / "manifest.json").read_text())["kernels"]}
+    fields = ("registers", "spill_stores", "spill_loads", "stack_bytes", "static_shared_bytes")
+    for name in affected:
+        assert changed[name]["launch.threads_per_block"] == {"old": 256, "new": 512}
+        for f in fields:
+            before, after = built["old"][name]["resources"][f], built["new"][name]["resources"][f]
+            assert changed[name].get(f"resources.{f}") == ({"old": before, "new": after} if before != after else None)
+        before, after = built["old"][name]["size_bytes"], built["new"][name]["size_bytes"]
+        assert changed[name].get("size_bytes") == ({"old": before, "new": after} if before != after else None)
+    assert any("resources.registers" in c for c in changed.values())
+
+    text = topkgen("diff", "v1", "HEAD", "--build", cwd=repo).stdout
+    line = next(line for line in text.splitlines() if line.startswith("  ~ topk_radix_dyn_k64_det_f32_sm_90:"))
+    r_old = built["old"]["topk_radix_dyn_k64_det_f32_sm_90"]["resources"]["registers"]
+    r_new = built["new"]["topk_radix_dyn_k64_det_f32_sm_90"]["resources"]["registers"]
+    assert line.startswith(f"  ~ topk_radix_dyn_k64_det_f32_sm_90: threads 256 -> 512, "
+                           f"registers {r_old} -> {r_new} ({r_new - r_old:+d})")
+    assert "over budget: old 0, new 0" in text
+
+
+def test_a_build_failure_is_trouble_not_a_difference(repo):
+    register = repo / "templates" / "register_select.cu.j2"
+    register.write_text(register.read_text() + "#error this template does not compile\n")
+    git(repo, "commit", "-q", "-am", "break the register template")
+    proc = topkgen("diff", "HEAD~1", "HEAD", "--build", "-j", "2", cwd=repo)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert "--build: kernel topk_register_ladder_k16_det_f32_sm_90 (sm_90) failed to compile" in proc.stderr
+
+
+# ----------------------------------------------------------------------------- the report
+
+def test_legacy_against_default_in_markdown_is_review_sized():
+    proc = topkgen("diff", LEGACY_POLICY, DEFAULT_POLICY, "--format", "markdown")
+    assert proc.returncode == 1
+    md = proc.stdout
+    assert len(md) < 60_000
+    summary, _, details = md.partition("<details>")
+    assert summary.startswith("### topkgen diff `") and "| sm_90 | 48 | 29 | -19 |" in summary
+    assert "- **Kernels**: 58 added, 96 removed, 0 changed" in summary and "- **Dispatch**: " in summary
+    assert md.count("<details>") == md.count("</details>") == 5  # added, removed, tiers +/-, dispatch
+    stat = topkgen("diff", LEGACY_POLICY, DEFAULT_POLICY, "--format", "markdown", "--stat")
+    assert stat.stdout == summary.rstrip("\n") + "\n"
+
+
+def test_markdown_folds_and_counts_what_it_leaves_out(legacy_policy, default_policy):
+    from topkgen import diff, diff_report
+    from topkgen.sources import installed_templates
+
+    sides = [diff._rendered_side(name, "policy", "policy file", p, installed_templates())
+             for name, p in (("legacy", legacy_policy), ("default", default_policy))]
+    report = diff.compare(*sides)
+    full = diff_report.to_markdown(report)
+    rows = full.count("\n- `") + full.count("\n| `") + full.count("\n| sm_")
+    for limit in (3_000, 8_000, 20_000):
+        md = diff_report.to_markdown(report, limit=limit)
+        assert len(md) < limit and md.startswith(full.partition("<details>")[0])
+        shown = md.count("\n- `") + md.count("\n| `") + md.count("\n| sm_")
+        left = int(re.search(r"_(\d+) rows left out to stay under", md).group(1))
+        assert shown + left == rows
+        assert md.count("<details>") == md.count("</details>")
+
+
+def test_stat_quiet_and_colour(repo):
+    stat = topkgen("diff", "v1", "HEAD", "--stat", cwd=repo)
+    assert stat.returncode == 1 and stat.stdout.rstrip().endswith("differ")
+    assert "kernels changed (" not in stat.stdout and "kernels: 0 added, 0 removed, 4 changed" in stat.stdout
+    quiet = topkgen("diff", "v1", "HEAD", "--quiet", cwd=repo)
+    assert quiet.returncode == 1 and quiet.stdout == quiet.stderr == ""
+    assert topkgen("diff", "HEAD", "HEAD", "-q", cwd=repo).returncode == 0
+    assert "\x1b[" not in topkgen("diff", "v1", "HEAD", cwd=repo).stdout  # not a terminal
+    bad = topkgen("diff", "v1", "HEAD", "--stat", "--format", "json", cwd=repo)
+    assert bad.returncode == 2 and "--stat" in bad.stderr
+
+    def on_terminal(env: dict) -> str:
+        leader, follower = pty.openpty()
+        proc = subprocess.run([*TOPKGEN, "diff", "v1", "HEAD"], cwd=repo, env=env, stdout=follower,
+                              stderr=subprocess.PIPE)
+        os.close(follower)
+        chunks = []
+        while True:
+            try:
+                chunk = os.read(leader, 65536)
+            except OSError:
+                break
+            if not chunk:
+                break
+            chunks.append(chunk)
+        os.close(leader)
+        assert proc.returncode == 1, proc.stderr
+        return b"".join(chunks).decode()
+
+    assert "\x1b[" in on_terminal(ENV)
+    assert "\x1b[" not in on_terminal({**ENV, "NO_COLOR": "1"})
+
+
+# ----------------------------------------------------------------------------- trouble: exit 2
 
 @pytest.mark.parametrize("suffix", ["yaml", "json"])
 def test_workload_file(repo, suffix):
@@ -109,15 +448,15 @@ def test_workload_file(repo, suffix):
                     "".join(f"- {json.dumps(s)}\n" for s in shapes))
     proc = topkgen("diff", "HEAD~1", "HEAD", "--shapes", path, cwd=repo)
     assert proc.returncode == 1
-    assert "dispatch: 2 of 3 shapes change" in proc.stdout
-    assert ("sm_90 float32 k=32 n=256: topk_register_n256_k32_det_f32_sm_90 (JIT) -> "
-            "topk_radix_fv1_k64_det_f32_sm_90 (AOT)  [jit -> aot]") in proc.stdout
+    assert "dispatch: 2 of 3 shapes change: 2 jit -> aot" in proc.stdout
+    assert ("sm_90 float32 fast: topk_register_n256_k32_det_f32_sm_90 (JIT) -> "
+            "topk_radix_fv1_k64_det_f32_sm_90 (AOT)  [jit -> aot]  1 shape(s): k=32 n=256") in proc.stdout
 
 
 @pytest.mark.parametrize("entry,message", [
     ({"arch": "sm_90", "dtype": "float32", "k": 5}, "shape #2: missing 'n'"),
     ({"arch": "sm_90", "dtype": "float32", "k": 50, "n": 5}, "shape #2: k: must be <= n"),
-    ({"arch": "sm_90", "dtype": "float64", "k": 5, "n": 50}, "shape #2: dtype: 'float64' is not in the policy"),
+    ({"arch": "sm_90", "dtype": "float64", "k": 5, "n": 50}, "shape #2: dtype: 'float64' is in neither side"),
     ({"arch": "sm_75", "dtype": "float32", "k": 5, "n": 50}, "shape #2: arch: 'sm_75' is in neither side"),
     ({"arch": "sm_90", "dtype": "float32", "k": "5", "n": 50}, "shape #2: k: expected an integer"),
     ({"arch": "sm_90", "dtype": "float32", "k": 5, "n": 50, "batch": 3}, "shape #2: unknown key(s) batch"),
@@ -135,6 +474,8 @@ def test_bad_sides(repo, tmp_path):
     assert proc.returncode == 2 and "no-such-rev: not a file, directory or git revision" in proc.stderr
     proc = topkgen("diff", "HEAD", "missing.yaml", cwd=repo)
     assert proc.returncode == 2 and "missing.yaml: not a file, directory or git revision" in proc.stderr
+    proc = topkgen("diff", "HEAD", "--policy", "policies/none.yaml", "v1", cwd=repo)
+    assert proc.returncode == 2 and "HEAD: no policies/none.yaml at that revision" in proc.stderr
     (repo / "policies" / "topk.yaml").write_text(CHANGED.replace("threads: 256", "threads: 300", 1))
     git(repo, "commit", "-q", "-am", "bad threads")
     proc = topkgen("diff", "HEAD~1", "HEAD", cwd=repo)
@@ -144,35 +485,15 @@ def test_bad_sides(repo, tmp_path):
     assert outside.returncode == 2 and "not inside a git repository" in outside.stderr
 
 
-@pytest.fixture(scope="module")
-def built(tmp_path_factory):
-    base = tmp_path_factory.mktemp("built")
-    proc = topkgen("build", "--arch", "sm_90", "--out", base / "a")
-    assert proc.returncode == 0, proc.stderr
-    return base
-
-
-def test_manifest_and_bundle_sides_compare_resources(built, tmp_path):
-    b = tmp_path / "b"
-    shutil.copytree(built / "a", b)
-    manifest = json.loads((b / "manifest.json").read_text())
-    entry = next(k for k in manifest["kernels"] if k["name"] == "topk_radix_dyn_k64_fast_f32_sm_90")
-    entry["resources"]["registers"] += 8
-    (b / "manifest.json").write_text(json.dumps(manifest))
-    assert topkgen("diff", built / "a", built / "a" / "manifest.json").returncode == 0
-    proc = topkgen("diff", built / "a", b)
-    assert proc.returncode == 1
-    assert "~ topk_radix_dyn_k64_fast_f32_sm_90: resources:" in proc.stdout
-    assert "dispatch: 0 of" in proc.stdout
-    # A manifest against a policy: plan level, no resource columns.
-    proc = topkgen("diff", b, DEFAULT_POLICY)
-    assert "sm_100   0 -> 29" in proc.stdout and "resources" not in proc.stdout
-
-
-def test_manifests_of_different_schema_versions(built, tmp_path):
-    manifest = json.loads((built / "a" / "manifest.json").read_text())
-    manifest["schema_version"] = 2
-    other = tmp_path / "v2.json"
-    other.write_text(json.dumps(manifest))
-    proc = topkgen("diff", built / "a", other)
-    assert proc.returncode == 2 and "v2.json: schema_version: 2 is not supported" in proc.stderr
+@pytest.mark.parametrize("name,content,message", [
+    ("radix_select.cu.j2", b"{% if %}\n", "HEAD:templates/radix_select.cu.j2:1: "),
+    ("topk_common.cuh", b"\xff\xfe not text\n", "HEAD:templates/topk_common.cuh: not UTF-8 text (byte 0)"),
+    ("radix_select.cu.j2", b"{{ no_such_value }}\n", "HEAD:templates/: cannot render kernel topk_radix_"),
+    ("radix_select.cu.j2", b'{% include "gone.cuh" %}\n', "HEAD:templates/: no template 'gone.cuh'"),
+])
+def test_a_revision_whose_templates_do_not_render(repo, name, content, message):
+    (repo / "templates" / name).write_bytes(content)
+    git(repo, "commit", "-q", "-am", "break a template")
+    proc = topkgen("diff", "HEAD~1", "HEAD", cwd=repo)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert message in proc.stderr and "Traceback" not in proc.stderr

@@ -48,13 +48,20 @@ def elf_sm(cubin: bytes) -> int:
     return (flags >> 8) & 0xFF if cubin[8] >= 8 else flags & 0xFF
 
 
-def over_budget(spec: KernelSpec, compiled: CompiledKernel) -> str | None:
-    r = compiled.resources
+def budget_problems(resources: dict, budget: dict) -> list[str]:
+    """How a kernel's ptxas resources break its family's budget (as a manifest records both)."""
     problems = []
-    if r.registers > spec.max_registers:
-        problems.append(f"{r.registers} registers > budget {spec.max_registers}")
-    if not spec.spills_allowed and (r.spill_stores or r.spill_loads):
-        problems.append(f"spills {r.spill_stores} bytes stored / {r.spill_loads} loaded, budget allows none")
+    if resources["registers"] > budget["max_registers"]:
+        problems.append(f"{resources['registers']} registers > budget {budget['max_registers']}")
+    if not budget["spills_allowed"] and (resources["spill_stores"] or resources["spill_loads"]):
+        problems.append(f"spills {resources['spill_stores']} bytes stored / {resources['spill_loads']} loaded, "
+                        f"budget allows none")
+    return problems
+
+
+def over_budget(spec: KernelSpec, compiled: CompiledKernel) -> str | None:
+    problems = budget_problems(asdict(compiled.resources),
+                               {"max_registers": spec.max_registers, "spills_allowed": spec.spills_allowed})
     return f"kernel {spec.name} is over its resource budget: {'; '.join(problems)}" if problems else None
 
 
@@ -75,11 +82,13 @@ def kernel_entry(spec: KernelSpec, compiled: CompiledKernel, source: str) -> dic
 
 
 def compile_specs(specs: list[KernelSpec], jobs: int = 1,
-                  progress: Callable[[KernelSpec], None] | None = None) -> list[tuple[str, CompiledKernel]]:
-    """Render and compile kernels in parallel (NVRTC runs without the GIL)."""
+                  progress: Callable[[KernelSpec], None] | None = None,
+                  source_of: Callable[[KernelSpec], str] = render) -> list[tuple[str, CompiledKernel]]:
+    """Render and compile kernels in parallel (NVRTC runs without the GIL). `source_of`
+    renders from other templates than the installed ones (topkgen diff --build)."""
 
     def one(spec: KernelSpec) -> tuple[str, CompiledKernel]:
-        source = render(spec)
+        source = source_of(spec)
         compiled = compile_kernel(source, spec.name, spec.arch)
         if progress:
             progress(spec)
@@ -201,6 +210,13 @@ def load_manifest(path: str | Path) -> tuple[dict, Path]:
         validate(doc, load_schema("manifest.schema.json"))
     except SchemaViolation as err:
         raise ManifestError(f"{file}: {format_path(err.path)}: {err.message}") from None
+    for key, ident in (("kernels", "name"), ("jit_only", "rule")):
+        seen: set[str] = set()
+        for i, entry in enumerate(doc[key]):
+            value = json.dumps(entry[ident], sort_keys=True)
+            if value in seen:  # names are identities: a second entry would be silently lost
+                raise ManifestError(f"{file}: {key}[{i}]: duplicate {ident} {value}")
+            seen.add(value)
     return doc, file.parent
 
 

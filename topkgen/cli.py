@@ -1,8 +1,8 @@
 """Command-line interface: argument parsing, formatting and exit codes only.
 
-Exit status: 0 success, 1 a failed build or "the sides differ" (diff), 2 usage or input errors. Heavy modules
-(NVRTC, numpy, the emulator) are imported inside the commands that need them, so
-`topkgen plan` stays fast.
+Exit status: 0 success, 1 a failed build or "the sides differ" (diff), 2 usage or input
+errors (for diff, any trouble). Heavy modules (NVRTC, numpy, the emulator) are imported
+inside the commands that need them, so `topkgen plan` stays fast.
 """
 
 from __future__ import annotations
@@ -190,32 +190,85 @@ def build(policy_path: str | None, archs: tuple[str, ...], out_dir: str, jobs: i
                f"NVRTC {manifest['nvrtc_version']}; {result.compiled} compiled, {result.from_cache} from cache")
 
 
+def color_enabled(stream: Any) -> bool:
+    """Colour on a terminal only, never when NO_COLOR is set (no-color.org). The one place
+    that decides it, so a global --color option can take the decision over."""
+    return not os.environ.get("NO_COLOR") and bool(getattr(stream, "isatty", lambda: False)())
+
+
 @main.command()
 @click.argument("old")
-@click.argument("new")
+@click.argument("new", required=False)
 @click.option("--policy", "policy_in_repo", default="policies/topk.yaml", show_default=True,
-              help="The policy file inside a git revision.")
+              help="The policy file inside a git revision or the working tree, from the repository's top.")
 @click.option("--shapes", "shapes_file", type=click.Path(dir_okay=False),
               help="Workload file (YAML or JSON): a list of {arch, dtype, k, n, deterministic?}.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text", show_default=True)
-def diff(old: str, new: str, policy_in_repo: str, shapes_file: str | None, fmt: str) -> None:
-    """Compare kernel sets and dispatch. OLD and NEW: a policy file, a manifest, a bundle
-    directory or a git revision. Exit 0 when the same, 1 when they differ, 2 on error."""
-    from topkgen import diff as differ
+@click.option("--build", "build", is_flag=True,
+              help="Compile both sides (through the compile cache) and compare registers, spills, stack, "
+                   "shared memory, cubin size and budgets.")
+@click.option("-j", "--jobs", type=click.IntRange(1, 256), default=os.cpu_count() or 1, show_default=True,
+              help="Kernels compiled in parallel with --build.")
+@click.option("--stat", is_flag=True, help="Print the summary only (text or markdown).")
+@click.option("-q", "--quiet", is_flag=True, help="Print nothing; the exit status says whether the sides differ.")
+def diff(old: str, new: str | None, policy_in_repo: str, shapes_file: str | None, fmt: str, build: bool,
+         jobs: int, stat: bool, quiet: bool) -> None:
+    """Compare kernel sets, their rendered sources and dispatch. OLD and NEW: a policy file, a
+    manifest, a bundle directory or a git revision (policy and templates read from git); OLD
+    alone is a revision compared with the working tree. Exit 0 when the same, 1 when they
+    differ, 2 on error."""
+    from topkgen import diff as differ, diff_report
 
+    if stat and fmt == "json":
+        raise InputError("--stat: prints the text or markdown summary; the json always holds it under 'summary'")
     try:
         shapes = differ.load_shapes(shapes_file) if shapes_file else None
-        sides = [differ.load_side(s, policy_in_repo=policy_in_repo) for s in (old, new)]
+        sides = [differ.load_side(old, policy_in_repo=policy_in_repo)]
+        if new is None and sides[0].kind != "revision":
+            raise InputError(f"NEW is missing: only a git revision may stand alone (it is compared with the "
+                             f"working tree), and {old} is a {sides[0].kind}")
+        sides.append(differ.load_side(new, policy_in_repo=policy_in_repo) if new is not None
+                     else differ.load_worktree_side(policy_in_repo=policy_in_repo))
+        if build:
+            _build_diff_sides(differ, sides, jobs, show_progress=not quiet)
         report = differ.compare(*sides, shapes, workload=shapes_file)
     except differ.DiffInputError as err:
         raise InputError(str(err)) from None
-    if fmt == "json":
-        click.echo(json.dumps(differ.to_json(report), indent=2))
-    elif fmt == "markdown":
-        click.echo(differ.to_markdown(report), nl=False)
-    else:
-        click.echo(differ.to_text(report, style=click.style))
+    if not quiet:
+        if fmt == "json":
+            text = json.dumps(diff_report.to_json(report), indent=2) + "\n"
+        elif fmt == "markdown":
+            text = diff_report.to_markdown(report, summary_only=stat)
+        else:
+            text = diff_report.to_text(report, style=click.style, summary_only=stat) + "\n"
+        _write_stdout(text, color=fmt == "text" and color_enabled(sys.stdout))
     sys.exit(1 if report.differs else 0)
+
+
+def _build_diff_sides(differ: Any, sides: list[Any], jobs: int, show_progress: bool) -> None:
+    """Compile both sides with a progress bar on a terminal; any failure is trouble (exit 2)."""
+    from topkgen import compile as nvrtc_compile
+
+    total = differ.kernels_to_build(sides)
+    bar = click.progressbar(length=total, label="compiling both sides", file=sys.stderr) \
+        if show_progress and total and sys.stderr.isatty() else None
+    try:
+        with bar if bar is not None else contextlib.nullcontext():
+            differ.build_sides(sides, jobs, (lambda _spec: bar.update(1)) if bar is not None else None)
+    except nvrtc_compile.CompileError as err:
+        raise InputError(f"--build: {err}") from None
+    except (OSError, RuntimeError) as err:  # the compile cache, the CUDA headers, NVRTC itself
+        raise InputError(f"--build: cannot compile: {err}") from None
+
+
+def _write_stdout(text: str, *, color: bool) -> None:
+    """A reader that closes the pipe early (`| head`) is not an error of ours."""
+    try:
+        click.echo(text, nl=False, color=color)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
 
 
 @main.command()

@@ -1,29 +1,59 @@
-"""Compare two kernel sets: counts, kernels added/removed/changed, JIT-only tiers, and
-dispatch over a grid of shapes. Each side is a policy file, a manifest file, a bundle
-directory, or a git revision of the current repository (read through git, never from the
-work tree). Kernels are matched by name, which encodes every parameter; dispatch on both
-sides is decided by topkgen.policy.select, the one dispatch rule.
+"""Compare two kernel sets: counts, kernels added, removed and changed (parameters, launch,
+rendered source, and resources when both sides are built), JIT-only tiers, and dispatch over
+a grid of shapes.
+
+A side is a policy file, a manifest file, a bundle directory, a git revision (its policy and
+templates read through git, never from the work tree) or the working tree. Every side that
+has templates renders its kernels, so a template change shows as changed source without
+compiling; `build_sides` compiles them through the compile cache to compare resources.
+Kernels are matched by name, which encodes every parameter; dispatch on both sides is
+decided by topkgen.policy.select, the one dispatch rule, over the union of both sides' archs
+and dtypes, so a shape one side does not serve is a change and never an error.
 """
 
 from __future__ import annotations
 
-import json
-import subprocess
-from dataclasses import dataclass
+import hashlib
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import yaml
 
-from topkgen import bundle
-from topkgen.policy import DTYPE_SIZES, DispatchError, Policy, PolicyError, loads, plan, rule_record, select
+from topkgen.policy import DispatchError, KernelSpec, Policy, PolicyError, kernels_of_rule, loads, plan, \
+    rule_record, select
+from topkgen.sources import TEMPLATES_IN_REPO, GitRepo, SourceError, Templates, directory_templates, \
+    installed_templates, repo_path
 
 DEFAULT_POLICY_IN_REPO = "policies/topk.yaml"
 DEFAULT_KS = (1, 16, 32, 64, 100, 128, 256, 512, 1024)
 DEFAULT_NS = (64, 256, 1000, 1024, 2048, 4096, 8192, 16384, 32768, 131072)
-PARAM_FIELDS = ("family", "rule", "dtype", "k", "k_min", "n_window", "mode", "work", "work_rung", "launch",
-                "vector_tail")
-BUILT_FIELDS = ("resources", "size_bytes")
+WORKTREE = "working tree"
+UNSUPPORTED = "unsupported"
+MOVES = ("jit -> aot", "aot -> jit", "kernel -> kernel", "served -> unsupported", "unsupported -> served")
+ASPECTS = ("launch", "resources", "parameters", "source")
+
+# Record fields with a short name and the aspect of a kernel they belong to, in the order a
+# changed kernel lists them; any other field is a parameter named by its path.
+FIELDS: dict[str, tuple[str, str]] = {
+    "launch.threads_per_block": ("threads", "launch"),
+    "launch.rows_per_block": ("rows per block", "launch"),
+    "launch.min_ctas_per_sm": ("min CTAs/SM", "launch"),
+    "launch.grid": ("grid", "launch"),
+    "n_window.min": ("n min", "parameters"),
+    "n_window.max": ("n max", "parameters"),
+    "resources.registers": ("registers", "resources"),
+    "resources.spill_stores": ("spill stores", "resources"),
+    "resources.spill_loads": ("spill loads", "resources"),
+    "resources.stack_bytes": ("stack", "resources"),
+    "resources.static_shared_bytes": ("static smem", "resources"),
+    "launch.dynamic_shared_bytes": ("dynamic smem", "resources"),
+    "resources.barriers": ("barriers", "resources"),
+    "size_bytes": ("cubin", "resources"),
+    "sha256": ("cubin sha256", "resources"),
+    "source_sha256": ("source", "source"),
+}
+IDENTITY = ("name", "arch")
 
 
 class DiffInputError(ValueError):
@@ -33,16 +63,21 @@ class DiffInputError(ValueError):
 @dataclass
 class Side:
     label: str
-    kind: str  # policy | manifest | revision
+    kind: str    # policy | manifest | revision | worktree
+    origin: str  # where its policy and templates come from, in words
     policy: Policy
-    archs: list[str]
-    kernels: dict[str, dict[str, Any]]  # name -> record (manifest entries carry resources)
+    archs: list[str]                     # the archs whose AOT kernels the side holds
+    kernels: dict[str, dict[str, Any]]   # name -> record (a built side's carry resources)
     jit_tiers: dict[str, dict[str, Any]]
-    schema_version: int | None = None
-
-    @property
-    def built(self) -> bool:
-        return self.kind == "manifest"
+    templates: Templates | None = None   # what its AOT kernels render from; None for a bundle
+    specs: dict[str, KernelSpec] = field(default_factory=dict)      # what --build compiles
+    sources: dict[str, str] = field(default_factory=dict)           # name -> rendered source
+    loads: dict[str, tuple[str, ...]] = field(default_factory=dict)  # name -> template files read
+    built: bool = False
+    # The kernels its runtime would compile (JIT-only tiers, JIT dtypes, archs a bundle lacks):
+    # name -> {arch, source_sha256}, rendered from jit_templates (a bundle's: the installed ones).
+    jit_kernels: dict[str, dict[str, str]] = field(default_factory=dict)
+    jit_templates: Templates | None = None
 
 
 @dataclass(frozen=True)
@@ -65,79 +100,162 @@ class Report:
     counts: dict[str, tuple[int, int]]
     added: list[dict]
     removed: list[dict]
-    changed: list[dict]
+    changed: list[dict]      # {name, arch, aspects, changes: {field: {old, new}}, templates}
+    jit_changed: list[dict]  # JIT kernels of both sides whose source differs: {name, arch, templates}
+    over_budget: list[dict]  # {name, arch, old: [problem] | None, new: [problem] | None}
     tiers_added: list[dict]
     tiers_removed: list[dict]
-    dispatch: list[dict]
+    dispatch: list[dict]     # {shape, old, new, moves}
     shapes_checked: int
 
     @property
     def differs(self) -> bool:
-        return bool(self.added or self.removed or self.changed or self.tiers_added or self.tiers_removed
+        return bool(self.added or self.removed or self.changed or self.jit_changed or self.tiers_added
+                    or self.tiers_removed
                     or self.dispatch or any(a != b for a, b in self.counts.values()))
+
+    def summary(self) -> dict[str, Any]:
+        """The counts a reviewer reads first; `--stat` prints this alone."""
+        def over(which: str) -> int | None:
+            built = (self.old if which == "old" else self.new).built
+            return sum(1 for b in self.over_budget if b[which]) if built else None
+
+        return {
+            "counts": {a: {"old": o, "new": n} for a, (o, n) in self.counts.items()},
+            "kernels": {"added": len(self.added), "removed": len(self.removed), "changed": len(self.changed),
+                        "changed_in": {a: sum(1 for c in self.changed if a in c["aspects"]) for a in ASPECTS},
+                        "jit_changed_in_source": len(self.jit_changed)},
+            "over_budget": {"old": over("old"), "new": over("new")},
+            "jit_only": {"added": len(self.tiers_added), "removed": len(self.tiers_removed)},
+            "dispatch": {"shapes_checked": self.shapes_checked, "changed": len(self.dispatch),
+                         "moves": {m: sum(1 for d in self.dispatch if d["moves"] == m) for m in MOVES}},
+        }
 
 
 # ----------------------------------------------------------------------------- loading sides
 
 def load_side(spec: str, *, policy_in_repo: str = DEFAULT_POLICY_IN_REPO, cwd: Path | None = None) -> Side:
+    """A side named on the command line: a bundle or manifest, a policy file, or a revision."""
     path = Path(cwd or ".") / spec
-    if path.is_dir() or (path.is_file() and path.suffix == ".json"):
-        return _manifest_side(spec, path)
-    if path.is_file():
+    try:
+        if path.is_dir() or (path.is_file() and path.suffix == ".json"):
+            return _manifest_side(spec, path)
+        if path.is_file():
+            policy = loads(path.read_bytes(), source=spec)
+            return _rendered_side(spec, "policy", "policy file, installed templates", policy, installed_templates())
+        return _revision_side(spec, policy_in_repo, cwd)
+    except (PolicyError, SourceError) as err:
+        raise DiffInputError(str(err)) from None
+    except OSError as err:
+        raise DiffInputError(f"{spec}: cannot read: {err.strerror}") from None
+
+
+def load_worktree_side(*, policy_in_repo: str = DEFAULT_POLICY_IN_REPO, cwd: Path | None = None) -> Side:
+    """The working tree of the repository around `cwd`, as `git diff REV` compares with."""
+    try:
+        repo = GitRepo.around(cwd, WORKTREE)
+        policy_path = repo_path(policy_in_repo, "--policy")
+        file = repo.root / policy_path
         try:
-            return _policy_side(spec, "policy", loads(path.read_bytes(), source=spec))
-        except PolicyError as err:
-            raise DiffInputError(str(err)) from None
-    return _revision_side(spec, policy_in_repo, cwd)
+            text = file.read_bytes()
+        except OSError as err:
+            raise DiffInputError(f"{WORKTREE}: cannot read {policy_path}: {err.strerror}") from None
+        policy = loads(text, source=policy_path)
+        folder = repo.root / TEMPLATES_IN_REPO
+        if folder.is_dir():
+            templates, where = directory_templates(folder, f"{TEMPLATES_IN_REPO}/"), f"{TEMPLATES_IN_REPO}/"
+        else:
+            templates, where = installed_templates(), "installed templates"
+        return _rendered_side(WORKTREE, "worktree", f"working tree: {policy_path}, {where}", policy, templates)
+    except (PolicyError, SourceError) as err:
+        raise DiffInputError(str(err)) from None
 
 
-def _policy_side(label: str, kind: str, policy: Policy) -> Side:
-    archs = list(policy.archs)
-    kernels = {s.name: s.record() for arch in archs for s in plan(policy, arch)}
-    tiers = {r.name: rule_record(r) for r in policy.jit_only_rules()}
-    return Side(label, kind, policy, archs, kernels, tiers)
+def _revision_side(rev: str, policy_in_repo: str, cwd: Path | None) -> Side:
+    repo = GitRepo.around(cwd, rev)
+    commit = repo.commit(rev)
+    policy_path = repo_path(policy_in_repo, "--policy")
+    files = repo.read(commit, [policy_path, TEMPLATES_IN_REPO])
+    if policy_path not in files:
+        raise DiffInputError(f"{rev}: no {policy_path} at that revision")
+    policy = loads(files[policy_path], source=f"{rev}:{policy_path}")
+    prefix = f"{TEMPLATES_IN_REPO}/"
+    template_files = {name[len(prefix):]: data for name, data in files.items() if name.startswith(prefix)}
+    if template_files:
+        templates, where = Templates(f"{rev}:{prefix}", template_files), prefix
+    else:  # a repository of policies alone: the installed templates render them
+        templates, where = installed_templates(), f"installed templates (no {prefix} at that revision)"
+    return _rendered_side(rev, "revision", f"revision {commit[:12]}: {policy_path}, {where}", policy, templates)
+
+
+def _rendered_side(label: str, kind: str, origin: str, policy: Policy, templates: Templates) -> Side:
+    specs = {s.name: s for arch in policy.archs for s in plan(policy, arch)}
+    side = Side(label, kind, origin, policy, list(policy.archs), {},
+                {r.name: rule_record(r) for r in policy.jit_only_rules()}, templates, specs)
+    for name, spec in specs.items():
+        source, used = templates.render(spec)
+        side.kernels[name] = {**spec.record(), "source_sha256": _sha256(source)}
+        side.sources[name], side.loads[name] = source, used
+    _render_jit_kernels(side, templates)
+    return side
+
+
+def _render_jit_kernels(side: Side, templates: Templates) -> None:
+    """Every kernel of every rule and dtype that the side does not hold ahead of time."""
+    side.jit_templates = templates
+    for arch in side.policy.archs:
+        for rule in side.policy.rules:
+            for dtype in side.policy.dtypes:
+                for spec in kernels_of_rule(side.policy, rule, arch, dtype):
+                    if spec.name not in side.kernels:
+                        source, used = templates.render(spec)
+                        side.jit_kernels[spec.name] = {"arch": arch, "source_sha256": _sha256(source)}
+                        side.loads[spec.name] = used
+
+
+def _sha256(text: str) -> str:
+    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _manifest_side(label: str, path: Path) -> Side:
+    from topkgen import bundle  # with NVRTC's module: only when a side is a bundle
+
     try:
         manifest, _ = bundle.load_manifest(path)
         policy = bundle.manifest_policy(manifest, label)
     except bundle.ManifestError as err:
         raise DiffInputError(str(err)) from None
-    kernels = {k["name"]: k for k in manifest["kernels"]}
-    tiers = {t["rule"]: t for t in manifest["jit_only"]}
-    return Side(label, "manifest", policy, list(manifest["archs"]), kernels, tiers, manifest["schema_version"])
+    archs = list(manifest["archs"])
+    side = Side(label, "manifest", f"bundle for {', '.join(archs) or 'no arch'}, NVRTC {manifest['nvrtc_version']}",
+                policy, archs, {k["name"]: k for k in manifest["kernels"]},
+                {t["rule"]: t for t in manifest["jit_only"]}, built=True)
+    _render_jit_kernels(side, installed_templates())  # what this topkgen's runtime compiles for it
+    return side
 
 
-def _git(args: list[str], cwd: Path | None) -> subprocess.CompletedProcess:
-    return subprocess.run(["git", *args], capture_output=True, cwd=cwd)
+def build_sides(sides: list[Side], jobs: int = 1, progress: Callable[[KernelSpec], None] | None = None) -> None:
+    """Compile every side not built yet through the compile cache (NVRTC in parallel); its
+    kernel records become what its manifest would carry: resources, cubin size and hash."""
+    from topkgen import bundle
+
+    for side in sides:
+        if side.built:
+            continue
+        specs = list(side.specs.values())
+        results = bundle.compile_specs(specs, jobs, progress, source_of=lambda spec, s=side: s.sources[spec.name])
+        side.kernels = {spec.name: bundle.kernel_entry(spec, compiled, source)
+                        for spec, (source, compiled) in zip(specs, results)}
+        side.built = True
 
 
-def _revision_side(rev: str, policy_in_repo: str, cwd: Path | None) -> Side:
-    if rev.startswith("-"):
-        raise DiffInputError(f"{rev}: not a file, directory or git revision")
-    top = _git(["rev-parse", "--show-toplevel"], cwd)
-    if top.returncode != 0:
-        raise DiffInputError(f"{rev}: not a file or directory, and not inside a git repository")
-    root = Path(top.stdout.decode().strip())
-    commit = _git(["rev-parse", "--verify", "--quiet", f"{rev}^{{commit}}"], root)
-    if commit.returncode != 0:
-        raise DiffInputError(f"{rev}: not a file, directory or git revision of {root.name}")
-    sha = commit.stdout.decode().strip()
-    shown = _git(["show", f"{sha}:{policy_in_repo}"], root)
-    if shown.returncode != 0:
-        raise DiffInputError(f"{rev}: no {policy_in_repo} at that revision")
-    label = f"{rev}:{policy_in_repo}"
-    try:
-        return _policy_side(rev, "revision", loads(shown.stdout, source=label))
-    except PolicyError as err:
-        raise DiffInputError(str(err)) from None
+def kernels_to_build(sides: list[Side]) -> int:
+    return sum(len(s.specs) for s in sides if not s.built)
 
 
 # ----------------------------------------------------------------------------- shapes
 
-def default_shapes(archs: list[str]) -> list[Shape]:
-    return [Shape(a, d, k, n, det) for a in archs for d in DTYPE_SIZES for k in DEFAULT_KS for n in DEFAULT_NS
+def default_shapes(archs: list[str], dtypes: list[str]) -> list[Shape]:
+    return [Shape(a, d, k, n, det) for a in archs for d in dtypes for k in DEFAULT_KS for n in DEFAULT_NS
             for det in (False, True) if k <= n]
 
 
@@ -173,133 +291,143 @@ def load_shapes(path: str) -> list[Shape]:
     return shapes
 
 
-def _choice(policy: Policy, shape: Shape) -> dict[str, Any]:
-    if shape.arch not in policy.archs:
-        return {"kernel": None, "source": "none", "rule": None, "note": f"{shape.arch} not in the policy"}
+# ----------------------------------------------------------------------------- serving
+
+def policy_serves(policy: Policy, shape: Shape) -> dict[str, Any]:
+    """The kernel a policy picks for a shape, AOT or JIT, or `unsupported` when the policy
+    has no such arch or dtype."""
+    for value, known, what in ((shape.arch, policy.archs, "arch"), (shape.dtype, policy.dtypes, "dtype")):
+        if value not in known:
+            return {"kernel": None, "source": UNSUPPORTED, "rule": None, "note": f"{what} {value} not in the policy"}
     sel = select(policy, shape.arch, shape.dtype, shape.k, shape.n, deterministic=shape.deterministic)
     return {"kernel": sel.kernel.name, "source": sel.source, "rule": sel.rule}
+
+
+def bundle_serves(side: Side, shape: Shape) -> dict[str, Any]:
+    """What a bundle serves for a shape, and how, as the runtime decides it: the policy it
+    embeds picks the kernel, and a kernel the bundle does not hold (an arch it was not built
+    for) is compiled at run time. When the manifest carries a dispatch table, its lookup
+    replaces this function's body."""
+    choice = policy_serves(side.policy, shape)
+    if choice["source"] == "aot" and choice["kernel"] not in side.kernels:
+        return {**choice, "source": "jit", "note": f"the bundle has no {shape.arch} kernel"}
+    return choice
+
+
+def serves(side: Side, shape: Shape) -> dict[str, Any]:
+    return bundle_serves(side, shape) if side.kind == "manifest" else policy_serves(side.policy, shape)
+
+
+def movement(before: dict[str, Any], after: dict[str, Any]) -> str:
+    if before["source"] == UNSUPPORTED:
+        return "unsupported -> served"
+    if after["source"] == UNSUPPORTED:
+        return "served -> unsupported"
+    if before["source"] != after["source"]:
+        return f"{before['source']} -> {after['source']}"
+    return "kernel -> kernel"
 
 
 # ----------------------------------------------------------------------------- comparing
 
 def compare(old: Side, new: Side, shapes: list[Shape] | None = None, *, workload: str | None = None) -> Report:
-    if old.schema_version is not None and new.schema_version is not None and old.schema_version != new.schema_version:
-        raise DiffInputError(f"manifests of different schema versions: {old.label} has {old.schema_version}, "
-                             f"{new.label} has {new.schema_version}")
     archs = list(dict.fromkeys(old.archs + new.archs))
     counts = {a: (sum(1 for k in old.kernels.values() if k["arch"] == a),
                   sum(1 for k in new.kernels.values() if k["arch"] == a)) for a in archs}
     counts["total"] = (len(old.kernels), len(new.kernels))
     added = [new.kernels[n] for n in new.kernels if n not in old.kernels]
     removed = [old.kernels[n] for n in old.kernels if n not in new.kernels]
-    fields = PARAM_FIELDS + (BUILT_FIELDS if old.built and new.built else ())
-    changed = []
-    for name in old.kernels.keys() & new.kernels.keys():
-        delta = {f: {"old": old.kernels[name].get(f), "new": new.kernels[name].get(f)} for f in fields
-                 if old.kernels[name].get(f) != new.kernels[name].get(f)}
-        if delta:
-            changed.append({"name": name, "arch": new.kernels[name]["arch"], "changes": delta})
-    changed.sort(key=lambda c: c["name"])
+    changed = [c for c in (_kernel_change(old, new, name) for name in new.kernels if name in old.kernels)
+               if c is not None]
+    jit_changed = [{"name": name, "arch": kernel["arch"],
+                    "templates": _changed_templates(old.jit_templates, new.jit_templates, old, new, name)}
+                   for name, kernel in new.jit_kernels.items()
+                   if name in old.jit_kernels and old.jit_kernels[name]["source_sha256"] != kernel["source_sha256"]]
     tiers_added = [new.jit_tiers[r] for r in new.jit_tiers if r not in old.jit_tiers]
     tiers_removed = [old.jit_tiers[r] for r in old.jit_tiers if r not in new.jit_tiers]
 
+    policy_archs = list(dict.fromkeys([*old.policy.archs, *new.policy.archs]))
+    dtypes = list(dict.fromkeys([*old.policy.dtypes, *new.policy.dtypes]))
     if shapes is None:
-        shapes = default_shapes([a for a in archs if a in old.policy.archs and a in new.policy.archs])
+        shapes = default_shapes(policy_archs, dtypes)
     dispatch = []
     for i, shape in enumerate(shapes):
         try:
-            if shape.arch not in old.policy.archs and shape.arch not in new.policy.archs:
+            if shape.arch not in policy_archs:
                 raise DispatchError(f"arch: '{shape.arch}' is in neither side's policy")
-            before, after = _choice(old.policy, shape), _choice(new.policy, shape)
+            if shape.dtype not in dtypes:
+                raise DispatchError(f"dtype: '{shape.dtype}' is in neither side's policy")
+            before, after = serves(old, shape), serves(new, shape)
         except DispatchError as err:
             where = f"{workload}: shape #{i + 1}" if workload else f"shape {shape.record()}"
             raise DiffInputError(f"{where}: {err}") from None
         if (before["kernel"], before["source"]) != (after["kernel"], after["source"]):
-            dispatch.append({"shape": shape.record(), "old": before, "new": after,
-                             "moves": f"{before['source']} -> {after['source']}"
-                             if before["source"] != after["source"] else None})
-    return Report(old, new, counts, added, removed, changed, tiers_added, tiers_removed, dispatch, len(shapes))
+            dispatch.append({"shape": shape.record(), "old": before, "new": after, "moves": movement(before, after)})
+    return Report(old, new, counts, added, removed, changed, jit_changed, _over_budget(old, new), tiers_added,
+                  tiers_removed, dispatch, len(shapes))
 
 
-# ----------------------------------------------------------------------------- output
-
-def to_json(report: Report) -> dict[str, Any]:
-    def side(s: Side) -> dict[str, Any]:
-        return {"label": s.label, "kind": s.kind, "policy_sha256": s.policy.sha256, "archs": s.archs, "built": s.built}
-
-    return {
-        "format": "topkgen-diff", "format_version": 1,
-        "old": side(report.old), "new": side(report.new), "differs": report.differs,
-        "counts": {a: {"old": o, "new": n} for a, (o, n) in report.counts.items()},
-        "kernels": {"added": [k["name"] for k in report.added], "removed": [k["name"] for k in report.removed],
-                    "changed": report.changed},
-        "jit_only": {"added": report.tiers_added, "removed": report.tiers_removed},
-        "dispatch": {"shapes_checked": report.shapes_checked, "changed": report.dispatch},
-    }
+def _flatten(record: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for key, value in record.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
 
 
-def _shape_text(s: dict[str, Any]) -> str:
-    return f"{s['arch']} {s['dtype']} k={s['k']} n={s['n']}{' det' if s['deterministic'] else ''}"
+def field_label(path: str) -> str:
+    return FIELDS.get(path, (path, "parameters"))[0]
 
 
-def _choice_text(c: dict[str, Any]) -> str:
-    return f"{c['kernel']} ({c['source'].upper()})" if c["kernel"] else f"- ({c.get('note', 'none')})"
+def field_aspect(path: str) -> str:
+    return FIELDS.get(path, (path, "parameters"))[1]
 
 
-def _change_text(changes: dict[str, Any]) -> str:
-    return "; ".join(f"{f}: {json.dumps(d['old'], sort_keys=True)} -> {json.dumps(d['new'], sort_keys=True)}"
-                     for f, d in changes.items())
+def _kernel_change(old: Side, new: Side, name: str) -> dict[str, Any] | None:
+    """Only the fields that differ, of those both sides record (a plan has no resources)."""
+    a, b = _flatten(old.kernels[name]), _flatten(new.kernels[name])
+    order = list(FIELDS)
+    paths = sorted((p for p in b if p in a and p not in IDENTITY and a[p] != b[p]),
+                   key=lambda p: (ASPECTS.index(field_aspect(p)), order.index(p) if p in order else len(order)))
+    if not paths:
+        return None
+    change: dict[str, Any] = {"name": name, "arch": new.kernels[name]["arch"],
+                              "aspects": [x for x in ASPECTS if any(field_aspect(p) == x for p in paths)],
+                              "changes": {p: {"old": a[p], "new": b[p]} for p in paths}, "templates": None}
+    if "source_sha256" in paths:
+        change["templates"] = _changed_templates(old.templates, new.templates, old, new, name)
+    return change
 
 
-def to_text(report: Report, style=lambda text, **_: text) -> str:
-    lines = [f"topkgen diff {report.old.label} -> {report.new.label}", "", "kernel counts:"]
-    for arch, (o, n) in report.counts.items():
-        mark = "" if o == n else style(f"  ({n - o:+d})", fg="yellow")
-        lines.append(f"  {arch:<8} {o} -> {n}{mark}")
-    lines.append("")
-    lines.append(f"kernels added: {len(report.added)}")
-    lines += [style(f"  + {k['name']}", fg="green") for k in report.added]
-    lines.append(f"kernels removed: {len(report.removed)}")
-    lines += [style(f"  - {k['name']}", fg="red") for k in report.removed]
-    lines.append(f"kernels changed: {len(report.changed)}")
-    lines += [style(f"  ~ {c['name']}: {_change_text(c['changes'])}", fg="yellow") for c in report.changed]
-    lines.append("")
-    lines.append(f"JIT-only tiers added: {len(report.tiers_added)}")
-    lines += [style(f"  + {t['rule']}: {t['reason']}", fg="green") for t in report.tiers_added]
-    lines.append(f"JIT-only tiers removed: {len(report.tiers_removed)}")
-    lines += [style(f"  - {t['rule']}: {t['reason']}", fg="red") for t in report.tiers_removed]
-    lines.append("")
-    lines.append(f"dispatch: {len(report.dispatch)} of {report.shapes_checked} shapes change")
-    for d in report.dispatch:
-        move = style(f"  [{d['moves']}]", fg="magenta") if d["moves"] else ""
-        lines.append(f"  {_shape_text(d['shape'])}: {_choice_text(d['old'])} -> {_choice_text(d['new'])}{move}")
-    lines.append("")
-    lines.append("differ" if report.differs else "same")
-    return "\n".join(lines)
+def _changed_templates(old_templates: Templates | None, new_templates: Templates | None, old: Side, new: Side,
+                       name: str) -> list[str] | None:
+    """The template files a kernel's render read whose content differs between the sides
+    ([]: the policy's values changed its source); None when a side's templates are unknown."""
+    if old_templates is None or new_templates is None:
+        return None
+    read = set(old.loads.get(name, ())) | set(new.loads.get(name, ()))
+    return sorted(t for t in read if old_templates.digest(t) != new_templates.digest(t))
 
 
-def to_markdown(report: Report) -> str:
-    out = [f"### topkgen diff `{report.old.label}` → `{report.new.label}`", "",
-           "| arch | old | new | change |", "|---|---:|---:|---:|"]
-    out += [f"| {a} | {o} | {n} | {n - o:+d} |" for a, (o, n) in report.counts.items()]
-    out.append("")
-    for title, items in (("Kernels added", [k["name"] for k in report.added]),
-                         ("Kernels removed", [k["name"] for k in report.removed])):
-        out.append(f"**{title}: {len(items)}**")
-        out += [f"- `{name}`" for name in items]
-        out.append("")
-    out.append(f"**Kernels changed: {len(report.changed)}**")
-    if report.changed:
-        out += ["", "| kernel | change |", "|---|---|"]
-        out += [f"| `{c['name']}` | {_change_text(c['changes']).replace('|', '/')} |" for c in report.changed]
-    out.append("")
-    for title, tiers in (("JIT-only tiers added", report.tiers_added), ("JIT-only tiers removed", report.tiers_removed)):
-        out.append(f"**{title}: {len(tiers)}**")
-        out += [f"- `{t['rule']}`: {t['reason']}" for t in tiers]
-        out.append("")
-    out.append(f"**Dispatch: {len(report.dispatch)} of {report.shapes_checked} shapes change**")
-    if report.dispatch:
-        out += ["", "| shape | old | new |", "|---|---|---|"]
-        out += [f"| {_shape_text(d['shape'])} | {_choice_text(d['old'])} | {_choice_text(d['new'])} |"
-                for d in report.dispatch]
-    return "\n".join(out) + "\n"
+def _over_budget(old: Side, new: Side) -> list[dict[str, Any]]:
+    """Kernels over their register or spill budget on either built side: per side its
+    problems, [] within budget, None where the side is not built or lacks the kernel."""
+    if not (old.built or new.built):
+        return []
+    from topkgen import bundle
+
+    def problems(side: Side, name: str) -> list[str] | None:
+        entry = side.kernels.get(name)
+        if not side.built or entry is None:
+            return None
+        return bundle.budget_problems(entry["resources"], entry["budget"])
+
+    rows = []
+    for name in dict.fromkeys([*old.kernels, *new.kernels]):
+        before, after = problems(old, name), problems(new, name)
+        if before or after:
+            arch = (new.kernels.get(name) or old.kernels[name])["arch"]
+            rows.append({"name": name, "arch": arch, "old": before, "new": after})
+    return rows

@@ -9,6 +9,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
 from topkgen.policy import KernelSpec, _data_dir
 
@@ -20,18 +21,26 @@ def template_dir() -> Path:
     return _data_dir("templates")
 
 
-@lru_cache(maxsize=1)
-def _environment():
+def environment(loader: Any) -> Any:
+    """A Jinja environment with the settings every render uses, over any loader: the
+    installed templates, or another revision's (topkgen diff reads them from git)."""
     import jinja2
 
     return jinja2.Environment(
-        loader=jinja2.FileSystemLoader(str(template_dir())),
+        loader=loader,
         undefined=jinja2.StrictUndefined,
         autoescape=False,
         keep_trailing_newline=True,
         trim_blocks=True,
         lstrip_blocks=True,
     )
+
+
+@lru_cache(maxsize=1)
+def _environment():
+    import jinja2
+
+    return environment(jinja2.FileSystemLoader(str(template_dir())))
 
 
 _NAME = re.compile(r"^topk_[a-z0-9_]{1,80}$")
@@ -81,9 +90,37 @@ def context(spec: KernelSpec) -> dict[str, object]:
     return ctx
 
 
-def render(spec: KernelSpec) -> str:
-    """The CUDA source of one kernel. The same text goes to NVRTC and to the emulator."""
+def template_name(spec: KernelSpec) -> str:
+    """The template a kernel renders from; its family decides, the policy must agree."""
     template = {"register": "register_select.cu.j2", "radix": "radix_select.cu.j2"}[spec.family]
     if spec.template != template:
         raise ValueError(f"{spec.name}: family {spec.family} renders from {template}, not {spec.template}")
-    return _environment().get_template(template).render(**context(spec))
+    return template
+
+
+def render(spec: KernelSpec, env: Any = None) -> str:
+    """The CUDA source of one kernel. The same text goes to NVRTC and to the emulator.
+    `env` (from `environment`) renders from other templates than the installed ones."""
+    return (env or _environment()).get_template(template_name(spec)).render(**context(spec))
+
+
+def loaded_templates(env: Any, name: str) -> tuple[str, ...]:
+    """Every template file that rendering `name` reads (itself and its includes, followed
+    through), so a change in the kernels' source can be traced to the files that made it.
+    An include whose name is computed at render time cannot be followed: then every file
+    the loader holds counts."""
+    from jinja2 import meta
+
+    seen: list[str] = []
+    todo = [name]
+    while todo:
+        current = todo.pop()
+        if current in seen:
+            continue
+        seen.append(current)
+        source, filename, _ = env.loader.get_source(env, current)
+        for ref in meta.find_referenced_templates(env.parse(source, current, filename)):
+            if ref is None:
+                return tuple(sorted(set(seen) | set(env.loader.list_templates())))
+            todo.append(ref)
+    return tuple(sorted(seen))

@@ -1,0 +1,183 @@
+"""Where a policy and its templates come from: the installed topkgen, a directory, or a git
+revision read through git (never the work tree), so that `topkgen diff` renders each side
+from that side's own templates.
+
+A revision costs one `git ls-tree` and one `git cat-file --batch`, whatever the number of
+files: a process per file would make `diff HEAD~1 HEAD` slow.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import subprocess
+from dataclasses import dataclass
+from functools import cached_property, lru_cache
+from pathlib import Path, PurePosixPath
+from typing import Any
+
+import jinja2
+
+from topkgen import render
+from topkgen.policy import KernelSpec
+
+TEMPLATES_IN_REPO = "templates"
+
+
+class SourceError(ValueError):
+    """A revision, path or template that cannot be read; the message names it."""
+
+
+class _FilesLoader(jinja2.BaseLoader):
+    """A Jinja loader over file contents held in memory (read from git or a directory)."""
+
+    def __init__(self, files: dict[str, bytes], where: str) -> None:
+        self.files, self.where = files, where
+
+    def get_source(self, environment: jinja2.Environment, template: str) -> tuple[str, str, Any]:
+        data = self.files.get(template)
+        if data is None:
+            raise jinja2.TemplateNotFound(template)
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as err:
+            raise SourceError(f"{self.where}{template}: not UTF-8 text (byte {err.start})") from None
+        return text, f"{self.where}{template}", lambda: True
+
+    def list_templates(self) -> list[str]:
+        return sorted(self.files)
+
+
+class _Renderer:
+    """One Jinja environment per distinct set of template files, and the renders made
+    with it: two sides with the same templates (most diffs) compile and render them once."""
+
+    def __init__(self, files: dict[str, bytes], where: str) -> None:
+        self.env = render.environment(_FilesLoader(files, where))
+        self.loads: dict[str, tuple[str, ...]] = {}
+        self.sources: dict[KernelSpec, str] = {}
+
+    def render(self, spec: KernelSpec) -> tuple[str, tuple[str, ...]]:
+        name = render.template_name(spec)
+        if name not in self.loads:
+            self.loads[name] = render.loaded_templates(self.env, name)
+        if spec not in self.sources:
+            self.sources[spec] = render.render(spec, self.env)
+        return self.sources[spec], self.loads[name]
+
+
+_RENDERERS: dict[str, _Renderer] = {}
+
+
+@dataclass
+class Templates:
+    """A set of template files and the renders made from them."""
+
+    where: str                # how messages name the folder: "HEAD~1:templates/", "templates/"
+    files: dict[str, bytes]   # name relative to the folder -> content
+
+    def digest(self, name: str) -> str | None:
+        data = self.files.get(name)
+        return None if data is None else hashlib.sha256(data).hexdigest()
+
+    @cached_property
+    def _renderer(self) -> _Renderer:
+        key = hashlib.sha256(b"".join(hashlib.sha256(name.encode()).digest() + hashlib.sha256(data).digest()
+                                      for name, data in sorted(self.files.items()))).hexdigest()
+        return _RENDERERS.get(key) or _RENDERERS.setdefault(key, _Renderer(self.files, self.where))
+
+    def render(self, spec: KernelSpec) -> tuple[str, tuple[str, ...]]:
+        """The kernel's source and the template files that made it."""
+        renderer = self._renderer
+        try:
+            return renderer.render(spec)
+        except SourceError:
+            raise
+        except jinja2.TemplateNotFound as err:
+            raise SourceError(f"{self.where}: no template {err.name!r} (kernel {spec.name})") from None
+        except jinja2.TemplateSyntaxError as err:
+            raise SourceError(f"{self.where}{err.name}:{err.lineno}: {err.message}") from None
+        except (jinja2.TemplateError, ValueError) as err:
+            raise SourceError(f"{self.where}: cannot render kernel {spec.name}: {err}") from None
+
+
+def directory_templates(path: Path, where: str) -> Templates:
+    files: dict[str, bytes] = {}
+    try:
+        for file in sorted(path.rglob("*")):
+            if file.is_file():
+                files[file.relative_to(path).as_posix()] = file.read_bytes()
+    except OSError as err:
+        raise SourceError(f"{where}: cannot read templates: {err.strerror}") from None
+    return Templates(where, files)
+
+
+@lru_cache(maxsize=1)
+def installed_templates() -> Templates:
+    return directory_templates(render.template_dir(), "templates/")
+
+
+# ----------------------------------------------------------------------------- git
+
+def repo_path(path: str, what: str) -> str:
+    """A path inside a repository, relative to its top, that cannot leave it."""
+    pure = PurePosixPath(path)
+    if not path or pure.is_absolute() or ".." in pure.parts or str(pure) == ".":
+        raise SourceError(f"{what} {path!r}: expected a path relative to the repository's top, inside it")
+    return str(pure)
+
+
+@dataclass(frozen=True)
+class GitRepo:
+    root: Path
+
+    @classmethod
+    def around(cls, cwd: Path | None, what: str) -> GitRepo:
+        top = _git(["rev-parse", "--show-toplevel"], cwd)
+        if top.returncode != 0:
+            raise SourceError(f"{what}: not a file or directory, and not inside a git repository")
+        return cls(Path(top.stdout.decode().strip()))
+
+    def commit(self, rev: str) -> str:
+        if rev.startswith("-"):
+            raise SourceError(f"{rev}: not a file, directory or git revision")
+        found = _git(["rev-parse", "--verify", "--quiet", "--end-of-options", f"{rev}^{{commit}}"], self.root)
+        if found.returncode != 0:
+            raise SourceError(f"{rev}: not a file, directory or git revision of {self.root.name}")
+        return found.stdout.decode().strip()
+
+    def read(self, commit: str, paths: list[str]) -> dict[str, bytes]:
+        """Every regular file at or under `paths` in that commit: path -> content."""
+        listing = _git(["ls-tree", "-r", "-z", "--full-tree", commit, "--", *paths], self.root)
+        if listing.returncode != 0:
+            raise SourceError(f"{commit[:12]}: git ls-tree failed: {listing.stderr.decode(errors='replace').strip()}")
+        blobs: dict[str, str] = {}
+        for entry in listing.stdout.split(b"\0"):
+            if not entry:
+                continue
+            meta, _, name = entry.partition(b"\t")
+            mode, kind, obj = meta.decode().split()
+            if kind == "blob" and mode in ("100644", "100755"):
+                blobs[name.decode("utf-8", "surrogateescape")] = obj
+        if not blobs:
+            return {}
+        batch = _git(["cat-file", "--batch"], self.root, stdin="\n".join(blobs.values()) + "\n")
+        if batch.returncode != 0:
+            raise SourceError(f"{commit[:12]}: git cat-file failed: {batch.stderr.decode(errors='replace').strip()}")
+        contents, out, pos = {}, batch.stdout, 0
+        for name, obj in blobs.items():
+            end = out.index(b"\n", pos)
+            header = out[pos:end].split()
+            if len(header) != 3 or header[1] != b"blob":
+                raise SourceError(f"{commit[:12]}:{name}: git cat-file could not read it")
+            size = int(header[2])
+            contents[name] = out[end + 1:end + 1 + size]
+            pos = end + 1 + size + 1
+        return contents
+
+
+def _git(args: list[str], cwd: Path | None, stdin: str | None = None) -> subprocess.CompletedProcess:
+    try:
+        return subprocess.run(["git", *args], capture_output=True, cwd=cwd,
+                              input=stdin.encode() if stdin is not None else None)
+    except OSError as err:
+        raise SourceError(f"cannot run git: {err.strerror}") from None
