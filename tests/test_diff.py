@@ -169,10 +169,30 @@ def test_manifest_and_bundle_sides_compare_resources(built, tmp_path):
     assert "sm_100   0 -> 29" in proc.stdout and "resources" not in proc.stdout
 
 
-def test_manifests_of_different_schema_versions(built, tmp_path):
+def schema_1(manifest: dict) -> dict:
+    """A schema-2 manifest as topkgen wrote it before schema 2: no dispatch table, no JIT
+    sources, no `serves`."""
+    old = {k: v for k, v in manifest.items() if k not in ("dispatch", "jit_kernels")}
+    old["schema_version"] = 1
+    old["kernels"] = [{k: v for k, v in e.items() if k != "serves"} for e in manifest["kernels"]]
+    jsonschema.validate(old, load_schema("manifest-1.schema.json"))
+    return old
+
+
+def test_schema_1_manifests_are_still_read(built, tmp_path):
     manifest = json.loads((built / "a" / "manifest.json").read_text())
-    manifest["schema_version"] = 2
-    other = tmp_path / "v2.json"
+    (tmp_path / "v1.json").write_text(json.dumps(schema_1(manifest)))
+    (tmp_path / "v1-copy.json").write_text(json.dumps(schema_1(manifest)))
+    proc = topkgen("diff", tmp_path / "v1.json", tmp_path / "v1-copy.json")
+    assert proc.returncode == 0 and proc.stdout.endswith("same\n"), proc.stderr
+    proc = topkgen("diff", tmp_path / "v1.json", built / "a")
+    assert proc.returncode == 2 and "manifests of different schema versions" in proc.stderr
+
+
+def test_unknown_schema_versions_are_refused(built, tmp_path):
+    manifest = json.loads((built / "a" / "manifest.json").read_text())
+    manifest["schema_version"] = 3
+    other = tmp_path / "v3.json"
     other.write_text(json.dumps(manifest))
     proc = topkgen("diff", built / "a", other)
-    assert proc.returncode == 2 and "v2.json: schema_version: 2 is not supported" in proc.stderr
+    assert proc.returncode == 2 and "v3.json: schema_version: 3 is not supported" in proc.stderr

@@ -128,33 +128,6 @@ def test_bad_arrays_get_clear_errors(bundle_dir):
         TopK(bundle_dir, backend="emulator")
 
 
-def test_tampered_cubin_is_refused(bundle_dir, tmp_path):
-    copy = tmp_path / "bundle"
-    shutil.copytree(bundle_dir, copy)
-    op = TopK(copy, arch="sm_90", backend="emulator")
-    name = op.explain("float32", 50, 5000).kernel.name
-    cubin = copy / "sm_90" / f"{name}.cubin"
-    data = bytearray(cubin.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    cubin.write_bytes(bytes(data))
-    with pytest.raises(TopKError, match=f"kernel {name}: sm_90/{name}.cubin does not match its sha256"):
-        op(np.zeros((1, 5000), np.float32), 50)
-
-
-def test_manifest_entry_pointing_outside_the_bundle_is_refused(bundle_dir, tmp_path):
-    copy = tmp_path / "bundle"
-    shutil.copytree(bundle_dir, copy)
-    manifest = json.loads((copy / "manifest.json").read_text())
-    entry = next(e for e in manifest["kernels"] if e["name"] == "topk_radix_dyn_k64_fast_f32_sm_90")
-    outside = tmp_path / "evil.cubin"
-    outside.write_bytes((copy / entry["cubin"]).read_bytes())
-    entry["cubin"] = "../evil.cubin"
-    (copy / "manifest.json").write_text(json.dumps(manifest))
-    op = TopK(copy, arch="sm_90", backend="emulator")
-    with pytest.raises(TopKError, match="cubin path '../evil.cubin' leaves the bundle directory"):
-        op(np.zeros((1, 5000), np.float32), 50)
-
-
 def _jit_in_child(bundle: str, cache: str, queue) -> None:
     os.environ["TOPKGEN_CACHE_DIR"] = cache
     op = TopK(bundle, arch="sm_90", backend="emulator")

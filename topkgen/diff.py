@@ -100,7 +100,7 @@ def _policy_side(label: str, kind: str, policy: Policy) -> Side:
 
 def _manifest_side(label: str, path: Path) -> Side:
     try:
-        manifest, _ = bundle.load_manifest(path)
+        manifest, _ = bundle.load_manifest(path, versions=(1, 2))  # diff still reads schema 1
         policy = bundle.manifest_policy(manifest, label)
     except bundle.ManifestError as err:
         raise DiffInputError(str(err)) from None
