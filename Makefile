@@ -32,7 +32,7 @@ CPP_BIN  := build/cpp/topkgen-cpp
 CPP_SRC  := loaders/cpp/include/topkgen/loader.hpp loaders/cpp/src/topkgen_cpp.cpp
 NLOHMANN  = $(shell $(BIN)/python -c "import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec('nlohmann_json').origin).parent / 'include')")
 
-$(CPP_BIN): $(STAMP) $(CPP_SRC)
+$(CPP_BIN): $(CPP_SRC) | $(STAMP)
 	mkdir -p $(dir $@)
 	$(CXX) -std=c++17 -O2 -Wall -Wextra -Werror -Iloaders/cpp/include -isystem $(NLOHMANN) \
 		loaders/cpp/src/topkgen_cpp.cpp -o $@.tmp -lcrypto -ldl
