@@ -246,3 +246,22 @@ def test_launch_without_a_driver_says_so(cpp, built_bundle, tmp_path):
     assert proc.returncode == 2
     assert proc.stderr.startswith("topkgen-cpp: error: the CUDA driver is not available: libcuda.so.1")
     assert not (tmp_path / "v.bin").exists()
+
+
+def test_gpu_check_launches_every_aot_kernel_through_both_loaders(cpp, built_bundle, monkeypatch):
+    """scripts/gpu_check.py's C++-against-Python step (it needs a GPU): its cases reach every
+    AOT kernel, and both loaders pick that kernel for the case's shape with JIT off."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    manifest = json.loads((built_bundle / "manifest.json").read_text())
+    monkeypatch.setenv("TOPKGEN_DISABLE_JIT", "1")
+    for arch in ("sm_90", "sm_100"):
+        cases = gpu_check.aot_launch_cases(manifest, arch)
+        assert [c[0] for c in cases] == [e["name"] for e in manifest["kernels"] if e["arch"] == arch]
+        op = TopK(built_bundle, arch=arch, backend="emulator")
+        assert [op.choose(dtype, k, n, det).kernel for _, dtype, k, n, det in cases] == [c[0] for c in cases]
+        shapes = [(arch, dtype, k, n, det, False) for _, dtype, k, n, det in cases]
+        assert cpp_select(cpp, built_bundle, shapes) == [c[0] for c in cases]

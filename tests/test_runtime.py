@@ -219,3 +219,34 @@ def test_device_arrays_are_read_from_the_cuda_array_interface():
         dtype_name(_device_array(_Interface("<f8", (2,)), "x")[3], None)
     with pytest.raises(TopKError, match="x: expected a device array"):
         _device_array(np.zeros(3, np.float32), "x")
+
+
+def test_calls_dispatch_by_table_lookup_alone(bundle_dir, monkeypatch):
+    """The runtime evaluates no rule per call: with select and the renderer gone, AOT and
+    shipped JIT kernels still run (the JIT one from the source the bundle ships)."""
+    import topkgen.runtime as runtime
+
+    op = TopK(bundle_dir, arch="sm_90", backend="emulator")
+    op(make_rows("float32", 1, 5000, seed=2), 40)  # an AOT kernel, loaded once (its source is checked)
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("evaluated per call")
+
+    monkeypatch.setattr(runtime, "select", forbidden)
+    monkeypatch.setattr(runtime, "render", forbidden)
+    monkeypatch.setattr(pol, "select", forbidden)
+    x = make_rows("float32", 2, 5000, seed=3)
+    check_topk(x, *op(x, 40), 40, True, False, "float32")
+    assert op.choose("float32", 16, 2048) == runtime.Choice("topk_register_n2048_k16_det_f32_sm_90", "jit")
+    x = make_rows("float32", 2, 2048, seed=4)
+    check_topk(x, *op(x, 16), 16, True, True, "float32")
+
+
+def test_schema_1_bundles_are_refused_with_a_rebuild_hint(bundle_dir, tmp_path):
+    copy = tmp_path / "bundle"
+    shutil.copytree(bundle_dir, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["schema_version"] = 1
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(TopKError, match=r"manifest\.json: schema_version: 1 has no dispatch table; rebuild the bundle"):
+        TopK(copy, arch="sm_90", backend="emulator")

@@ -189,27 +189,31 @@ class ArchTable:
 
     def __init__(self, arch: str, by_dtype: dict[str, dict[str, list[Row]]]) -> None:
         self.arch = arch
-        self._lists: dict[tuple[str, str], tuple[list[Row], ListIndex]] = {}
+        self.dtypes = tuple(by_dtype)
+        # (dtype, deterministic) -> (index, per row: (choice with JIT, choice without JIT or None))
+        self._lists: dict[tuple[str, bool], tuple[ListIndex, list[tuple[Choice, Choice | None]]]] = {}
         self._jit_only: set[str] = set()
         for dtype, by_mode in by_dtype.items():
             for mode, rows in by_mode.items():
-                self._lists[dtype, mode] = rows, ListIndex(rows, f"dispatch.{arch}.{dtype}.{mode}")
+                choices = [(Choice(r["kernel"], r["source"]),
+                            None if r["aot_fallback"] is None else Choice(r["aot_fallback"], "aot")) for r in rows]
+                self._lists[dtype, mode == "deterministic"] = ListIndex(rows, f"dispatch.{arch}.{dtype}.{mode}"), choices
             if all(r["aot_fallback"] is None for rows in by_mode.values() for r in rows):
                 self._jit_only.add(dtype)
-        self.dtypes = tuple(by_dtype)
 
     def lookup(self, dtype: str, k: int, n: int, deterministic: bool, jit: bool) -> Choice:
         """The kernel for a shape, with the messages `select` gives for shapes it refuses."""
-        if dtype not in self.dtypes:
+        found = self._lists.get((dtype, bool(deterministic)))
+        if found is None:
             raise DispatchError(f"dtype: '{dtype}' is not in the bundle (known: {', '.join(sorted(self.dtypes))})")
         check_shape(k, n)
         if not jit and dtype in self._jit_only:
             raise DispatchError(f"dtype: '{dtype}' has no AOT kernels and JIT is disabled")
-        mode = "deterministic" if deterministic else "fast"
-        rows, index = self._lists[dtype, mode]
-        row = rows[index.find(k, n)]
+        index, choices = found
+        with_jit, without_jit = choices[index.find(k, n)]
         if jit:
-            return Choice(row["kernel"], row["source"])
-        if row["aot_fallback"] is None:
+            return with_jit
+        if without_jit is None:
+            mode = "deterministic" if deterministic else "fast"
             raise DispatchError(f"no kernel serves arch={self.arch} dtype={dtype} k={k} n={n} mode={mode} without JIT")
-        return Choice(row["aot_fallback"], "aot")
+        return without_jit
