@@ -172,3 +172,46 @@ def test_the_runtime_refuses_schema_1_and_asks_for_a_rebuild(built_bundle, tmp_p
     (tmp_path / "manifest.json").write_text(json.dumps(doc))
     with pytest.raises(bundle.ManifestError, match="schema_version: 1 has no dispatch table; rebuild the bundle"):
         bundle.load_manifest(tmp_path)
+
+
+# ----------------------------------------------------------------------------- the schema
+
+def _undescribed(schema: dict) -> list[str]:
+    """Properties of the manifest schema with no description of their own or of their $ref."""
+    defs, missing = schema["$defs"], []
+
+    def described(node: dict) -> bool:
+        return "description" in node or ("$ref" in node and "description" in defs[node["$ref"].split("/")[-1]])
+
+    def walk(node, path: str) -> None:
+        if isinstance(node, dict):
+            for key, value in node.get("properties", {}).items():
+                if not described(value):
+                    missing.append(f"{path}.{key}")
+            for key, value in node.items():
+                walk(value, f"{path}.{key}")
+        elif isinstance(node, list):
+            for item in node:
+                walk(item, path)
+
+    walk(schema, "")
+    return missing
+
+
+def test_the_manifest_schema_describes_every_property(manifest):
+    import jsonschema
+
+    from topkgen.schema import load_schema, validate
+
+    schema = load_schema("manifest.schema.json")
+    jsonschema.Draft202012Validator.check_schema(schema)
+    jsonschema.Draft202012Validator.check_schema(load_schema("manifest-1.schema.json"))
+    assert _undescribed(schema) == []
+    jsonschema.validate(manifest, schema)
+    validate(manifest, schema)
+    doc = copy.deepcopy(manifest)
+    doc["dispatch"]["sm_90"]["float32"]["fast"][0]["aot_fallback"] = 7
+    with pytest.raises(jsonschema.ValidationError):
+        jsonschema.validate(doc, schema)
+    with pytest.raises(Exception, match=r"aot_fallback: expected string or null"):
+        validate(doc, schema)
