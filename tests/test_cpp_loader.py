@@ -8,7 +8,6 @@ from __future__ import annotations
 import copy
 import fcntl
 import json
-import os
 import random
 import shutil
 import subprocess

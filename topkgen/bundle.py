@@ -245,12 +245,11 @@ def version_problem(version: object) -> str:
     return f"schema_version: {json.dumps(version)} is not supported (this topkgen reads version {SCHEMA_VERSION})"
 
 
-def read_files(root: Path, manifest: dict, archs: Iterable[str] | None = None,
-               label: str | None = None) -> dict[str, bytes]:
+def read_files(root: Path, manifest: dict, archs: Iterable[str] | None = None) -> dict[str, bytes]:
     """The files (cubins, JIT sources) of the kernels of `archs` (all when None) by kernel
     name, each checked as every loader checks it at load: sha256, and a cubin's ELF machine
     and SM. Paths were checked by load_manifest: they cannot leave the bundle."""
-    label = label or str(root / MANIFEST)
+    label = root / MANIFEST
     wanted = None if archs is None else set(archs)
     files: dict[str, bytes] = {}
     for entry in manifest_checks.entries(manifest):

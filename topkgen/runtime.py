@@ -289,7 +289,6 @@ class _CudaBackend(_Backend):
     def run(self, kernel: Any, name: str, launch: Launch, view: _View, k: int, largest: bool, out: Any,
             stream: Any):
         core = _cuda_core()
-        LaunchConfig, launch = core.LaunchConfig, core.launch
 
         shape = (*view.shape[:-1], k)
         torch = sys.modules.get("torch")
@@ -302,15 +301,15 @@ class _CudaBackend(_Backend):
         values, indices = out
         v_ptr, i_ptr = _device_ptr(values, shape), _device_ptr(indices, shape)
         cuda_stream = self._stream(stream, view.array)
-        config = LaunchConfig(grid=launch.grid(view.rows), block=launch.threads,
-                              shmem_size=launch.dynamic_shared_bytes)
+        config = core.LaunchConfig(grid=launch.grid(view.rows), block=launch.threads,
+                                   shmem_size=launch.dynamic_shared_bytes)
         if view.rows == 0:  # an empty batch launches nothing
             return values, indices
         if launch.dynamic_shared_bytes > STATIC_SHARED_LIMIT:
             self._allow_dynamic_shared(kernel, launch.dynamic_shared_bytes)
         # cuda.core passes Python ints as pointers and numpy scalars with their C types.
-        launch(cuda_stream, config, kernel, int(view.ptr), int(v_ptr), int(i_ptr),
-               np.int32(view.rows), np.int32(view.n), np.int32(k), np.int32(largest))
+        core.launch(cuda_stream, config, kernel, int(view.ptr), int(v_ptr), int(i_ptr),
+                    np.int32(view.rows), np.int32(view.n), np.int32(k), np.int32(largest))
         return values, indices
 
     def _allow_dynamic_shared(self, kernel: Any, nbytes: int) -> None:
