@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 OUT    ?= out
 JOBS   ?= 2
 
-.PHONY: build build-legacy test install bench bench-plan bench-emulator bench-build bench-diff gpu-check clean
+.PHONY: build build-legacy test install cpp bench bench-plan bench-emulator bench-build bench-diff bench-dispatch gpu-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -25,11 +25,26 @@ build: $(STAMP)
 build-legacy: $(STAMP)
 	$(BIN)/topkgen build --policy policies/legacy/exact_n_grid.yaml --out $(OUT)-legacy -j $(JOBS)
 
+# The C++ loader (loaders/cpp): g++, nlohmann/json from the nlohmann-json wheel, OpenSSL's
+# libcrypto (Debian: libssl-dev) for SHA-256, libdl for the CUDA driver. No CUDA toolkit.
+CXX      ?= g++
+CPP_BIN  := build/cpp/topkgen-cpp
+CPP_SRC  := loaders/cpp/include/topkgen/loader.hpp loaders/cpp/src/topkgen_cpp.cpp
+NLOHMANN  = $(shell $(BIN)/python -c "import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec('nlohmann_json').origin).parent / 'include')")
+
+$(CPP_BIN): $(CPP_SRC) | $(STAMP)
+	mkdir -p $(dir $@)
+	$(CXX) -std=c++17 -O2 -Wall -Wextra -Werror -Iloaders/cpp/include -isystem $(NLOHMANN) \
+		loaders/cpp/src/topkgen_cpp.cpp -o $@.tmp -lcrypto -ldl
+	mv $@.tmp $@
+
+cpp: $(CPP_BIN)
+
 # Tests share one compile cache per checkout so pytest-xdist workers reuse each other's work.
-test: $(STAMP)
+test: $(STAMP) $(CPP_BIN)
 	TOPKGEN_CACHE_DIR=$(CURDIR)/.cache $(BIN)/python -m pytest -q -n $(JOBS)
 
-bench: bench-plan bench-diff bench-emulator bench-build
+bench: bench-plan bench-diff bench-dispatch bench-emulator bench-build
 
 bench-plan: $(STAMP)
 	$(BIN)/python benchmarks/bench_cli.py plan
@@ -38,6 +53,10 @@ bench-plan: $(STAMP)
 # cache (target < 2 s; its warm-up runs fill the cache, TOPKGEN_CACHE_DIR or ~/.cache/topkgen).
 bench-diff: $(STAMP)
 	$(BIN)/python benchmarks/bench_cli.py diff diff-build
+
+# One dispatch lookup (Python table, C++ loader) beside one select call.
+bench-dispatch: $(STAMP) $(CPP_BIN)
+	$(BIN)/python benchmarks/bench_dispatch.py
 
 clean:
 	rm -rf $(OUT) $(OUT)-legacy .cache build dist *.egg-info
@@ -50,5 +69,5 @@ bench-build: $(STAMP)
 
 # The device checks (build, GPU tests, compute-sanitizer, benchmark against torch.topk).
 # On the accelerator machine run it with its own python: `python3 scripts/gpu_check.py`.
-gpu-check: $(STAMP)
+gpu-check: $(STAMP) $(CPP_BIN)
 	$(BIN)/python scripts/gpu_check.py

@@ -2,8 +2,10 @@
 
 1. build the default bundle for the GPU's arch;
 2. run the GPU tests (tests/test_gpu.py);
-3. run compute-sanitizer (memcheck, racecheck) on one kernel of each family;
-4. benchmark against torch.topk with CUDA events over rows {1, 132, 1024, 4096} x
+3. launch every AOT kernel through the C++ loader (build/cpp/topkgen-cpp, `make cpp`) and
+   through the Python runtime on the same input, and compare the outputs;
+4. run compute-sanitizer (memcheck, racecheck) on one kernel of each family;
+5. benchmark against torch.topk with CUDA events over rows {1, 132, 1024, 4096} x
    n {256, 1024, 2048, 8192, 32768, 131072, 262144} x k {16, 64, 256, 1024} (k <= n),
    float32 and bfloat16: median time, speedup over torch.topk, and the fraction of the
    H200's 4.8 TB/s that reading the input reaches.
@@ -61,12 +63,85 @@ def main() -> int:
         return 1
     step("GPU tests")
     failed = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_gpu.py"]) != 0
+    step("C++ loader against the Python runtime: every AOT kernel")
+    failed |= cpp_against_python(arch)
     step("compute-sanitizer")
     failed |= sanitize(arch)
     step("benchmark against torch.topk")
     benchmark()
     print(f"\ngpu-check finished in {time.time() - started:.0f} s{' with FAILURES' if failed else ''}")
     return 1 if failed else 0
+
+
+def aot_launch_cases(manifest: dict, arch: str) -> list[tuple[str, str, int, int, bool]]:
+    """One (kernel, dtype, k, n, deterministic) per AOT kernel of `arch`: a shape its
+    dispatch rows send to it when JIT is off, with n near 3000 where the row allows."""
+    cases = {}
+    for dtype, by_mode in sorted(manifest["dispatch"][arch].items()):
+        for mode, rows in sorted(by_mode.items()):
+            for row in rows:
+                name = row["aot_fallback"]
+                if name is None or name in cases:
+                    continue
+                (k_lo, k_hi), (n_lo, n_hi) = row["k"], row["n"]
+                n = min(n_hi, max(n_lo, k_lo, 3000))
+                cases[name] = (name, dtype, min(k_hi, n, max(k_lo, 50)), n, mode == "deterministic")
+    return [cases[e["name"]] for e in manifest["kernels"] if e["arch"] == arch]
+
+
+def cpp_against_python(arch: str) -> bool:
+    """Both loaders launch the same AOT kernel on the same rows (JIT off, so the table's
+    aot_fallback serves): values bit-equal; indices equal in deterministic mode, and in
+    fast mode (ties in any order) pointing at the values."""
+    import tempfile
+
+    import torch
+
+    from topkgen import bundle
+    from topkgen.runtime import TopK
+
+    cpp = ROOT / "build" / "cpp" / "topkgen-cpp"
+    if not cpp.exists() and run(["make", "-s", "cpp"]) != 0:
+        print("could not build the C++ loader")
+        return True
+    manifest, _ = bundle.load_manifest(OUT)
+    os.environ["TOPKGEN_DISABLE_JIT"] = "1"
+    failed = False
+    try:
+        op = TopK(OUT, backend="cuda")
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, dtype, k, n, det in aot_launch_cases(manifest, arch):
+                tdt = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+                x = torch.randn(5, n, device="cuda").to(tdt)
+                problems = []
+                if op.choose(dtype, k, n, det).kernel != name:
+                    problems.append(f"the Python runtime picks {op.choose(dtype, k, n, det).kernel}")
+                for largest in (True, False):
+                    values, indices = op(x, k, largest=largest, deterministic=det)
+                    torch.cuda.synchronize()
+                    raw = x.cpu().view(torch.int16 if dtype == "bfloat16" else torch.int32)
+                    Path(tmp, "x.bin").write_bytes(raw.numpy().tobytes())
+                    proc = subprocess.run([str(cpp), "launch", str(OUT), arch, dtype, str(k), str(n), "5",
+                                           "deterministic" if det else "fast", "0", str(int(largest)),
+                                           f"{tmp}/x.bin", f"{tmp}/v.bin", f"{tmp}/i.bin"], capture_output=True, text=True)
+                    if proc.returncode != 0 or proc.stdout.strip() != name:
+                        problems.append(f"topkgen-cpp: exit {proc.returncode} {proc.stdout.strip()} {proc.stderr.strip()}")
+                        continue
+                    cpp_values = Path(tmp, "v.bin").read_bytes()
+                    cpp_indices = torch.frombuffer(bytearray(Path(tmp, "i.bin").read_bytes()), dtype=torch.int64).view(5, k)
+                    ours = values.cpu().view(raw.dtype).numpy().tobytes()
+                    if cpp_values != ours:
+                        problems.append(f"largest={largest}: values differ")
+                    if det and not torch.equal(cpp_indices, indices.cpu()):
+                        problems.append(f"largest={largest}: indices differ")
+                    gathered = torch.gather(x.cpu(), 1, cpp_indices).view(raw.dtype).numpy().tobytes()
+                    if gathered != cpp_values:
+                        problems.append(f"largest={largest}: C++ indices do not point at its values")
+                print(f"{name} k={k} n={n} {'det' if det else 'fast'}: {'; '.join(problems) or 'same'}", flush=True)
+                failed |= bool(problems)
+    finally:
+        del os.environ["TOPKGEN_DISABLE_JIT"]
+    return failed
 
 
 def sanitize(arch: str) -> bool:

@@ -24,6 +24,20 @@ def legacy_policy():
     return policy.load(LEGACY_POLICY)
 
 
+@pytest.fixture(scope="session")
+def built_bundle(tmp_path_factory):
+    """The default bundle, built once per test process with the real CLI (read-only: copy
+    it before tampering)."""
+    import subprocess
+    import sys
+
+    out = tmp_path_factory.mktemp("built") / "out"
+    proc = subprocess.run([sys.executable, "-m", "topkgen.cli", "build", "--out", str(out), "-j", "2"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
 @pytest.fixture
 def cli():
     from topkgen.cli import main

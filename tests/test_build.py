@@ -14,7 +14,10 @@ import jsonschema
 import pytest
 
 from topkgen import bundle
-from topkgen.compile import CompileError, compile_kernel
+from topkgen import policy as pol
+from topkgen.compile import CompileError, compile_kernel, options
+from topkgen.manifest_checks import elf_sm
+from topkgen.render import render
 from topkgen.schema import load_schema
 
 from .conftest import DEFAULT_POLICY, LEGACY_POLICY
@@ -52,9 +55,10 @@ def test_default_bundle_has_58_cubins_for_sm90_and_sm100(default_bundle):
         cubins = sorted((out / arch).glob("*.cubin"))
         assert len(cubins) == 29
         for path in cubins:
-            assert bundle.elf_sm(path.read_bytes()) == sm, path.name
+            assert elf_sm(path.read_bytes()) == sm, path.name
+    files = bundle.read_files(out, manifest)
     for entry in manifest["kernels"]:
-        data = bundle.read_cubin(out, entry)
+        data = files[entry["name"]]
         assert entry["size_bytes"] == len(data)
         assert entry["symbol"] == entry["name"]
         assert entry["resources"]["registers"] > 0
@@ -65,6 +69,26 @@ def test_default_bundle_has_58_cubins_for_sm90_and_sm100(default_bundle):
                                                         "reg_exact_k16_n1024_sm100"}
     text = (out / "manifest.json").read_text()
     assert str(base) not in text and os.sep + "work" not in text  # no absolute paths
+
+
+def test_jit_kernels_ship_their_rendered_source_and_exact_options(default_bundle):
+    base, _ = default_bundle
+    out = base / "out"
+    manifest, _ = bundle.load_manifest(out)
+    policy = pol.load(DEFAULT_POLICY)
+    for arch in ("sm_90", "sm_100"):
+        specs = {s.name: s for s in pol.jit_plan(policy, arch)}
+        shipped = {e["name"]: e for e in manifest["jit_kernels"] if e["arch"] == arch}
+        assert set(shipped) == set(specs) and len(shipped) == {"sm_90": 20, "sm_100": 23}[arch]
+        assert sorted(p.name for p in (out / "jit" / arch).iterdir()) == sorted(f"{n}.cu" for n in specs)
+        for name, entry in shipped.items():
+            assert (out / entry["source"]).read_text() == render(specs[name])
+            assert entry["nvrtc_options"] == [o for o in options(arch) if not o.startswith("-I")]
+            assert entry["serves"] == list(specs[name].serves)
+    # what a loader with NVRTC does with one of them: the shipped options plus its include dir
+    entry = next(e for e in manifest["jit_kernels"] if e["name"] == "topk_register_n256_k32_det_bf16_sm_100")
+    compiled = compile_kernel((out / entry["source"]).read_text(), entry["name"], "sm_100", use_cache=False)
+    assert elf_sm(compiled.cubin) == 100 and compiled.symbol == entry["symbol"]
 
 
 def test_two_clean_builds_are_byte_identical(default_bundle, tmp_path):
@@ -128,10 +152,10 @@ def test_concurrent_builds_into_one_directory(default_bundle, tmp_path):
     assert [p.wait() for p in procs] == [0, 0]
     manifest, root = bundle.load_manifest(out)
     assert len(manifest["kernels"]) == 29
-    for entry in manifest["kernels"]:
-        bundle.read_cubin(root, entry)
+    assert len(bundle.read_files(root, manifest)) == 29 + {"sm_90": 20, "sm_100": 23}[manifest["archs"][0]]
     arch = manifest["archs"][0]
-    assert sorted(p.name for p in out.iterdir()) == sorted(["manifest.json", arch])
+    assert sorted(p.name for p in out.iterdir()) == sorted(["manifest.json", arch, "jit"])
+    assert sorted(p.name for p in (out / "jit").iterdir()) == [arch]
 
 
 def test_compile_error_names_the_kernel_and_shows_the_log():

@@ -128,33 +128,6 @@ def test_bad_arrays_get_clear_errors(bundle_dir):
         TopK(bundle_dir, backend="emulator")
 
 
-def test_tampered_cubin_is_refused(bundle_dir, tmp_path):
-    copy = tmp_path / "bundle"
-    shutil.copytree(bundle_dir, copy)
-    op = TopK(copy, arch="sm_90", backend="emulator")
-    name = op.explain("float32", 50, 5000).kernel.name
-    cubin = copy / "sm_90" / f"{name}.cubin"
-    data = bytearray(cubin.read_bytes())
-    data[len(data) // 2] ^= 0xFF
-    cubin.write_bytes(bytes(data))
-    with pytest.raises(TopKError, match=f"kernel {name}: sm_90/{name}.cubin does not match its sha256"):
-        op(np.zeros((1, 5000), np.float32), 50)
-
-
-def test_manifest_entry_pointing_outside_the_bundle_is_refused(bundle_dir, tmp_path):
-    copy = tmp_path / "bundle"
-    shutil.copytree(bundle_dir, copy)
-    manifest = json.loads((copy / "manifest.json").read_text())
-    entry = next(e for e in manifest["kernels"] if e["name"] == "topk_radix_dyn_k64_fast_f32_sm_90")
-    outside = tmp_path / "evil.cubin"
-    outside.write_bytes((copy / entry["cubin"]).read_bytes())
-    entry["cubin"] = "../evil.cubin"
-    (copy / "manifest.json").write_text(json.dumps(manifest))
-    op = TopK(copy, arch="sm_90", backend="emulator")
-    with pytest.raises(TopKError, match="cubin path '../evil.cubin' leaves the bundle directory"):
-        op(np.zeros((1, 5000), np.float32), 50)
-
-
 def _jit_in_child(bundle: str, cache: str, queue) -> None:
     os.environ["TOPKGEN_CACHE_DIR"] = cache
     op = TopK(bundle, arch="sm_90", backend="emulator")
@@ -246,3 +219,34 @@ def test_device_arrays_are_read_from_the_cuda_array_interface():
         dtype_name(_device_array(_Interface("<f8", (2,)), "x")[3], None)
     with pytest.raises(TopKError, match="x: expected a device array"):
         _device_array(np.zeros(3, np.float32), "x")
+
+
+def test_calls_dispatch_by_table_lookup_alone(bundle_dir, monkeypatch):
+    """The runtime evaluates no rule per call: with select and the renderer gone, AOT and
+    shipped JIT kernels still run (the JIT one from the source the bundle ships)."""
+    import topkgen.runtime as runtime
+
+    op = TopK(bundle_dir, arch="sm_90", backend="emulator")
+    op(make_rows("float32", 1, 5000, seed=2), 40)  # an AOT kernel, loaded once (its source is checked)
+
+    def forbidden(*args, **kwargs):
+        raise AssertionError("evaluated per call")
+
+    monkeypatch.setattr(runtime, "select", forbidden)
+    monkeypatch.setattr(runtime, "render", forbidden)
+    monkeypatch.setattr(pol, "select", forbidden)
+    x = make_rows("float32", 2, 5000, seed=3)
+    check_topk(x, *op(x, 40), 40, True, False, "float32")
+    assert op.choose("float32", 16, 2048) == runtime.Choice("topk_register_n2048_k16_det_f32_sm_90", "jit")
+    x = make_rows("float32", 2, 2048, seed=4)
+    check_topk(x, *op(x, 16), 16, True, True, "float32")
+
+
+def test_schema_1_bundles_are_refused_with_a_rebuild_hint(bundle_dir, tmp_path):
+    copy = tmp_path / "bundle"
+    shutil.copytree(bundle_dir, copy)
+    manifest = json.loads((copy / "manifest.json").read_text())
+    manifest["schema_version"] = 1
+    (copy / "manifest.json").write_text(json.dumps(manifest))
+    with pytest.raises(TopKError, match=r"manifest\.json: schema_version: 1 has no dispatch table; rebuild the bundle"):
+        TopK(copy, arch="sm_90", backend="emulator")

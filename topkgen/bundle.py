@@ -1,9 +1,10 @@
 """Bundles: build (render + NVRTC), write atomically, and read back and verify manifests.
 
-A bundle is DIR/<arch>/<kernel>.cubin plus DIR/manifest.json, described by
-schemas/manifest.schema.json so that any loader can use it without topkgen. Builds go to a
-temporary directory beside DIR and are swapped into place, under a lock, so a failed or
-killed build never leaves a half-written bundle.
+A bundle is DIR/<arch>/<kernel>.cubin, DIR/jit/<arch>/<kernel>.cu (the kernels dispatch
+leaves to JIT) and DIR/manifest.json, described by schemas/manifest.schema.json so that any
+loader can use it without topkgen: its dispatch table is `select`'s answers as data.
+Builds go to a temporary directory beside DIR and are swapped into place, under a lock, so
+a failed or killed build never leaves a half-written bundle.
 """
 
 from __future__ import annotations
@@ -15,20 +16,20 @@ import hashlib
 import json
 import os
 import shutil
-import struct
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable, Iterable, Iterator
 
-from topkgen import __version__
-from topkgen.compile import CompiledKernel, compile_kernel, nvrtc_version
-from topkgen.policy import KernelSpec, Policy, plan, rule_record
+from topkgen import __version__, dispatch_table, manifest_checks
+from topkgen.compile import CompiledKernel, compile_kernel, nvrtc_version, portable_options
+from topkgen.policy import KernelSpec, Policy, jit_plan, plan, rule_record
 from topkgen.render import params, render
 from topkgen.schema import SchemaViolation, format_path, load_schema, validate
 
 MANIFEST = "manifest.json"
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+SCHEMAS = {1: "manifest-1.schema.json", 2: "manifest.schema.json"}
 GRID_RULE = "ceil_div(rows, rows_per_block)"
 
 
@@ -38,14 +39,6 @@ class BuildError(RuntimeError):
 
 class ManifestError(ValueError):
     """A manifest or bundle that cannot be used; the message names the file and the key."""
-
-
-def elf_sm(cubin: bytes) -> int:
-    """The SM version a cubin's ELF header names (e_flags; its layout depends on the ABI)."""
-    if cubin[:4] != b"\x7fELF" or struct.unpack_from("<H", cubin, 18)[0] != 190:
-        raise ManifestError("not a CUDA ELF (EM_CUDA) file")
-    flags = struct.unpack_from("<I", cubin, 48)[0]
-    return (flags >> 8) & 0xFF if cubin[8] >= 8 else flags & 0xFF
 
 
 def budget_problems(resources: dict, budget: dict) -> list[str]:
@@ -65,9 +58,14 @@ def over_budget(spec: KernelSpec, compiled: CompiledKernel) -> str | None:
     return f"kernel {spec.name} is over its resource budget: {'; '.join(problems)}" if problems else None
 
 
+def launch_record(spec: KernelSpec) -> dict:
+    """Everything a loader needs to launch the kernel (schema: $defs/launch)."""
+    return {**spec.record()["launch"], "grid": GRID_RULE, "dynamic_shared_bytes": 0}
+
+
 def kernel_entry(spec: KernelSpec, compiled: CompiledKernel, source: str) -> dict:
     entry = spec.record()
-    entry["launch"] = {**entry["launch"], "grid": GRID_RULE, "dynamic_shared_bytes": 0}
+    entry["launch"] = launch_record(spec)
     entry.update({
         "symbol": compiled.symbol,
         "cubin": f"{spec.arch}/{spec.name}.cubin",
@@ -76,6 +74,27 @@ def kernel_entry(spec: KernelSpec, compiled: CompiledKernel, source: str) -> dic
         "size_bytes": len(compiled.cubin),
         "resources": asdict(compiled.resources),
         "budget": {"max_registers": spec.max_registers, "spills_allowed": spec.spills_allowed},
+        "params": params(spec),
+    })
+    return entry
+
+
+def jit_path(spec: KernelSpec) -> str:
+    return f"jit/{spec.arch}/{spec.name}.cu"
+
+
+def jit_entry(spec: KernelSpec, source: str) -> dict:
+    """A kernel left to JIT: its rendered source, shipped so that any loader with NVRTC
+    compiles exactly what topkgen would."""
+    entry = spec.record()
+    entry["launch"] = launch_record(spec)
+    data = source.encode()
+    entry.update({
+        "symbol": spec.name,  # extern "C"
+        "source": jit_path(spec),
+        "sha256": hashlib.sha256(data).hexdigest(),
+        "size_bytes": len(data),
+        "nvrtc_options": portable_options(spec.arch),
         "params": params(spec),
     })
     return entry
@@ -117,6 +136,10 @@ def build(policy: Policy, archs: list[str], out: Path, *, jobs: int = 1, allow_o
     for problem in problems:
         if warn:
             warn(problem)
+    jit_specs = [spec for arch in archs for spec in jit_plan(policy, arch)]
+    jit_sources = [render(spec) for spec in jit_specs]
+    dispatch = dispatch_table.build(policy, archs)
+    dispatch_table.check_against_select(policy, dispatch)  # never write a table that disagrees
     manifest = {
         "schema_version": SCHEMA_VERSION,
         "generator": {"name": "topkgen", "version": __version__},
@@ -124,11 +147,16 @@ def build(policy: Policy, archs: list[str], out: Path, *, jobs: int = 1, allow_o
         "policy": {"path": policy.display_path, "name": policy.name, "sha256": policy.sha256, "text": policy.text},
         "archs": archs,
         "kernels": [kernel_entry(s, c, src) for s, c, src in zip(specs, compiled, sources)],
+        "jit_kernels": [jit_entry(s, src) for s, src in zip(jit_specs, jit_sources)],
         "jit_only": [rule_record(r) for r in policy.jit_only_rules(archs)],
+        "dispatch": dispatch,
     }
-    validate(manifest, load_schema("manifest.schema.json"))
+    validate(manifest, load_schema(SCHEMAS[SCHEMA_VERSION]))
+    manifest_checks.check_manifest(manifest)
+    files = {f"{s.arch}/{s.name}.cubin": c.cubin for s, c in zip(specs, compiled)}
+    files.update({jit_path(s): src.encode() for s, src in zip(jit_specs, jit_sources)})
     with _locked(out):
-        _write_atomically(out, manifest, {f"{s.arch}/{s.name}.cubin": c.cubin for s, c in zip(specs, compiled)})
+        _write_atomically(out, manifest, files)
     cached = sum(1 for c in compiled if c.cached)
     return BuildResult(manifest, len(compiled) - cached, cached)
 
@@ -192,9 +220,10 @@ def _exchange(a: Path, b: Path) -> None:
 
 # ----------------------------------------------------------------------------- reading
 
-def load_manifest(path: str | Path) -> tuple[dict, Path]:
-    """Read and validate a manifest (a file or a bundle directory); returns it and the
-    bundle root that its cubin paths are relative to."""
+def load_manifest(path: str | Path, *, versions: Iterable[int] = (SCHEMA_VERSION,)) -> tuple[dict, Path]:
+    """Read a manifest (a file or a bundle directory), validate it against its schema and,
+    for schema 2, make every load check but the files'. Returns it and the bundle root
+    that its paths are relative to. Only `diff` asks for version 1 too."""
     path = Path(path)
     file = path / MANIFEST if path.is_dir() else path
     try:
@@ -203,21 +232,57 @@ def load_manifest(path: str | Path) -> tuple[dict, Path]:
         raise ManifestError(f"{file}: cannot read manifest: {err.strerror}") from None
     except ValueError as err:
         raise ManifestError(f"{file}: not valid JSON: {err}") from None
-    if isinstance(doc, dict) and doc.get("schema_version") != SCHEMA_VERSION:
-        raise ManifestError(f"{file}: schema_version: {doc.get('schema_version')!r} is not supported "
-                            f"(this topkgen reads version {SCHEMA_VERSION})")
+    version = doc.get("schema_version") if isinstance(doc, dict) else None
+    if version not in versions:
+        raise ManifestError(f"{file}: {version_problem(version)}")
     try:
-        validate(doc, load_schema("manifest.schema.json"))
+        validate(doc, load_schema(SCHEMAS[version]))
     except SchemaViolation as err:
         raise ManifestError(f"{file}: {format_path(err.path)}: {err.message}") from None
-    for key, ident in (("kernels", "name"), ("jit_only", "rule")):
-        seen: set[str] = set()
-        for i, entry in enumerate(doc[key]):
-            value = json.dumps(entry[ident], sort_keys=True)
-            if value in seen:  # names are identities: a second entry would be silently lost
-                raise ManifestError(f"{file}: {key}[{i}]: duplicate {ident} {value}")
-            seen.add(value)
+    if version == 2:
+        try:
+            manifest_checks.check_manifest(doc)
+        except dispatch_table.FieldError as err:
+            raise ManifestError(f"{file}: {err}") from None
+    else:  # schema 1 (diff reads it): names are identities, a second entry would be silently lost
+        for key, ident in (("kernels", "name"), ("jit_only", "rule")):
+            seen: set[str] = set()
+            for i, entry in enumerate(doc[key]):
+                value = json.dumps(entry[ident], sort_keys=True)
+                if value in seen:
+                    raise ManifestError(f"{file}: {key}[{i}]: duplicate {ident} {value}")
+                seen.add(value)
     return doc, file.parent
+
+
+def version_problem(version: object) -> str:
+    """Why a manifest's schema_version cannot be served (the C++ loader says the same)."""
+    if version == 1:
+        return "schema_version: 1 has no dispatch table; rebuild the bundle (topkgen build)"
+    return f"schema_version: {json.dumps(version)} is not supported (this topkgen reads version {SCHEMA_VERSION})"
+
+
+def read_files(root: Path, manifest: dict, archs: Iterable[str] | None = None) -> dict[str, bytes]:
+    """The files (cubins, JIT sources) of the kernels of `archs` (all when None) by kernel
+    name, each checked as every loader checks it at load: sha256, and a cubin's ELF machine
+    and SM. Paths were checked by load_manifest: they cannot leave the bundle."""
+    label = root / MANIFEST
+    wanted = None if archs is None else set(archs)
+    files: dict[str, bytes] = {}
+    for entry in manifest_checks.entries(manifest):
+        if wanted is not None and entry.record["arch"] not in wanted:
+            continue
+        key = "cubin" if entry.aot else "source"
+        try:
+            data = (root / entry.path).read_bytes()
+        except OSError as err:
+            raise ManifestError(f"{label}: {entry.field}.{key}: cannot read {entry.path}: {err.strerror}") from None
+        try:
+            manifest_checks.check_file(entry, data)
+        except dispatch_table.FieldError as err:
+            raise ManifestError(f"{label}: {err}") from None
+        files[entry.record["name"]] = data
+    return files
 
 
 def manifest_policy(manifest: dict, label: str) -> Policy:
@@ -231,20 +296,3 @@ def manifest_policy(manifest: dict, label: str) -> Policy:
         return loads(text, source=f"{label}:policy")
     except PolicyError as err:
         raise ManifestError(str(err)) from None
-
-
-def read_cubin(root: Path, entry: dict) -> bytes:
-    """A kernel's cubin, after checking that its path stays inside the bundle and that its
-    sha256 matches the manifest."""
-    base = root.resolve()
-    path = (base / entry["cubin"]).resolve()
-    if base not in path.parents:
-        raise ManifestError(f"kernel {entry['name']}: cubin path {entry['cubin']!r} leaves the bundle directory")
-    try:
-        data = path.read_bytes()
-    except OSError as err:
-        raise ManifestError(f"kernel {entry['name']}: cannot read {entry['cubin']}: {err.strerror}") from None
-    if hashlib.sha256(data).hexdigest() != entry["sha256"]:
-        raise ManifestError(f"kernel {entry['name']}: {entry['cubin']} does not match its sha256 in the manifest")
-    return data
-

@@ -272,6 +272,75 @@ def _write_stdout(text: str, *, color: bool) -> None:
 
 
 @main.command()
+@click.argument("bundle_dir", metavar="BUNDLE", type=click.Path(file_okay=False))
+@click.option("--arch", "archs", multiple=True, metavar="ARCH", help="Architecture(s) to show (default: all in the bundle).")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--dispatch", "with_dispatch", is_flag=True, help="Also show the dispatch table.")
+def show(bundle_dir: str, archs: tuple[str, ...], fmt: str, with_dispatch: bool) -> None:
+    """What a bundle holds: kernels and their resources, JIT sources, dispatch. Checks every file as a loader does."""
+    from topkgen import bundle
+
+    try:
+        manifest, root = bundle.load_manifest(bundle_dir)
+        bundle.read_files(root, manifest)
+    except bundle.ManifestError as err:
+        raise InputError(str(err)) from None
+    for arch in archs:
+        if arch not in manifest["archs"]:
+            raise InputError(f"--arch {arch}: not in the bundle {bundle_dir} (holds: {', '.join(manifest['archs'])})")
+    chosen = list(dict.fromkeys(archs)) or manifest["archs"]
+    doc = {"format": "topkgen-show", "format_version": 1, "schema_version": manifest["schema_version"],
+           "nvrtc_version": manifest["nvrtc_version"], "policy": {k: manifest["policy"][k] for k in ("path", "name", "sha256")},
+           "archs": chosen,
+           "kernels": [e for e in manifest["kernels"] if e["arch"] in chosen],
+           "jit_kernels": [e for e in manifest["jit_kernels"] if e["arch"] in chosen]}
+    if with_dispatch:
+        doc["dispatch"] = {arch: manifest["dispatch"][arch] for arch in chosen}
+    if fmt == "json":
+        click.echo(json.dumps(doc, indent=2))
+        return
+    click.echo(f"bundle {bundle_dir}: manifest schema {doc['schema_version']}, NVRTC {doc['nvrtc_version']}, "
+               f"policy {doc['policy']['path']} ({doc['policy']['name']}, sha256 {doc['policy']['sha256'][:12]})")
+    for arch in chosen:
+        kernels = [e for e in doc["kernels"] if e["arch"] == arch]
+        click.echo(f"\n{arch}: {len(kernels)} AOT kernels, {sum(e['size_bytes'] for e in kernels)} bytes of cubin")
+        for family in dict.fromkeys(e["family"] for e in kernels):
+            click.echo(f"\n  family {family}")
+            click.echo(_table(("kernel", "dtype", "K", "N window", "serves", "threads", "regs", "spills st/ld",
+                               "stack", "smem static", "smem dyn", "cubin bytes", "budget"),
+                              [_kernel_row(e) for e in kernels if e["family"] == family]))
+        jit = [e for e in doc["jit_kernels"] if e["arch"] == arch]
+        click.echo(f"\n{arch}: {len(jit)} JIT sources (compiled on first use, NVRTC options "
+                   f"{' '.join(jit[0]['nvrtc_options']) if jit else '-'} -I<CUDA include>)")
+        if jit:
+            click.echo(_table(("kernel", "rule", "dtype", "K", "N window", "serves", "threads", "source bytes", "sha256"),
+                              [(e["name"], e["rule"], e["dtype"], str(e["k"]), _window(e["n_window"]), "/".join(e["serves"]),
+                                str(e["launch"]["threads_per_block"]), str(e["size_bytes"]), e["sha256"][:12])
+                               for e in jit]))
+        if with_dispatch:
+            for dtype, by_mode in sorted(doc["dispatch"][arch].items()):
+                for mode in ("fast", "deterministic"):
+                    click.echo(f"\ndispatch {arch} {dtype} {mode}:")
+                    click.echo(_table(("k", "n", "kernel", "source", "without JIT"),
+                                      [(_span(r["k"]), _span(r["n"]), r["kernel"], r["source"].upper(),
+                                        "same" if r["aot_fallback"] == r["kernel"] else r["aot_fallback"] or "none")
+                                       for r in by_mode[mode]]))
+
+
+def _kernel_row(e: dict[str, Any]) -> tuple[str, ...]:
+    r, b = e["resources"], e["budget"]
+    return (e["name"], e["dtype"], str(e["k"]), _window(e["n_window"]), "/".join(e["serves"]),
+            str(e["launch"]["threads_per_block"]), str(r["registers"]), f"{r['spill_stores']}/{r['spill_loads']}",
+            str(r["stack_bytes"]), str(r["static_shared_bytes"]), str(e["launch"]["dynamic_shared_bytes"]),
+            str(e["size_bytes"]), f"{b['max_registers']} regs, {'spills ok' if b['spills_allowed'] else 'no spills'}")
+
+
+def _span(bounds: list[int]) -> str:
+    lo, hi = bounds
+    return _window({"min": lo, "max": hi})
+
+
+@main.command()
 @click.option("--bundle", "bundle_dir", required=True, type=click.Path(file_okay=False),
               help="Bundle directory (from topkgen build).")
 @click.option("--arch", default=None, help="Target arch (default: the GPU's; required for the emulator).")

@@ -58,6 +58,12 @@ def options(arch: str) -> list[str]:
     return [f"--gpu-architecture={arch}", "-std=c++17", "--ptxas-options=-v", f"-I{cuda_include_dir()}"]
 
 
+def portable_options(arch: str) -> list[str]:
+    """The options without the include path, which is machine-specific: what a manifest
+    ships for JIT sources (a loader adds its own -I for the CUDA headers)."""
+    return [o for o in options(arch) if not o.startswith("-I")]
+
+
 def _cache_key(source: str, arch: str, name: str) -> str:
     # The include path is machine-specific; the header contents are pinned by the wheel
     # versions, which the NVRTC version tracks.

@@ -78,6 +78,8 @@ class Side:
     # name -> {arch, source_sha256}, rendered from jit_templates (a bundle's: the installed ones).
     jit_kernels: dict[str, dict[str, str]] = field(default_factory=dict)
     jit_templates: Templates | None = None
+    manifest: dict[str, Any] | None = None  # a bundle side's manifest
+    tables: dict[str, Any] = field(default_factory=dict)  # arch -> (its dispatch table, held)
 
 
 @dataclass(frozen=True)
@@ -221,14 +223,14 @@ def _manifest_side(label: str, path: Path) -> Side:
     from topkgen import bundle  # with NVRTC's module: only when a side is a bundle
 
     try:
-        manifest, _ = bundle.load_manifest(path)
+        manifest, _ = bundle.load_manifest(path, versions=(1, 2))  # diff still reads schema 1
         policy = bundle.manifest_policy(manifest, label)
     except bundle.ManifestError as err:
         raise DiffInputError(str(err)) from None
     archs = list(manifest["archs"])
     side = Side(label, "manifest", f"bundle for {', '.join(archs) or 'no arch'}, NVRTC {manifest['nvrtc_version']}",
                 policy, archs, {k["name"]: k for k in manifest["kernels"]},
-                {t["rule"]: t for t in manifest["jit_only"]}, built=True)
+                {t["rule"]: t for t in manifest["jit_only"]}, built=True, manifest=manifest)
     _render_jit_kernels(side, installed_templates())  # what this topkgen's runtime compiles for it
     return side
 
@@ -304,14 +306,20 @@ def policy_serves(policy: Policy, shape: Shape) -> dict[str, Any]:
 
 
 def bundle_serves(side: Side, shape: Shape) -> dict[str, Any]:
-    """What a bundle serves for a shape, and how, as the runtime decides it: the policy it
-    embeds picks the kernel, and a kernel the bundle does not hold (an arch it was not built
-    for) is compiled at run time. When the manifest carries a dispatch table, its lookup
-    replaces this function's body."""
-    choice = policy_serves(side.policy, shape)
-    if choice["source"] == "aot" and choice["kernel"] not in side.kernels:
-        return {**choice, "source": "jit", "note": f"the bundle has no {shape.arch} kernel"}
-    return choice
+    """What a bundle serves for a shape, and how, as the runtime decides it: a lookup in the
+    table the runtime uses (an arch the bundle lacks is compiled at run time)."""
+    from topkgen.dispatch_table import serving_table
+
+    choice = policy_serves(side.policy, shape)  # the rule that chose it, or unsupported
+    if choice["source"] == UNSUPPORTED:
+        return choice
+    if shape.arch not in side.tables:
+        side.tables[shape.arch] = serving_table(side.manifest, side.policy, shape.arch)
+    table, held = side.tables[shape.arch]
+    found = table.lookup(shape.dtype, shape.k, shape.n, shape.deterministic, jit=True)
+    if not held:
+        return {**choice, "kernel": found.kernel, "source": "jit", "note": f"the bundle has no {shape.arch} kernel"}
+    return {**choice, "kernel": found.kernel, "source": found.source}
 
 
 def serves(side: Side, shape: Shape) -> dict[str, Any]:

@@ -103,7 +103,8 @@ class KernelSpec:
     n_min: int
     n_max: int
     exact_n: int | None
-    mode: str
+    mode: str         # the mode it was built for
+    serves: tuple[str, ...]  # the modes select sends to it (a deterministic kernel may serve fast too)
     threads: int
     rows_per_block: int
     min_ctas_per_sm: int
@@ -132,7 +133,7 @@ class KernelSpec:
         return {
             "name": self.name, "arch": self.arch, "family": self.family, "rule": self.rule,
             "dtype": self.dtype, "k": self.k, "k_min": self.k_min,
-            "n_window": {"min": self.n_min, "max": self.n_max}, "mode": self.mode,
+            "n_window": {"min": self.n_min, "max": self.n_max}, "mode": self.mode, "serves": list(self.serves),
             "work": self.work, "work_rung": self.work_rung,
             "launch": {"threads_per_block": self.threads, "rows_per_block": self.rows_per_block,
                        "min_ctas_per_sm": self.min_ctas_per_sm},
@@ -468,7 +469,8 @@ def _kernel(policy: Policy, rule: Rule, tuning: ArchTuning, family: Family, dtyp
     return KernelSpec(
         name=name, arch=tuning.name, family=rule.family, template=family.template, rule=rule.name,
         work=rule.work, dtype=dtype, k=k, k_min=k_min, n_min=n_min, n_max=n_max, exact_n=exact,
-        mode=mode, threads=threads, rows_per_block=rows_per_block,
+        mode=mode, serves=tuple(m for m in rule.serves if _built_mode(rule, m) == mode),
+        threads=threads, rows_per_block=rows_per_block,
         min_ctas_per_sm=tuning.min_ctas_per_sm.get(k, 1), vector_width=vec,
         vector_iterations=rule.vector_iterations, ladder=rule.ladder,
         tail_policy=tuning.tail_policy, tail_max_iterations=tuning.tail_max_iterations,
@@ -492,6 +494,14 @@ def jit_kernels(policy: Policy, arch: str) -> list[KernelSpec]:
             for spec in kernels_of_rule(policy, rule, arch, dtype)]
 
 
+def jit_plan(policy: Policy, arch: str) -> list[KernelSpec]:
+    """Every kernel of one arch that the AOT plan leaves to JIT (the JIT-only tiers in
+    every dtype, and every rule's kernels in the JIT dtypes), in a stable order."""
+    _check_arch(policy, arch)
+    return [spec for rule in policy.rules for dtype in policy.dtypes
+            for spec in kernels_of_rule(policy, rule, arch, dtype) if not spec.aot]
+
+
 def _check_kernel_names(policy: Policy, loc: _Locator) -> None:
     """Kernel names are identities (AOT lookup and JIT cache key): two rules must never
     declare the same one."""
@@ -513,13 +523,19 @@ def _check_arch(policy: Policy, arch: str) -> None:
         raise DispatchError(f"arch: '{arch}' is not in the policy (known: {', '.join(policy.archs)})")
 
 
+def _built_mode(rule: Rule, mode: str) -> str:
+    """The mode of the kernel that serves `mode` requests (a rule may serve both modes with
+    its deterministic kernels alone)."""
+    return mode if mode in rule.modes else rule.modes[0]
+
+
 def _rule_matches(policy: Policy, rule: Rule, arch: str, dtype: str, k: int, n: int,
                   mode: str) -> KernelSpec | None:
     if arch not in rule.archs or dtype not in rule.dtypes or mode not in rule.serves:
         return None
     if not (rule.k_min <= k <= rule.k_rungs[-1]):
         return None
-    built_mode = mode if mode in rule.modes else rule.modes[0]
+    built_mode = _built_mode(rule, mode)
     for spec in kernels_of_rule(policy, rule, arch, dtype):
         if spec.k_min <= k <= spec.k and spec.mode == built_mode and spec.serves_n(n):
             return spec
@@ -534,19 +550,7 @@ def select(policy: Policy, arch: str, dtype: str, k: int, n: int, deterministic:
     _check_arch(policy, arch)
     if dtype not in policy.dtypes:
         raise DispatchError(f"dtype: '{dtype}' is not in the policy (known: {', '.join(policy.dtypes)})")
-    for value, label in ((k, "k"), (n, "n")):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise DispatchError(f"{label}: must be an integer, got {value!r}")
-    if k <= 0:
-        raise DispatchError(f"k: must be >= 1, got {k}")
-    if k > K_MAX:
-        raise DispatchError(f"k: must be <= {K_MAX}, got {k}")
-    if n <= 0:
-        raise DispatchError(f"n: must be >= 1, got {n}")
-    if n > N_MAX:
-        raise DispatchError(f"n: must be <= {N_MAX}, got {n}")
-    if k > n:
-        raise DispatchError(f"k: must be <= n, got k={k} > n={n}")
+    check_shape(k, n)
     if not jit and dtype not in policy.aot_dtypes:
         raise DispatchError(f"dtype: '{dtype}' has no AOT kernels and JIT is disabled")
     mode = "deterministic" if deterministic else "fast"
@@ -562,6 +566,24 @@ def select(policy: Policy, arch: str, dtype: str, k: int, n: int, deterministic:
                          _reason(policy, rule, spec, dtype, k, n, mode, skipped), tuple(skipped))
     raise DispatchError(f"no kernel serves arch={arch} dtype={dtype} k={k} n={n} mode={mode}"
                         f"{' without JIT' if not jit else ''}")
+
+
+def check_shape(k: int, n: int) -> None:
+    """Refuse a (k, n) outside the dispatch domain, 1 <= k <= K_MAX, k <= n <= N_MAX, with
+    the message every loader gives (the manifest's table lookups call this too)."""
+    for value, label in ((k, "k"), (n, "n")):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise DispatchError(f"{label}: must be an integer, got {value!r}")
+    if k <= 0:
+        raise DispatchError(f"k: must be >= 1, got {k}")
+    if k > K_MAX:
+        raise DispatchError(f"k: must be <= {K_MAX}, got {k}")
+    if n <= 0:
+        raise DispatchError(f"n: must be >= 1, got {n}")
+    if n > N_MAX:
+        raise DispatchError(f"n: must be <= {N_MAX}, got {n}")
+    if k > n:
+        raise DispatchError(f"k: must be <= n, got k={k} > n={n}")
 
 
 def _reason(policy: Policy, rule: Rule, spec: KernelSpec, dtype: str, k: int, n: int, mode: str,
@@ -614,7 +636,7 @@ def _n_gap(policy: Policy, arch: str, dtype: str, mode: str, k: int, with_jit: b
             continue
         if mode not in rule.serves or not (rule.k_min <= k <= rule.k_rungs[-1]):
             continue
-        built = mode if mode in rule.modes else rule.modes[0]
+        built = _built_mode(rule, mode)
         for spec in kernels_of_rule(policy, rule, arch, dtype):
             if spec.k_min <= k <= spec.k and spec.mode == built:
                 intervals.append((spec.n_min, spec.n_max))

@@ -1,6 +1,7 @@
-"""The consumer side: load a bundle, pick kernels with topkgen.policy.select (the policy the
-bundle was built from travels inside its manifest), and JIT-compile what the bundle leaves
-out: the JIT-only tiers, float16, and any arch the bundle lacks.
+"""The consumer side: load a bundle, pick kernels by looking them up in the manifest's
+dispatch table (`select`'s answers as data: no rule is evaluated per call), and
+JIT-compile what the bundle leaves to JIT from the CUDA source it ships (or, for an arch
+the bundle lacks, from the same templates and the policy the manifest embeds).
 
 Backends: "cuda" loads cubins with cuda.core and launches on the caller's stream; it takes
 any array exposing __cuda_array_interface__ or DLPack (torch, cupy) without importing torch.
@@ -13,16 +14,20 @@ from __future__ import annotations
 import hashlib
 import os
 import sys
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
 
 from topkgen import bundle as bundles
-from topkgen.policy import DTYPE_SIZES, DispatchError, KernelSpec, Selection, select
+from topkgen import dispatch_table
+from topkgen.dispatch_table import Choice
+from topkgen.manifest_checks import entries
+from topkgen.policy import DTYPE_SIZES, DispatchError, Selection, kernels_of_rule, select
 from topkgen.render import render
 
 BACKENDS = ("cuda", "emulator")
+STATIC_SHARED_LIMIT = 48 * 1024  # above it, a kernel must opt in to more dynamic shared memory
 
 
 class TopKError(RuntimeError):
@@ -51,6 +56,23 @@ def jit_disabled() -> bool:
     return os.environ.get("TOPKGEN_DISABLE_JIT", "") not in ("", "0")
 
 
+@dataclass(frozen=True)
+class Launch:
+    """A kernel's launch configuration, as the manifest gives it."""
+
+    threads: int
+    rows_per_block: int
+    dynamic_shared_bytes: int
+
+    @classmethod
+    def of(cls, record: dict) -> "Launch":
+        launch = record["launch"]
+        return cls(launch["threads_per_block"], launch["rows_per_block"], launch["dynamic_shared_bytes"])
+
+    def grid(self, rows: int) -> int:
+        return (rows + self.rows_per_block - 1) // self.rows_per_block
+
+
 class TopK:
     """Top-k over the last dimension, served by the kernels of a bundle (or JIT)."""
 
@@ -68,23 +90,43 @@ class TopK:
         self.arch = arch or self._backend.current_arch()
         if self.arch not in self.policy.archs:
             raise TopKError(f"arch: {self.arch} is not in the bundle's policy (knows {', '.join(self.policy.archs)})")
-        self._entries = {k["name"]: k for k in self.manifest["kernels"] if k["arch"] == self.arch}
+        self._specs = {spec.name: spec for rule in self.policy.rules for dtype in self.policy.dtypes
+                       for spec in kernels_of_rule(self.policy, rule, self.arch, dtype)}
+        self._table, self.in_bundle = dispatch_table.serving_table(self.manifest, self.policy, self.arch)
+        if self.in_bundle:
+            self._entries = {e.record["name"]: e.record for e in entries(self.manifest) if e.record["arch"] == self.arch}
+            try:  # every file checked now (sha256, ELF machine, SM) and kept: nothing is re-read later
+                self._files = bundles.read_files(self.root, self.manifest, [self.arch])
+            except bundles.ManifestError as err:
+                raise TopKError(str(err)) from None
+        else:  # an arch the bundle lacks: served by JIT
+            self._entries = {name: {**spec.record(), "launch": bundles.launch_record(spec)}
+                             for name, spec in self._specs.items()}
+            self._files = {}
         self._loaded: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ choosing
-    def explain(self, dtype: str, k: int, n: int, deterministic: bool = False) -> Selection:
-        """The kernel that serves a shape and why: what `topkgen explain` prints, except that
-        an AOT kernel missing from this bundle (an arch it lacks) is served by JIT."""
+    def choose(self, dtype: str, k: int, n: int, deterministic: bool = False) -> Choice:
+        """The kernel for a shape: one lookup in the dispatch table."""
         jit = not jit_disabled()
+        if not jit and not self.in_bundle:
+            raise TopKError(f"TOPKGEN_DISABLE_JIT is set and the bundle {self.root} has no kernels for {self.arch}")
         try:
-            sel = select(self.policy, self.arch, dtype, k, n, deterministic=deterministic, jit=jit)
+            choice = self._table.lookup(dtype, k, n, deterministic, jit)
         except DispatchError as err:
             raise TopKError(f"{err}{' (TOPKGEN_DISABLE_JIT is set)' if not jit else ''}") from None
-        if sel.source == "aot" and sel.kernel.name not in self._entries:
-            if not jit:
-                raise TopKError(f"TOPKGEN_DISABLE_JIT is set and the bundle {self.root} has no kernel "
-                                f"{sel.kernel.name} for {self.arch}")
-            sel = replace(sel, source="jit", reason=f"{sel.reason}; the bundle has no {self.arch} kernel: JIT")
+        return choice if self.in_bundle else Choice(choice.kernel, "jit")
+
+    def explain(self, dtype: str, k: int, n: int, deterministic: bool = False) -> Selection:
+        """The kernel that serves a shape and why: the table's choice with the reason
+        `topkgen explain` prints (an arch the bundle lacks is served by JIT)."""
+        choice = self.choose(dtype, k, n, deterministic)
+        sel = select(self.policy, self.arch, dtype, k, n, deterministic=deterministic, jit=not jit_disabled())
+        if sel.kernel.name != choice.kernel:
+            raise TopKError(f"the bundle's dispatch table sends {dtype} k={k} n={n} to {choice.kernel} but its "
+                            f"policy to {sel.kernel.name}; rebuild the bundle")
+        if sel.source != choice.source:
+            sel = replace(sel, source=choice.source, reason=f"{sel.reason}; the bundle has no {self.arch} kernel: JIT")
         return sel
 
     # ------------------------------------------------------------------ running
@@ -94,28 +136,27 @@ class TopK:
         view = self._backend.view(x, dtype)
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
             raise TopKError(f"k: must be an integer, got {k!r}")
-        sel = self.explain(view.dtype, int(k), view.n, deterministic)
-        kernel = self._kernel(sel)
-        return self._backend.run(kernel, sel.kernel, view, int(k), largest, out, stream)
+        choice = self.choose(view.dtype, int(k), view.n, deterministic)
+        kernel = self._kernel(choice)
+        launch = Launch.of(self._entries[choice.kernel])
+        return self._backend.run(kernel, choice.kernel, launch, view, int(k), largest, out, stream)
 
-    def _kernel(self, sel: Selection) -> Any:
-        spec = sel.kernel
-        if spec.name in self._loaded:
-            return self._loaded[spec.name]
-        source = render(spec)
-        if sel.source == "aot":
-            entry = self._entries[spec.name]
-            try:
-                cubin = bundles.read_cubin(self.root, entry)  # path inside the bundle, sha256 checked
-            except bundles.ManifestError as err:
-                raise TopKError(str(err)) from None
+    def _kernel(self, choice: Choice) -> Any:
+        name = choice.kernel
+        if name in self._loaded:
+            return self._loaded[name]
+        entry = self._entries[name]
+        if choice.source == "aot":
+            source = render(self._specs[name])
             if hashlib.sha256(source.encode()).hexdigest() != entry["source_sha256"]:
-                raise TopKError(f"kernel {spec.name}: the bundle was built from other source than this "
+                raise TopKError(f"kernel {name}: the bundle was built from other source than this "
                                 f"topkgen renders; rebuild the bundle")
-            loaded = self._backend.load_aot(spec, cubin, entry["symbol"], source)
+            loaded = self._backend.load_aot(name, self._files[name], entry["symbol"], source)
+        elif name in self._files:  # the source the bundle ships, sha256 checked at load
+            loaded = self._backend.load_jit(name, self._files[name].decode())
         else:
-            loaded = self._backend.load_jit(spec, source)
-        self._loaded[spec.name] = loaded
+            loaded = self._backend.load_jit(name, render(self._specs[name]))
+        self._loaded[name] = loaded
         return loaded
 
 
@@ -139,18 +180,15 @@ class _Backend:
     def view(self, x: Any, dtype: str | None) -> _View:
         raise NotImplementedError
 
-    def load_aot(self, spec: KernelSpec, cubin: bytes, symbol: str, source: str) -> Any:
+    def load_aot(self, name: str, cubin: bytes, symbol: str, source: str) -> Any:
         raise NotImplementedError
 
-    def load_jit(self, spec: KernelSpec, source: str) -> Any:
+    def load_jit(self, name: str, source: str) -> Any:
         raise NotImplementedError
 
-    def run(self, kernel: Any, spec: KernelSpec, view: _View, k: int, largest: bool, out: Any, stream: Any):
+    def run(self, kernel: Any, name: str, launch: Launch, view: _View, k: int, largest: bool, out: Any,
+            stream: Any):
         raise NotImplementedError
-
-
-def _grid(spec: KernelSpec, rows: int) -> int:
-    return (rows + spec.rows_per_block - 1) // spec.rows_per_block
 
 
 # ----------------------------------------------------------------------------- emulator
@@ -166,21 +204,23 @@ class _EmulatorBackend(_Backend):
             raise TopKError("x: the last dimension must be contiguous")
         return _View(x, name, x.shape)
 
-    def load_aot(self, spec: KernelSpec, cubin: bytes, symbol: str, source: str) -> Any:
-        return self.load_jit(spec, source)  # the very source the cubin was compiled from
+    def load_aot(self, name: str, cubin: bytes, symbol: str, source: str) -> Any:
+        return self.load_jit(name, source)  # the very source the cubin was compiled from
 
-    def load_jit(self, spec: KernelSpec, source: str) -> Any:
+    def load_jit(self, name: str, source: str) -> Any:
         from topkgen.emulator import compile_source
 
-        return compile_source(source, name=spec.name)
+        return compile_source(source, name=name)
 
-    def run(self, kernel: Any, spec: KernelSpec, view: _View, k: int, largest: bool, out: Any, stream: Any):
+    def run(self, kernel: Any, name: str, launch: Launch, view: _View, k: int, largest: bool, out: Any,
+            stream: Any):
         x = np.ascontiguousarray(view.array).reshape(view.rows, view.n)
         values = np.empty((view.rows, k), dtype=x.dtype)
         indices = np.empty((view.rows, k), dtype=np.int64)
         if view.rows:  # an empty batch launches nothing
-            kernel.launch(spec.name, _grid(spec, view.rows), spec.threads,
-                          [x, values, indices, np.int32(view.rows), np.int32(view.n), np.int32(k), np.int32(largest)])
+            kernel.launch(name, launch.grid(view.rows), launch.threads,
+                          [x, values, indices, np.int32(view.rows), np.int32(view.n), np.int32(k), np.int32(largest)],
+                          shared_bytes=launch.dynamic_shared_bytes)
         shape = (*view.shape[:-1], k)
         if out is not None:
             out_values, out_indices = out
@@ -232,21 +272,21 @@ class _CudaBackend(_Backend):
             raise TopKError("x: must be contiguous (the last dimension and the rows)")
         return _View(x, name, shape, ptr)
 
-    def load_aot(self, spec: KernelSpec, cubin: bytes, symbol: str, source: str) -> Any:
+    def load_aot(self, name: str, cubin: bytes, symbol: str, source: str) -> Any:
         ObjectCode = _cuda_core().ObjectCode
 
-        return ObjectCode.from_cubin(cubin, symbol_mapping={spec.name: symbol}).get_kernel(spec.name)
+        return ObjectCode.from_cubin(cubin, symbol_mapping={name: symbol}).get_kernel(name)
 
-    def load_jit(self, spec: KernelSpec, source: str) -> Any:
+    def load_jit(self, name: str, source: str) -> Any:
         from topkgen.compile import compile_kernel
 
         arch = self.current_arch()
-        compiled = compile_kernel(source, spec.name, arch)  # cached on disk, shared by processes
-        return self.load_aot(spec, compiled.cubin, compiled.symbol, source)
+        compiled = compile_kernel(source, name, arch)  # cached on disk, shared by processes
+        return self.load_aot(name, compiled.cubin, compiled.symbol, source)
 
-    def run(self, kernel: Any, spec: KernelSpec, view: _View, k: int, largest: bool, out: Any, stream: Any):
+    def run(self, kernel: Any, name: str, launch: Launch, view: _View, k: int, largest: bool, out: Any,
+            stream: Any):
         core = _cuda_core()
-        LaunchConfig, launch = core.LaunchConfig, core.launch
 
         shape = (*view.shape[:-1], k)
         torch = sys.modules.get("torch")
@@ -259,13 +299,30 @@ class _CudaBackend(_Backend):
         values, indices = out
         v_ptr, i_ptr = _device_ptr(values, shape), _device_ptr(indices, shape)
         cuda_stream = self._stream(stream, view.array)
-        config = LaunchConfig(grid=_grid(spec, view.rows), block=spec.threads)
+        config = core.LaunchConfig(grid=launch.grid(view.rows), block=launch.threads,
+                                   shmem_size=launch.dynamic_shared_bytes)
         if view.rows == 0:  # an empty batch launches nothing
             return values, indices
+        if launch.dynamic_shared_bytes > STATIC_SHARED_LIMIT:
+            self._allow_dynamic_shared(kernel, launch.dynamic_shared_bytes)
         # cuda.core passes Python ints as pointers and numpy scalars with their C types.
-        launch(cuda_stream, config, kernel, int(view.ptr), int(v_ptr), int(i_ptr),
-               np.int32(view.rows), np.int32(view.n), np.int32(k), np.int32(largest))
+        core.launch(cuda_stream, config, kernel, int(view.ptr), int(v_ptr), int(i_ptr),
+                    np.int32(view.rows), np.int32(view.n), np.int32(k), np.int32(largest))
         return values, indices
+
+    def _allow_dynamic_shared(self, kernel: Any, nbytes: int) -> None:
+        """Raise the kernel's dynamic shared memory limit to `nbytes` (needed above 48 KB).
+        cuda.core hands out CUkernel (library) or CUfunction (module) handles."""
+        from cuda.bindings import driver
+
+        attribute = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        handle = kernel._handle
+        if isinstance(handle, driver.CUkernel):
+            (err,) = driver.cuKernelSetAttribute(attribute, nbytes, handle, self.device.device_id)
+        else:
+            (err,) = driver.cuFuncSetAttribute(handle, attribute, nbytes)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            raise TopKError(f"cannot allow {nbytes} bytes of dynamic shared memory: {err.name}")
 
     def _stream(self, stream: Any, array: Any) -> Any:
         Stream = _cuda_core().Stream

@@ -1,0 +1,616 @@
+// topkgen/loader.hpp: a header-only C++17 loader for topkgen bundles (manifest schema 2).
+//
+// It follows the manifest and nothing else: the load checks and the dispatch lookup that
+// topkgen/schemas/manifest.schema.json describes, with the messages topkgen's Python loader
+// gives, and a launch configured from the manifest alone. The CUDA driver is resolved at run
+// time (dlopen("libcuda.so.1") + cuGetProcAddress), so this builds and dispatches on machines
+// with no GPU and no CUDA toolkit. It has no NVRTC: select with jit_available = false, and
+// the row's aot_fallback serves.
+//
+//   topkgen::Bundle b("out");
+//   const topkgen::Kernel& kern = b.select("sm_90", "float32", k, n, /*deterministic=*/false,
+//                                          /*jit_available=*/false);
+//   b.launch(kern, stream, x, values, indices, rows, n, k, /*largest=*/true);
+//
+// Needs: nlohmann/json (the PyPI package nlohmann-json ships the header), OpenSSL's
+// libcrypto (-lcrypto) for SHA-256, and -ldl.
+#pragma once
+
+#include <dlfcn.h>
+#include <fcntl.h>
+#include <openssl/evp.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdint>
+#include <cstring>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <stdexcept>
+#include <string>
+#include <utility>
+#include <vector>
+
+// The driver's opaque handles, declared as cuda.h declares them, so CUstream and CUdeviceptr
+// values from code that includes cuda.h pass straight through.
+struct CUctx_st;
+struct CUmod_st;
+struct CUfunc_st;
+struct CUstream_st;
+
+namespace topkgen {
+
+// Every refusal (a bad bundle, a shape outside the domain, a driver failure).
+class Error : public std::runtime_error {
+ public:
+  using std::runtime_error::runtime_error;
+};
+
+constexpr std::int64_t K_MAX = 1024;
+constexpr std::int64_t N_MAX = 2147483647;
+constexpr int SCHEMA_VERSION = 2;
+
+namespace cu {
+using Result = int;
+using Device = int;
+using DevicePtr = unsigned long long;
+using Context = CUctx_st*;
+using Module = CUmod_st*;
+using Function = CUfunc_st*;
+using Stream = CUstream_st*;
+constexpr Result SUCCESS = 0;
+constexpr int FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
+constexpr int DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75;
+constexpr int DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
+constexpr int API_VERSION = 12000;  // the ABI of each entry point we ask cuGetProcAddress for
+constexpr unsigned STATIC_SHARED_LIMIT = 48 * 1024;
+
+// The entry points the loader uses, resolved once through cuGetProcAddress.
+struct Driver {
+  Result (*Init)(unsigned);
+  Result (*DeviceGet)(Device*, int);
+  Result (*DeviceGetAttribute)(int*, int, Device);
+  Result (*DevicePrimaryCtxRetain)(Context*, Device);
+  Result (*CtxGetCurrent)(Context*);
+  Result (*CtxSetCurrent)(Context);
+  Result (*CtxGetDevice)(Device*);
+  Result (*CtxSynchronize)();
+  Result (*ModuleLoadData)(Module*, const void*);
+  Result (*ModuleGetFunction)(Function*, Module, const char*);
+  Result (*FuncSetAttribute)(Function, int, int);
+  Result (*LaunchKernel)(Function, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, unsigned, Stream,
+                         void**, void**);
+  Result (*MemAlloc)(DevicePtr*, std::size_t);
+  Result (*MemFree)(DevicePtr);
+  Result (*MemcpyHtoD)(DevicePtr, const void*, std::size_t);
+  Result (*MemcpyDtoH)(void*, DevicePtr, std::size_t);
+  Result (*GetErrorName)(Result, const char**);
+
+  void check(Result r, const char* what) const {
+    if (r == SUCCESS) return;
+    const char* name = nullptr;
+    if (GetErrorName == nullptr || GetErrorName(r, &name) != SUCCESS || name == nullptr) name = "unknown error";
+    throw Error(std::string(what) + " failed: " + name + " (" + std::to_string(r) + ")");
+  }
+
+  // The process-wide driver; throws when libcuda.so.1 or an entry point is missing.
+  static const Driver& get() {
+    static std::once_flag once;
+    static std::unique_ptr<Driver> driver;
+    static std::string failure;
+    std::call_once(once, [] {
+      try {
+        driver = std::make_unique<Driver>(load());
+      } catch (const Error& err) {
+        failure = err.what();
+      }
+    });
+    if (!driver) throw Error(failure);
+    return *driver;
+  }
+
+ private:
+  static Driver load() {
+    void* lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+    if (lib == nullptr) {
+      const char* why = dlerror();
+      throw Error(std::string("the CUDA driver is not available: ") + (why ? why : "dlopen(libcuda.so.1) failed"));
+    }
+    using GetProcV2 = Result (*)(const char*, void**, int, std::uint64_t, int*);
+    using GetProcV1 = Result (*)(const char*, void**, int, std::uint64_t);
+    auto v2 = reinterpret_cast<GetProcV2>(dlsym(lib, "cuGetProcAddress_v2"));
+    auto v1 = reinterpret_cast<GetProcV1>(dlsym(lib, "cuGetProcAddress"));  // drivers before CUDA 12
+    if (v2 == nullptr && v1 == nullptr) throw Error("the CUDA driver has no cuGetProcAddress (older than CUDA 11.3)");
+    auto resolve = [&](const char* symbol, auto& fn) {
+      void* p = nullptr;
+      int status = 0;
+      Result r = v2 ? v2(symbol, &p, API_VERSION, 0, &status) : v1(symbol, &p, API_VERSION, 0);
+      if (r != SUCCESS || p == nullptr) throw Error(std::string("the CUDA driver has no ") + symbol);
+      fn = reinterpret_cast<std::remove_reference_t<decltype(fn)>>(p);
+    };
+    Driver d{};
+    resolve("cuGetErrorName", d.GetErrorName);
+    resolve("cuInit", d.Init);
+    resolve("cuDeviceGet", d.DeviceGet);
+    resolve("cuDeviceGetAttribute", d.DeviceGetAttribute);
+    resolve("cuDevicePrimaryCtxRetain", d.DevicePrimaryCtxRetain);
+    resolve("cuCtxGetCurrent", d.CtxGetCurrent);
+    resolve("cuCtxSetCurrent", d.CtxSetCurrent);
+    resolve("cuCtxGetDevice", d.CtxGetDevice);
+    resolve("cuCtxSynchronize", d.CtxSynchronize);
+    resolve("cuModuleLoadData", d.ModuleLoadData);
+    resolve("cuModuleGetFunction", d.ModuleGetFunction);
+    resolve("cuFuncSetAttribute", d.FuncSetAttribute);
+    resolve("cuLaunchKernel", d.LaunchKernel);
+    resolve("cuMemAlloc", d.MemAlloc);
+    resolve("cuMemFree", d.MemFree);
+    resolve("cuMemcpyHtoD", d.MemcpyHtoD);
+    resolve("cuMemcpyDtoH", d.MemcpyDtoH);
+    d.check(d.Init(0), "cuInit");
+    return d;
+  }
+};
+
+// Makes a context current when the caller has none (device 0's primary context) and
+// returns the current device's arch, "sm_90".
+inline std::string current_arch() {
+  const Driver& d = Driver::get();
+  Context ctx = nullptr;
+  d.check(d.CtxGetCurrent(&ctx), "cuCtxGetCurrent");
+  if (ctx == nullptr) {
+    Device dev = 0;
+    d.check(d.DeviceGet(&dev, 0), "cuDeviceGet");
+    d.check(d.DevicePrimaryCtxRetain(&ctx, dev), "cuDevicePrimaryCtxRetain");
+    d.check(d.CtxSetCurrent(ctx), "cuCtxSetCurrent");
+  }
+  Device dev = 0;
+  d.check(d.CtxGetDevice(&dev), "cuCtxGetDevice");
+  int major = 0, minor = 0;
+  d.check(d.DeviceGetAttribute(&major, DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev), "cuDeviceGetAttribute");
+  d.check(d.DeviceGetAttribute(&minor, DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev), "cuDeviceGetAttribute");
+  return "sm_" + std::to_string(major) + std::to_string(minor);
+}
+}  // namespace cu
+
+// One kernel entry of the manifest (kernels[i] or jit_kernels[i]) with its checked file.
+struct Kernel {
+  std::string field;  // where it sits: "kernels[3]", "jit_kernels[0]"
+  bool aot = true;    // a cubin (kernels) or CUDA source for NVRTC (jit_kernels)
+  std::string name, arch, dtype, mode, symbol, path, sha256;
+  std::vector<std::string> serves, nvrtc_options;
+  std::int64_t k = 0, k_min = 0, n_min = 0, n_max = 0;
+  unsigned threads_per_block = 0, rows_per_block = 0, dynamic_shared_bytes = 0;
+  std::string data;  // the file's bytes, read and checked at load
+
+  bool serves_mode(const std::string& m) const { return std::find(serves.begin(), serves.end(), m) != serves.end(); }
+};
+
+namespace detail {
+using json = nlohmann::json;
+
+inline std::string join(const std::vector<std::string>& parts, const char* sep) {
+  std::string out;
+  for (std::size_t i = 0; i < parts.size(); ++i) out += (i ? sep : "") + parts[i];
+  return out;
+}
+
+inline std::string range(std::int64_t lo, std::int64_t hi) { return std::to_string(lo) + ".." + std::to_string(hi); }
+
+// Typed access that names the field when the document is not what the schema says.
+struct Doc {
+  std::string file;
+  [[noreturn]] void fail(const std::string& field, const std::string& message) const {
+    throw Error(file + ": " + field + ": " + message);
+  }
+  const json& at(const json& obj, const std::string& key, const std::string& field) const {
+    if (!obj.is_object()) fail(field, "expected an object");
+    auto it = obj.find(key);
+    if (it == obj.end()) fail(field, "missing required key '" + key + "'");
+    return *it;
+  }
+  std::string str(const json& obj, const std::string& key, const std::string& field) const {
+    const json& v = at(obj, key, field);
+    if (!v.is_string()) fail(field + "." + key, "expected a string");
+    return v.get<std::string>();
+  }
+  std::int64_t integer(const json& obj, const std::string& key, const std::string& field, std::int64_t lo,
+                       std::int64_t hi) const {
+    const json& v = at(obj, key, field);
+    if (!v.is_number_integer()) fail(field + "." + key, "expected an integer");
+    if (v.is_number_unsigned() && v.get<std::uint64_t>() > static_cast<std::uint64_t>(hi))
+      fail(field + "." + key, "out of range");
+    std::int64_t x = v.get<std::int64_t>();
+    if (x < lo || x > hi) fail(field + "." + key, std::to_string(x) + " is outside " + range(lo, hi));
+    return x;
+  }
+  std::vector<std::string> strings(const json& obj, const std::string& key, const std::string& field) const {
+    const json& v = at(obj, key, field);
+    if (!v.is_array()) fail(field + "." + key, "expected a list");
+    std::vector<std::string> out;
+    for (const json& s : v) {
+      if (!s.is_string()) fail(field + "." + key, "expected a list of strings");
+      out.push_back(s.get<std::string>());
+    }
+    return out;
+  }
+  std::pair<std::int64_t, std::int64_t> pair(const json& row, const std::string& key, const std::string& field,
+                                             std::int64_t hi) const {
+    const json& v = at(row, key, field);
+    if (!v.is_array() || v.size() != 2 || !v[0].is_number_integer() || !v[1].is_number_integer())
+      fail(field + "." + key, "expected [lo, hi]");
+    std::int64_t lo = v[0].get<std::int64_t>(), up = v[1].get<std::int64_t>();
+    if (lo < 1 || up < 1 || lo > hi || up > hi) fail(field + "." + key, "outside 1.." + std::to_string(hi));
+    return {lo, up};
+  }
+};
+
+inline std::string sha256_hex(const std::string& data) {
+  unsigned char md[EVP_MAX_MD_SIZE];
+  unsigned int len = 0;
+  if (EVP_Digest(data.data(), data.size(), md, &len, EVP_sha256(), nullptr) != 1) throw Error("SHA-256 failed");
+  static const char* hex = "0123456789abcdef";
+  std::string out;
+  for (unsigned i = 0; i < len; ++i) {
+    out += hex[md[i] >> 4];
+    out += hex[md[i] & 15];
+  }
+  return out;
+}
+
+// Reads a whole file; on failure returns false with errno's text.
+inline bool read_file(const std::string& path, std::string& out, std::string& why) {
+  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) {
+    why = std::strerror(errno);
+    return false;
+  }
+  out.clear();
+  char buf[1 << 16];
+  for (;;) {
+    ssize_t got = ::read(fd, buf, sizeof buf);
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      why = std::strerror(errno);
+      ::close(fd);
+      return false;
+    }
+    if (got == 0) break;
+    out.append(buf, static_cast<std::size_t>(got));
+  }
+  ::close(fd);
+  return true;
+}
+
+// The SM number of a CUDA ELF file, or -1 when it is not one (e_machine 190, EM_CUDA; the
+// SM sits in e_flags bits 8-15 from ABI version 8 on, bits 0-7 before).
+inline int elf_sm(const std::string& d) {
+  auto byte = [&](std::size_t i) { return static_cast<unsigned>(static_cast<unsigned char>(d[i])); };
+  if (d.size() < 52 || d.compare(0, 4, "\x7f" "ELF") != 0) return -1;
+  if ((byte(18) | byte(19) << 8) != 190) return -1;
+  unsigned flags = byte(48) | byte(49) << 8 | byte(50) << 16 | byte(51) << 24;
+  return static_cast<int>(byte(8) >= 8 ? (flags >> 8) & 0xFF : flags & 0xFF);
+}
+
+struct Row {
+  std::int64_t k_lo, k_hi, n_lo, n_hi;
+  const Kernel* kernel;
+  const Kernel* fallback;  // null: nothing serves the row without JIT
+};
+
+// One dispatch list, checked to tile the domain and indexed for lookup (the same
+// procedure and messages as topkgen.dispatch_table.ListIndex).
+struct List {
+  std::vector<Row> rows;
+  std::vector<std::int64_t> k_starts;
+  std::vector<std::vector<std::int64_t>> n_starts;
+  std::vector<std::vector<std::size_t>> members;
+  bool all_jit = true;  // no row has an AOT fallback
+
+  void index(const std::string& path, const Doc& doc) {
+    std::set<std::int64_t> starts{1};
+    for (const Row& r : rows) {
+      starts.insert(r.k_lo);
+      if (r.k_hi < K_MAX) starts.insert(r.k_hi + 1);
+    }
+    k_starts.assign(starts.begin(), starts.end());
+    for (std::size_t si = 0; si < k_starts.size(); ++si) {
+      std::int64_t a = k_starts[si], b = si + 1 < k_starts.size() ? k_starts[si + 1] - 1 : K_MAX;
+      std::vector<std::size_t> m;
+      for (std::size_t i = 0; i < rows.size(); ++i)
+        if (rows[i].k_lo <= a && a <= rows[i].k_hi) m.push_back(i);
+      std::stable_sort(m.begin(), m.end(), [&](std::size_t x, std::size_t y) { return rows[x].n_lo < rows[y].n_lo; });
+      std::int64_t covered = a;
+      const Row* prev = nullptr;
+      std::size_t prev_i = 0;
+      for (std::size_t i : m) {
+        const Row& r = rows[i];
+        if (prev != nullptr && r.n_lo <= prev->n_hi)
+          doc.fail(path, "rows [" + std::to_string(prev_i) + "] and [" + std::to_string(i) + "] overlap at k=" +
+                             range(a, b) + " n=" + range(r.n_lo, std::min(r.n_hi, prev->n_hi)));
+        if (r.n_lo > covered)
+          doc.fail(path, "no row serves k=" + std::to_string(a) + " n=" + range(covered, r.n_lo - 1));
+        covered = std::max(covered, r.n_hi + 1);
+        prev = &r;
+        prev_i = i;
+      }
+      if (covered <= N_MAX) doc.fail(path, "no row serves k=" + std::to_string(a) + " n=" + range(covered, N_MAX));
+      std::vector<std::int64_t> ns;
+      for (std::size_t i : m) ns.push_back(rows[i].n_lo);
+      n_starts.push_back(std::move(ns));
+      members.push_back(std::move(m));
+    }
+  }
+
+  const Row& find(std::int64_t k, std::int64_t n) const {
+    std::size_t s = std::upper_bound(k_starts.begin(), k_starts.end(), k) - k_starts.begin() - 1;
+    const auto& ns = n_starts[s];
+    std::size_t j = std::upper_bound(ns.begin(), ns.end(), n) - ns.begin() - 1;
+    return rows[members[s][j]];
+  }
+};
+}  // namespace detail
+
+class Bundle {
+ public:
+  // Reads DIR/manifest.json and every file it names, and makes every load check; throws
+  // topkgen::Error naming the file and the field of the first violation.
+  explicit Bundle(std::string dir) : dir_(std::move(dir)) {
+    while (dir_.size() > 1 && dir_.back() == '/') dir_.pop_back();
+    doc_.file = dir_ + "/manifest.json";
+    std::string text, why;
+    if (!detail::read_file(doc_.file, text, why)) throw Error(doc_.file + ": cannot read manifest: " + why);
+    detail::json m;
+    try {
+      m = detail::json::parse(text);
+    } catch (const detail::json::parse_error& err) {
+      throw Error(doc_.file + ": not valid JSON: " + err.what());
+    }
+    if (!m.is_object()) throw Error(doc_.file + ": <document>: expected an object");
+    check_version(m);
+    for (const auto& a : m.at("archs")) archs_.push_back(a.get<std::string>());
+    read_entries(m);
+    read_dispatch(m);
+    read_files();
+  }
+
+  Bundle(const Bundle&) = delete;
+  Bundle& operator=(const Bundle&) = delete;
+
+  const std::vector<std::string>& archs() const { return archs_; }
+  const std::vector<std::unique_ptr<Kernel>>& kernels() const { return kernels_; }
+
+  // The kernel for a request: one lookup in dispatch[arch][dtype][mode]. Without JIT the
+  // row's aot_fallback serves. Errors read as topkgen.policy.select's.
+  const Kernel& select(const std::string& arch, const std::string& dtype, std::int64_t k, std::int64_t n,
+                       bool deterministic, bool jit_available) const {
+    auto by_arch = tables_.find(arch);
+    if (by_arch == tables_.end()) throw Error("arch: '" + arch + "' is not in the bundle (known: " + known(tables_) + ")");
+    auto by_dtype = by_arch->second.find(dtype);
+    if (by_dtype == by_arch->second.end())
+      throw Error("dtype: '" + dtype + "' is not in the bundle (known: " + known(by_arch->second) + ")");
+    check_shape(k, n);
+    const std::string mode = deterministic ? "deterministic" : "fast";
+    const detail::List& list = by_dtype->second.at(mode);
+    if (!jit_available && list.all_jit && by_dtype->second.at(deterministic ? "fast" : "deterministic").all_jit)
+      throw Error("dtype: '" + dtype + "' has no AOT kernels and JIT is disabled");
+    const detail::Row& row = list.find(k, n);
+    if (jit_available) return *row.kernel;
+    if (row.fallback == nullptr)
+      throw Error("no kernel serves arch=" + arch + " dtype=" + dtype + " k=" + std::to_string(k) + " n=" +
+                  std::to_string(n) + " mode=" + mode + " without JIT");
+    return *row.fallback;
+  }
+
+  // Launches an AOT kernel on `stream` for `rows` rows of n elements at x (device pointers);
+  // grid, block and dynamic shared memory come from the manifest entry alone.
+  void launch(const Kernel& kern, cu::Stream stream, cu::DevicePtr x, cu::DevicePtr values, cu::DevicePtr indices,
+              int rows, int n, int k, bool largest) {
+    if (!kern.aot)
+      throw Error("kernel " + kern.name + ": served by JIT from " + kern.path +
+                  ", and this loader has no NVRTC; select with jit_available = false");
+    if (rows < 0) throw Error("rows: must be >= 0, got " + std::to_string(rows));
+    if (rows == 0) return;  // an empty batch launches nothing
+    const cu::Driver& d = cu::Driver::get();
+    cu::Function fn = function(kern);
+    unsigned grid = static_cast<unsigned>((static_cast<std::int64_t>(rows) + kern.rows_per_block - 1) / kern.rows_per_block);
+    int largest_arg = largest ? 1 : 0;
+    void* args[] = {&x, &values, &indices, &rows, &n, &k, &largest_arg};
+    d.check(d.LaunchKernel(fn, grid, 1, 1, kern.threads_per_block, 1, 1, kern.dynamic_shared_bytes, stream, args,
+                           nullptr),
+            "cuLaunchKernel");
+  }
+
+ private:
+  using Tables = std::map<std::string, std::map<std::string, std::map<std::string, detail::List>>>;
+
+  template <class M>
+  static std::string known(const M& m) {
+    std::vector<std::string> keys;
+    for (const auto& kv : m) keys.push_back(kv.first);
+    return detail::join(keys, ", ");
+  }
+
+  static void check_shape(std::int64_t k, std::int64_t n) {
+    if (k <= 0) throw Error("k: must be >= 1, got " + std::to_string(k));
+    if (k > K_MAX) throw Error("k: must be <= " + std::to_string(K_MAX) + ", got " + std::to_string(k));
+    if (n <= 0) throw Error("n: must be >= 1, got " + std::to_string(n));
+    if (n > N_MAX) throw Error("n: must be <= " + std::to_string(N_MAX) + ", got " + std::to_string(n));
+    if (k > n) throw Error("k: must be <= n, got k=" + std::to_string(k) + " > n=" + std::to_string(n));
+  }
+
+  void check_version(const detail::json& m) {
+    auto it = m.find("schema_version");
+    if (it != m.end() && *it == SCHEMA_VERSION) return;
+    if (it != m.end() && *it == 1)
+      throw Error(doc_.file + ": schema_version: 1 has no dispatch table; rebuild the bundle (topkgen build)");
+    throw Error(doc_.file + ": schema_version: " + (it == m.end() ? std::string("null") : it->dump()) +
+                " is not supported (this topkgen reads version 2)");
+  }
+
+  void read_entries(const detail::json& m) {
+    for (const char* section : {"kernels", "jit_kernels"}) {
+      const detail::json& list = doc_.at(m, section, "<document>");
+      for (std::size_t i = 0; i < list.size(); ++i) {
+        auto kern = std::make_unique<Kernel>();
+        Kernel& e = *kern;
+        const detail::json& j = list[i];
+        e.aot = std::string(section) == "kernels";
+        e.field = std::string(section) + "[" + std::to_string(i) + "]";
+        e.name = doc_.str(j, "name", e.field);
+        e.arch = doc_.str(j, "arch", e.field);
+        e.dtype = doc_.str(j, "dtype", e.field);
+        e.mode = doc_.str(j, "mode", e.field);
+        e.serves = doc_.strings(j, "serves", e.field);
+        e.symbol = doc_.str(j, "symbol", e.field);
+        e.path = doc_.str(j, e.aot ? "cubin" : "source", e.field);
+        e.sha256 = doc_.str(j, "sha256", e.field);
+        e.k = doc_.integer(j, "k", e.field, 1, K_MAX);
+        e.k_min = doc_.integer(j, "k_min", e.field, 1, K_MAX);
+        const detail::json& window = doc_.at(j, "n_window", e.field);
+        e.n_min = doc_.integer(window, "min", e.field + ".n_window", 1, N_MAX);
+        e.n_max = doc_.integer(window, "max", e.field + ".n_window", 1, N_MAX);
+        const std::string lf = e.field + ".launch";
+        const detail::json& launch = doc_.at(j, "launch", e.field);
+        if (doc_.str(launch, "grid", lf) != "ceil_div(rows, rows_per_block)")
+          doc_.fail(lf + ".grid", "unknown grid rule '" + doc_.str(launch, "grid", lf) + "'");
+        e.threads_per_block = static_cast<unsigned>(doc_.integer(launch, "threads_per_block", lf, 32, 1024));
+        e.rows_per_block = static_cast<unsigned>(doc_.integer(launch, "rows_per_block", lf, 1, 32));
+        e.dynamic_shared_bytes = static_cast<unsigned>(doc_.integer(launch, "dynamic_shared_bytes", lf, 0, 1 << 30));
+        if (!e.aot) e.nvrtc_options = doc_.strings(j, "nvrtc_options", e.field);
+        // the checks of topkgen.manifest_checks.check_entries, in its order
+        if (std::find(archs_.begin(), archs_.end(), e.arch) == archs_.end())
+          doc_.fail(e.field + ".arch", e.arch + " is not one of the bundle's archs");
+        auto [it, fresh] = by_name_.emplace(std::make_pair(e.arch, e.name), &e);
+        if (!fresh)
+          doc_.fail(e.field + ".name", "duplicate kernel name '" + e.name + "' for " + e.arch + " (also " +
+                                           it->second->field + ")");
+        const std::string expected = e.aot ? e.arch + "/" + e.name + ".cubin" : "jit/" + e.arch + "/" + e.name + ".cu";
+        if (e.path != expected)
+          doc_.fail(e.field + (e.aot ? ".cubin" : ".source"), "'" + e.path + "' must be '" + expected + "'");
+        kernels_.push_back(std::move(kern));
+      }
+    }
+  }
+
+  void read_dispatch(const detail::json& m) {
+    const detail::json& dispatch = doc_.at(m, "dispatch", "<document>");
+    if (!dispatch.is_object()) doc_.fail("dispatch", "expected an object");
+    for (const std::string& arch : archs_)
+      if (!dispatch.contains(arch)) doc_.fail("dispatch", "no table for " + arch);
+    for (const auto& [arch, by_dtype] : dispatch.items()) {  // nlohmann orders keys as sorted() does
+      if (std::find(archs_.begin(), archs_.end(), arch) == archs_.end())
+        doc_.fail("dispatch." + arch, "not one of the bundle's archs");
+      if (!by_dtype.is_object()) doc_.fail("dispatch." + arch, "expected an object");
+      for (const auto& [dtype, by_mode] : by_dtype.items()) {
+        for (const char* mode : {"deterministic", "fast"}) {
+          const std::string path = "dispatch." + arch + "." + dtype + "." + mode;
+          const detail::json& rows = doc_.at(by_mode, mode, "dispatch." + arch + "." + dtype);
+          if (!rows.is_array()) doc_.fail(path, "expected a list of rows");
+          detail::List& list = tables_[arch][dtype][mode];
+          for (std::size_t i = 0; i < rows.size(); ++i) {
+            const std::string rf = path + "[" + std::to_string(i) + "]";
+            auto [k_lo, k_hi] = doc_.pair(rows[i], "k", rf, K_MAX);
+            auto [n_lo, n_hi] = doc_.pair(rows[i], "n", rf, N_MAX);
+            list.rows.push_back({k_lo, k_hi, n_lo, n_hi, nullptr, nullptr});
+          }
+          for (std::size_t i = 0; i < list.rows.size(); ++i) {
+            const detail::Row& r = list.rows[i];
+            const std::string rf = path + "[" + std::to_string(i) + "]";
+            if (r.k_lo > r.k_hi) doc_.fail(rf + ".k", "[" + std::to_string(r.k_lo) + ", " + std::to_string(r.k_hi) + "] is empty (lo > hi)");
+            if (r.n_lo > r.n_hi) doc_.fail(rf + ".n", "[" + std::to_string(r.n_lo) + ", " + std::to_string(r.n_hi) + "] is empty (lo > hi)");
+          }
+          list.index(path, doc_);
+          for (std::size_t i = 0; i < list.rows.size(); ++i) resolve_row(path, i, rows[i], arch, dtype, mode, list);
+        }
+      }
+    }
+  }
+
+  // The checks of topkgen.manifest_checks._check_row, in its order.
+  void resolve_row(const std::string& path, std::size_t i, const detail::json& j, const std::string& arch,
+                   const std::string& dtype, const std::string& mode, detail::List& list) {
+    const std::string rf = path + "[" + std::to_string(i) + "]";
+    detail::Row& row = list.rows[i];
+    const std::string name = doc_.str(j, "kernel", rf), source = doc_.str(j, "source", rf);
+    auto it = by_name_.find({arch, name});
+    if (it == by_name_.end()) doc_.fail(rf + ".kernel", "no kernel '" + name + "' for " + arch);
+    if (it->second->aot != (source == "aot"))
+      doc_.fail(rf + ".source", "'" + source + "' but " + name + " is " + it->second->field);
+    check_fits(rf + ".kernel", row, *it->second, dtype, mode);
+    row.kernel = it->second;
+    const detail::json& fallback = doc_.at(j, "aot_fallback", rf);
+    if (fallback.is_null()) return;
+    if (!fallback.is_string()) doc_.fail(rf + ".aot_fallback", "expected a string or null");
+    const std::string fb = fallback.get<std::string>();
+    if (source == "aot" && fb != name) doc_.fail(rf + ".aot_fallback", "must be " + name + ", the row's AOT kernel");
+    auto fit = by_name_.find({arch, fb});
+    if (fit == by_name_.end() || !fit->second->aot)
+      doc_.fail(rf + ".aot_fallback", "no AOT kernel '" + fb + "' for " + arch);
+    check_fits(rf + ".aot_fallback", row, *fit->second, dtype, mode);
+    row.fallback = fit->second;
+    list.all_jit = false;
+  }
+
+  void check_fits(const std::string& field, const detail::Row& row, const Kernel& e, const std::string& dtype,
+                  const std::string& mode) const {
+    if (e.dtype != dtype) doc_.fail(field, e.name + " is a " + e.dtype + " kernel, not " + dtype);
+    if (!e.serves_mode(mode)) doc_.fail(field, e.name + " does not serve " + mode);
+    if (!(e.k_min <= row.k_lo && row.k_hi <= e.k))
+      doc_.fail(field, e.name + " serves k " + detail::range(e.k_min, e.k) + ", not " + detail::range(row.k_lo, row.k_hi));
+    std::int64_t lo = std::max(row.n_lo, row.k_lo);  // below the diagonal nothing is asked
+    if (lo <= row.n_hi && !(e.n_min <= lo && row.n_hi <= e.n_max))
+      doc_.fail(field, e.name + " serves n " + detail::range(e.n_min, e.n_max) + ", not " + detail::range(lo, row.n_hi));
+  }
+
+  // Each file: sha256, then for a cubin the ELF machine and SM (topkgen.manifest_checks.check_file).
+  void read_files() {
+    for (auto& kern : kernels_) {
+      Kernel& e = *kern;
+      const std::string key = e.aot ? ".cubin" : ".source";
+      std::string why;
+      if (!detail::read_file(dir_ + "/" + e.path, e.data, why))
+        doc_.fail(e.field + key, "cannot read " + e.path + ": " + why);
+      if (detail::sha256_hex(e.data) != e.sha256)
+        doc_.fail(e.field + ".sha256", e.path + " does not match its sha256 in the manifest");
+      if (!e.aot) continue;
+      int sm = detail::elf_sm(e.data);
+      if (sm < 0) doc_.fail(e.field + ".cubin", e.path + " is not a CUDA ELF file");
+      if ("sm_" + std::to_string(sm) != e.arch)
+        doc_.fail(e.field + ".cubin", e.path + " is compiled for sm_" + std::to_string(sm) + ", not " + e.arch);
+    }
+  }
+
+  cu::Function function(const Kernel& kern) {
+    auto it = functions_.find(kern.name + "@" + kern.arch);
+    if (it != functions_.end()) return it->second;
+    const cu::Driver& d = cu::Driver::get();
+    const std::string device = cu::current_arch();
+    if (device != kern.arch)
+      throw Error("kernel " + kern.name + ": compiled for " + kern.arch + ", the current device is " + device);
+    cu::Module module = nullptr;
+    d.check(d.ModuleLoadData(&module, kern.data.data()), "cuModuleLoadData");
+    cu::Function fn = nullptr;
+    d.check(d.ModuleGetFunction(&fn, module, kern.symbol.c_str()), "cuModuleGetFunction");
+    if (kern.dynamic_shared_bytes > cu::STATIC_SHARED_LIMIT)
+      d.check(d.FuncSetAttribute(fn, cu::FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
+                                 static_cast<int>(kern.dynamic_shared_bytes)),
+              "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
+    functions_.emplace(kern.name + "@" + kern.arch, fn);
+    return fn;
+  }
+
+  std::string dir_;
+  detail::Doc doc_;
+  std::vector<std::string> archs_;
+  std::vector<std::unique_ptr<Kernel>> kernels_;
+  std::map<std::pair<std::string, std::string>, const Kernel*> by_name_;
+  Tables tables_;
+  std::map<std::string, cu::Function> functions_;
+};
+
+}  // namespace topkgen

@@ -1,0 +1,168 @@
+// topkgen-cpp: a small CLI over topkgen/loader.hpp, for tests, benchmarks and gpu-check.
+//
+//   topkgen-cpp verify DIR      load DIR (every check), print a summary
+//   topkgen-cpp select DIR      per stdin line "ARCH DTYPE K N MODE JIT" (JIT 0 or 1) print
+//                               "KERNEL" or "error: MESSAGE"
+//   topkgen-cpp bench DIR       time select over the stdin shapes: median ns per lookup
+//   topkgen-cpp launch DIR ARCH DTYPE K N ROWS MODE JIT LARGEST IN VALUES INDICES
+//                               top-k of ROWS x N elements read from IN on the GPU, outputs
+//                               written raw to VALUES and INDICES (int64); prints the kernel
+//
+// Errors: "topkgen-cpp: error: MESSAGE" on stderr, exit 2 (1 for a driver failure in launch).
+#include <topkgen/loader.hpp>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <iostream>
+#include <sstream>
+#include <string>
+#include <vector>
+
+namespace {
+
+struct Shape {
+  std::string arch, dtype;
+  std::int64_t k = 0, n = 0;
+  bool deterministic = false, jit = false;
+};
+
+bool parse_shape(const std::string& line, Shape& s) {
+  std::istringstream in(line);
+  std::string mode;
+  int jit = 0;
+  if (!(in >> s.arch >> s.dtype >> s.k >> s.n >> mode >> jit)) return false;
+  if (mode != "fast" && mode != "deterministic") return false;
+  s.deterministic = mode == "deterministic";
+  s.jit = jit != 0;
+  return true;
+}
+
+std::vector<Shape> read_shapes() {
+  std::vector<Shape> shapes;
+  std::string line;
+  while (std::getline(std::cin, line)) {
+    if (line.empty()) continue;
+    Shape s;
+    if (!parse_shape(line, s)) throw topkgen::Error("stdin: expected 'ARCH DTYPE K N MODE JIT', got '" + line + "'");
+    shapes.push_back(s);
+  }
+  return shapes;
+}
+
+int verify(const std::string& dir) {
+  topkgen::Bundle bundle(dir);
+  std::size_t aot = 0, jit = 0;
+  for (const auto& k : bundle.kernels()) (k->aot ? aot : jit)++;
+  std::cout << dir << ": " << aot << " cubins and " << jit << " JIT sources for "
+            << topkgen::detail::join(bundle.archs(), ", ") << ": every check passed\n";
+  return 0;
+}
+
+int select(const std::string& dir) {
+  topkgen::Bundle bundle(dir);
+  std::string out;
+  for (const Shape& s : read_shapes()) {
+    try {
+      out += bundle.select(s.arch, s.dtype, s.k, s.n, s.deterministic, s.jit).name;
+    } catch (const topkgen::Error& err) {
+      out += std::string("error: ") + err.what();
+    }
+    out += '\n';
+  }
+  std::cout << out;
+  return 0;
+}
+
+int bench(const std::string& dir) {
+  topkgen::Bundle bundle(dir);
+  const std::vector<Shape> shapes = read_shapes();
+  if (shapes.empty()) throw topkgen::Error("stdin: no shapes");
+  std::vector<double> per_lookup;
+  std::size_t sink = 0;
+  for (int rep = 0; rep < 21; ++rep) {
+    auto start = std::chrono::steady_clock::now();
+    for (int loop = 0; loop < 20; ++loop)
+      for (const Shape& s : shapes) sink += bundle.select(s.arch, s.dtype, s.k, s.n, s.deterministic, s.jit).k;
+    std::chrono::duration<double, std::nano> took = std::chrono::steady_clock::now() - start;
+    per_lookup.push_back(took.count() / (20.0 * shapes.size()));
+  }
+  std::sort(per_lookup.begin(), per_lookup.end());
+  std::printf("%.1f ns median per lookup over %zu shapes (21 runs; checksum %zu)\n", per_lookup[per_lookup.size() / 2],
+              shapes.size(), sink % 10);
+  return 0;
+}
+
+std::string slurp(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) throw topkgen::Error(path + ": cannot read");
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+void spill(const std::string& path, const std::string& data) {
+  std::ofstream out(path, std::ios::binary);
+  out.write(data.data(), static_cast<std::streamsize>(data.size()));
+  if (!out) throw topkgen::Error(path + ": cannot write");
+}
+
+int launch(const std::vector<std::string>& a) {
+  // DIR ARCH DTYPE K N ROWS MODE JIT LARGEST IN VALUES INDICES
+  topkgen::Bundle bundle(a[0]);
+  Shape s;
+  if (!parse_shape(a[1] + " " + a[2] + " " + a[3] + " " + a[4] + " " + a[6] + " " + a[7], s))
+    throw topkgen::Error("launch: bad shape arguments");
+  const int rows = std::stoi(a[5]);
+  const bool largest = a[8] != "0";
+  const std::size_t elem = s.dtype == "float32" ? 4 : 2;
+  const topkgen::Kernel& kern = bundle.select(s.arch, s.dtype, s.k, s.n, s.deterministic, s.jit);
+  const std::string x = slurp(a[9]);
+  if (x.size() != static_cast<std::size_t>(rows) * s.n * elem)
+    throw topkgen::Error(a[9] + ": expected " + std::to_string(rows * s.n * elem) + " bytes");
+  const auto& d = topkgen::cu::Driver::get();
+  topkgen::cu::current_arch();  // a current context
+  topkgen::cu::DevicePtr dx = 0, dv = 0, di = 0;
+  const std::size_t out_elems = static_cast<std::size_t>(rows) * s.k;
+  d.check(d.MemAlloc(&dx, x.size()), "cuMemAlloc");
+  d.check(d.MemAlloc(&dv, out_elems * elem), "cuMemAlloc");
+  d.check(d.MemAlloc(&di, out_elems * 8), "cuMemAlloc");
+  d.check(d.MemcpyHtoD(dx, x.data(), x.size()), "cuMemcpyHtoD");
+  bundle.launch(kern, nullptr, dx, dv, di, rows, static_cast<int>(s.n), static_cast<int>(s.k), largest);
+  d.check(d.CtxSynchronize(), "cuCtxSynchronize");
+  std::string values(out_elems * elem, '\0'), indices(out_elems * 8, '\0');
+  d.check(d.MemcpyDtoH(values.data(), dv, values.size()), "cuMemcpyDtoH");
+  d.check(d.MemcpyDtoH(indices.data(), di, indices.size()), "cuMemcpyDtoH");
+  for (auto p : {dx, dv, di}) d.MemFree(p);
+  spill(a[10], values);
+  spill(a[11], indices);
+  std::cout << kern.name << "\n";
+  return 0;
+}
+
+int usage() {
+  std::cerr << "usage: topkgen-cpp verify DIR | select DIR | bench DIR\n"
+               "       topkgen-cpp launch DIR ARCH DTYPE K N ROWS MODE JIT LARGEST IN VALUES INDICES\n";
+  return 2;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<std::string> args(argv + 1, argv + argc);
+  if (args.size() < 2) return usage();
+  const std::string cmd = args[0];
+  args.erase(args.begin());
+  try {
+    if (cmd == "verify" && args.size() == 1) return verify(args[0]);
+    if (cmd == "select" && args.size() == 1) return select(args[0]);
+    if (cmd == "bench" && args.size() == 1) return bench(args[0]);
+    if (cmd == "launch" && args.size() == 12) return launch(args);
+    return usage();
+  } catch (const topkgen::Error& err) {
+    std::cerr << "topkgen-cpp: error: " << err.what() << "\n";
+    return 2;
+  } catch (const std::exception& err) {  // a malformed manifest nlohmann refuses, a bad number
+    std::cerr << "topkgen-cpp: error: " << err.what() << "\n";
+    return 2;
+  }
+}

@@ -1,0 +1,266 @@
+"""The C++ loader (loaders/cpp) against topkgen: its lookups equal topkgen.policy.select over
+the boundary grid and 10,000 random shapes, JIT on and off, and it refuses what the Python
+loader refuses with the very same message. Built by `make cpp` (g++, nlohmann/json from
+PyPI, OpenSSL's libcrypto); no GPU and no CUDA toolkit needed."""
+
+from __future__ import annotations
+
+import copy
+import fcntl
+import json
+import random
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from topkgen import bundle, dispatch_table
+from topkgen import policy as pol
+from topkgen.runtime import TopK, TopKError
+
+from .conftest import ROOT
+
+CPP = ROOT / "build" / "cpp" / "topkgen-cpp"
+
+
+@pytest.fixture(scope="session")
+def cpp():
+    """`make cpp`, once per session; a lock keeps pytest-xdist workers from building twice."""
+    CPP.parent.mkdir(parents=True, exist_ok=True)
+    with open(CPP.parent / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        proc = subprocess.run(["make", "-s", "cpp"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return CPP
+
+
+def cpp_select(cpp: Path, bundle_dir: Path, shapes: list[tuple]) -> list[str]:
+    lines = "".join(f"{a} {d} {k} {n} {'deterministic' if det else 'fast'} {int(jit)}\n"
+                    for a, d, k, n, det, jit in shapes)
+    proc = subprocess.run([cpp, "select", bundle_dir], input=lines, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout.splitlines()
+
+
+def python_select(policy: pol.Policy, shape: tuple) -> str:
+    arch, dtype, k, n, det, jit = shape
+    try:
+        return pol.select(policy, arch, dtype, k, n, deterministic=det, jit=jit).kernel.name
+    except pol.DispatchError as err:
+        return f"error: {err}"
+
+
+def boundary_shapes(policy: pol.Policy) -> list[tuple]:
+    shapes = []
+    for arch in policy.archs:
+        for dtype in policy.dtypes:
+            ks, ns = dispatch_table.boundary_grid(policy, arch, dtype)
+            shapes += [(arch, dtype, k, n, det, jit) for k in ks for n in sorted({*ns, k}) if n >= k
+                       for det in (False, True) for jit in (True, False)]
+    return shapes
+
+
+def random_shapes(policy: pol.Policy, count: int, seed: int = 9) -> list[tuple]:
+    rng = random.Random(seed)
+    shapes = []
+    for _ in range(count):
+        k = rng.randint(1, pol.K_MAX)
+        n = rng.choice([rng.randint(k, max(k, 4200)), min(pol.N_MAX, int(k * 2 ** rng.uniform(0, 31)))])
+        shape = (rng.choice(list(policy.archs)), rng.choice(policy.dtypes), k, n, rng.random() < 0.5)
+        shapes += [(*shape, True), (*shape, False)]
+    return shapes
+
+
+def test_cpp_lookups_equal_select(cpp, built_bundle, default_policy):
+    for label, shapes in (("boundary grid", boundary_shapes(default_policy)),
+                          ("10,000 random shapes", random_shapes(default_policy, 10_000))):
+        got = cpp_select(cpp, built_bundle, shapes)
+        expect = [python_select(default_policy, s) for s in shapes]
+        mismatches = [(s, g, e) for s, g, e in zip(shapes, got, expect) if g != e]
+        assert len(got) == len(shapes) and not mismatches, mismatches[:5]
+        jit_on = sum(1 for s in shapes if s[5])
+        refused = sum(1 for e in expect if e.startswith("error:"))
+        print(f"C++ == select, {label}: {len(shapes)} decisions ({jit_on} with JIT, {len(shapes) - jit_on} without; "
+              f"{refused} refusals with the same message), 0 mismatches")
+
+
+# ----------------------------------------------------------------------------- refusals
+
+def _tamper_cubin(doc: dict, root: Path, i: int) -> None:
+    path = root / doc["kernels"][i]["cubin"]
+    data = bytearray(path.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    path.write_bytes(bytes(data))
+
+
+def _escaping_path(doc: dict, root: Path, i: int) -> None:
+    outside = root.parent / "evil.cubin"
+    outside.write_bytes((root / doc["kernels"][i]["cubin"]).read_bytes())
+    doc["kernels"][i]["cubin"] = "../evil.cubin"
+
+
+def _duplicate_name(doc: dict, root: Path, i: int) -> None:
+    """A second entry of the float32 kernel's name pointing at a bfloat16 cubin, with that
+    cubin's sha256: schema 1 took the last entry of a name and passed every sha256 check."""
+    entry = doc["kernels"][i]
+    other = next(e for e in doc["kernels"] if e["name"] == entry["name"].replace("_f32_", "_bf16_"))
+    doc["kernels"].append({**copy.deepcopy(entry), "cubin": other["cubin"], "sha256": other["sha256"],
+                           "size_bytes": other["size_bytes"]})
+
+
+def _wrong_sm(doc: dict, root: Path, i: int) -> None:
+    """The sm_100 build of the same kernel under the sm_90 name, its sha256 updated to match."""
+    entry = doc["kernels"][i]
+    twin = next(e for e in doc["kernels"] if e["name"] == entry["name"].replace("_sm_90", "_sm_100"))
+    shutil.copy(root / twin["cubin"], root / entry["cubin"])
+    entry["sha256"] = twin["sha256"]
+
+
+VICTIM = "topk_radix_dyn_k64_fast_f32_sm_90"
+TAMPERING = {
+    "tampered cubin": (_tamper_cubin, "kernels[{i}].sha256: sm_90/{name}.cubin does not match its sha256 in the manifest"),
+    "escaping path": (_escaping_path, "kernels[{i}].cubin: '../evil.cubin' must be 'sm_90/{name}.cubin'"),
+    "duplicate name": (_duplicate_name, "kernels[58].name: duplicate kernel name '{name}' for sm_90 (also kernels[{i}])"),
+    "cubin of the wrong SM": (_wrong_sm, "kernels[{i}].cubin: sm_90/{name}.cubin is compiled for sm_100, not sm_90"),
+}
+
+
+def _tampered_copy(built_bundle: Path, tmp_path: Path, mutate) -> tuple[Path, int]:
+    root = tmp_path / "bundle"
+    shutil.copytree(built_bundle, root)
+    doc = json.loads((root / "manifest.json").read_text())
+    i = next(j for j, e in enumerate(doc["kernels"]) if e["name"] == VICTIM)
+    mutate(doc, root, i)
+    (root / "manifest.json").write_text(json.dumps(doc, indent=2))
+    return root, i
+
+
+def _python_refusal(root: Path) -> str:
+    with pytest.raises(TopKError) as err:
+        TopK(root, arch="sm_90", backend="emulator")
+    cli = subprocess.run([sys.executable, "-m", "topkgen.cli", "show", str(root)], capture_output=True, text=True)
+    assert cli.returncode == 2 and cli.stderr == f"topkgen: error: {err.value}\n"
+    return str(err.value)
+
+
+def _cpp_refusal(cpp: Path, root: Path) -> str:
+    proc = subprocess.run([cpp, "verify", root], capture_output=True, text=True)
+    assert proc.returncode == 2 and proc.stderr.startswith("topkgen-cpp: error: "), proc.stderr
+    return proc.stderr.removeprefix("topkgen-cpp: error: ").rstrip("\n")
+
+
+@pytest.mark.parametrize("case", sorted(TAMPERING))
+def test_both_loaders_refuse_tampering_with_the_same_message(cpp, built_bundle, tmp_path, case):
+    mutate, message = TAMPERING[case]
+    root, i = _tampered_copy(built_bundle, tmp_path, mutate)
+    expected = f"{root}/manifest.json: " + message.format(i=i, name=VICTIM)
+    python, native = _python_refusal(root), _cpp_refusal(cpp, root)
+    print(f"{case}:\n  Python: {python}\n  C++:    {native}")
+    assert python == native == expected
+
+
+def _schema_1(doc, root, i):
+    doc["schema_version"] = 1
+
+
+def _gap(doc, root, i):
+    del doc["dispatch"]["sm_100"]["float16"]["fast"][3]
+
+
+def _overlap(doc, root, i):
+    doc["dispatch"]["sm_90"]["bfloat16"]["deterministic"][2]["n"][0] -= 5
+
+
+def _wrong_dtype_row(doc, root, i):
+    row = doc["dispatch"]["sm_90"]["float32"]["fast"][-1]
+    row["kernel"] = row["aot_fallback"] = row["kernel"].replace("_f32_", "_bf16_")
+
+
+def _jit_source_tampered(doc, root, i):
+    path = root / doc["jit_kernels"][5]["source"]
+    path.write_text(path.read_text() + "// extra\n")
+
+
+def _missing_cubin(doc, root, i):
+    (root / doc["kernels"][i]["cubin"]).unlink()
+
+
+def _jit_row_as_aot(doc, root, i):
+    row = next(r for r in doc["dispatch"]["sm_90"]["float32"]["fast"] if r["source"] == "jit")
+    row["source"] = "aot"
+
+
+@pytest.mark.parametrize("mutate", [_schema_1, _gap, _overlap, _wrong_dtype_row, _jit_source_tampered, _missing_cubin,
+                                    _jit_row_as_aot], ids=lambda f: f.__name__.strip("_"))
+def test_both_loaders_word_other_refusals_alike(cpp, built_bundle, tmp_path, mutate):
+    root, _ = _tampered_copy(built_bundle, tmp_path, mutate)
+    with pytest.raises(bundle.ManifestError) as err:
+        manifest, top = bundle.load_manifest(root)
+        bundle.read_files(top, manifest)
+    assert str(err.value) == _cpp_refusal(cpp, root)
+
+
+# ----------------------------------------------------------------------------- driver
+
+def test_the_driver_declarations_agree_with_cuda_h(cpp, tmp_path):
+    """loader.hpp declares the few driver types and constants it needs instead of including
+    cuda.h; the cuda.h of the nvidia-cuda-runtime wheel must agree with them."""
+    from topkgen.paths import cuda_include_dir
+
+    probe = tmp_path / "probe.cpp"
+    probe.write_text("""
+#include <cuda.h>
+#include <topkgen/loader.hpp>
+#include <type_traits>
+static_assert(std::is_same_v<topkgen::cu::Stream, CUstream>);
+static_assert(std::is_same_v<topkgen::cu::Context, CUcontext>);
+static_assert(std::is_same_v<topkgen::cu::Module, CUmodule>);
+static_assert(std::is_same_v<topkgen::cu::Function, CUfunction>);
+static_assert(std::is_same_v<topkgen::cu::DevicePtr, CUdeviceptr>);
+static_assert(std::is_same_v<topkgen::cu::Device, CUdevice>);
+static_assert(topkgen::cu::FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES);
+static_assert(topkgen::cu::DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
+static_assert(topkgen::cu::DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+static_assert(topkgen::cu::SUCCESS == CUDA_SUCCESS);
+static_assert(sizeof(CUresult) == sizeof(topkgen::cu::Result));  // an enum in cuda.h, returned as int
+int main() {}
+""")
+    nlohmann = subprocess.run([sys.executable, "-c", "import importlib.util, pathlib; print(pathlib.Path("
+                               "importlib.util.find_spec('nlohmann_json').origin).parent / 'include')"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    proc = subprocess.run(["g++", "-std=c++17", "-fsyntax-only", f"-I{cuda_include_dir()}", f"-I{ROOT}/loaders/cpp/include",
+                           "-isystem", nlohmann, str(probe)], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+
+
+@pytest.mark.skipif(any(Path(d, "libcuda.so.1").exists() for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib")),
+                    reason="a CUDA driver is installed here")
+def test_launch_without_a_driver_says_so(cpp, built_bundle, tmp_path):
+    x = tmp_path / "x.bin"
+    x.write_bytes(bytes(4 * 3 * 300))
+    proc = subprocess.run([cpp, "launch", built_bundle, "sm_90", "float32", "10", "300", "3", "fast", "0", "1", x,
+                           tmp_path / "v.bin", tmp_path / "i.bin"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("topkgen-cpp: error: the CUDA driver is not available: libcuda.so.1")
+    assert not (tmp_path / "v.bin").exists()
+
+
+def test_gpu_check_launches_every_aot_kernel_through_both_loaders(cpp, built_bundle, monkeypatch):
+    """scripts/gpu_check.py's C++-against-Python step (it needs a GPU): its cases reach every
+    AOT kernel, and both loaders pick that kernel for the case's shape with JIT off."""
+    import importlib.util
+
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    gpu_check = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gpu_check)
+    manifest = json.loads((built_bundle / "manifest.json").read_text())
+    monkeypatch.setenv("TOPKGEN_DISABLE_JIT", "1")
+    for arch in ("sm_90", "sm_100"):
+        cases = gpu_check.aot_launch_cases(manifest, arch)
+        assert [c[0] for c in cases] == [e["name"] for e in manifest["kernels"] if e["arch"] == arch]
+        op = TopK(built_bundle, arch=arch, backend="emulator")
+        assert [op.choose(dtype, k, n, det).kernel for _, dtype, k, n, det in cases] == [c[0] for c in cases]
+        shapes = [(arch, dtype, k, n, det, False) for _, dtype, k, n, det in cases]
+        assert cpp_select(cpp, built_bundle, shapes) == [c[0] for c in cases]

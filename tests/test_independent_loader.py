@@ -1,0 +1,43 @@
+"""Any loader can follow the manifest: one written from the schema's descriptions alone
+(tests/independent_loader.py, no topkgen import) agrees with topkgen.policy.select on every
+decision of the boundary grid, JIT on and off, AOT and JIT dtypes alike."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+from topkgen import dispatch_table
+from topkgen import policy as pol
+
+from .independent_loader import IndependentLoader
+
+
+def test_the_independent_loader_imports_nothing_of_topkgen():
+    tree = ast.parse((Path(__file__).parent / "independent_loader.py").read_text())
+    imported = {alias.name.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.Import) for alias in node.names}
+    imported |= {node.module.split(".")[0] for node in ast.walk(tree) if isinstance(node, ast.ImportFrom)}
+    assert imported == {"__future__", "json", "pathlib"}
+
+
+def test_a_loader_from_the_schema_alone_agrees_with_select(built_bundle, default_policy):
+    loader = IndependentLoader(built_bundle)
+    decisions = {True: 0, False: 0}
+    for arch in default_policy.archs:
+        for dtype in default_policy.dtypes:
+            ks, ns = dispatch_table.boundary_grid(default_policy, arch, dtype)
+            for k in ks:
+                for n in sorted({*ns, k}):
+                    if n < k:
+                        continue
+                    for det in (False, True):
+                        for jit in (True, False):
+                            try:
+                                expect = pol.select(default_policy, arch, dtype, k, n, deterministic=det,
+                                                    jit=jit).kernel.name
+                            except pol.DispatchError:
+                                expect = None
+                            assert loader.pick(arch, dtype, k, n, det, jit) == expect, (arch, dtype, k, n, det, jit)
+                            decisions[jit] += 1
+    print(f"independent loader == select on {decisions[True]} decisions with JIT, {decisions[False]} without")
+    assert decisions[True] == decisions[False] > 4000

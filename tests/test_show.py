@@ -1,0 +1,40 @@
+"""`topkgen show BUNDLE`: what a bundle holds, like cuobjdump --list-elf plus -res-usage."""
+
+from __future__ import annotations
+
+import json
+
+
+def test_show_lists_kernels_by_family_with_resources_and_budget(cli, built_bundle):
+    result = cli("show", built_bundle, "--arch", "sm_90")
+    assert result.exit_code == 0, result.stderr
+    out = result.stdout
+    assert "manifest schema 2" in out and "policy policies/topk.yaml" in out
+    assert "sm_90: 29 AOT kernels" in out and "sm_100" not in out
+    assert "  family register" in out and "  family radix" in out
+    for column in ("serves", "threads", "regs", "spills st/ld", "stack", "smem static", "smem dyn", "cubin bytes",
+                   "budget"):
+        assert column in out
+    line = next(row for row in out.splitlines() if row.strip().startswith("topk_radix_dyn_k1024_det_f32_sm_90 "))
+    assert "1024" in line and "deterministic" in line and "96 regs, no spills" in line
+    assert "sm_90: 20 JIT sources" in out and "topk_register_n2048_k16_det_f16_sm_90" in out
+    assert "dispatch sm_90" not in out
+
+
+def test_show_dispatch_prints_the_table(cli, built_bundle):
+    out = cli("show", built_bundle, "--arch", "sm_100", "--dispatch").stdout
+    assert "dispatch sm_100 float32 fast:" in out and "dispatch sm_100 float16 deterministic:" in out
+    row = next(line for line in out.splitlines() if "topk_register_n1024_k16_det_f32_sm_100" in line and "JIT" in line)
+    assert row.split()[:2] == ["1..16", "=1024"] and row.split()[-1] == "topk_register_ladder_k16_det_f32_sm_100"
+
+
+def test_show_json_is_the_manifest_parts_of_the_chosen_archs(cli, built_bundle):
+    doc = json.loads(cli("show", built_bundle, "--format", "json", "--dispatch").stdout)
+    manifest = json.loads((built_bundle / "manifest.json").read_text())
+    assert doc["kernels"] == manifest["kernels"] and doc["jit_kernels"] == manifest["jit_kernels"]
+    assert doc["dispatch"] == manifest["dispatch"] and doc["archs"] == ["sm_90", "sm_100"]
+
+
+def test_show_refuses_an_arch_the_bundle_lacks(cli, built_bundle):
+    result = cli("show", built_bundle, "--arch", "sm_80")
+    assert result.exit_code == 2 and "--arch sm_80: not in the bundle" in result.stderr

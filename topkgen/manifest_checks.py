@@ -1,0 +1,136 @@
+"""The load checks of manifest schema 2 that a JSON schema cannot express, made by every
+loader before it serves anything (loaders/cpp makes the same checks, in the same order,
+with the same messages; tests/test_cpp_loader.py holds the two to that).
+
+Order: kernel entries (arch, unique name per arch, file path), then the dispatch section
+(one table per arch; per list in sorted order, the tiling, then what each row names), then,
+in `check_file`, each file's sha256 and, for cubins, the ELF machine and SM.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import struct
+from dataclasses import dataclass
+from typing import Any, Iterator
+
+from topkgen.dispatch_table import FieldError, ListIndex
+
+EM_CUDA = 190
+
+
+@dataclass(frozen=True)
+class Entry:
+    """A kernel entry and where it sits in the manifest."""
+
+    field: str   # kernels[3] or jit_kernels[0]
+    aot: bool
+    record: dict[str, Any]
+
+    @property
+    def path(self) -> str:
+        return self.record["cubin"] if self.aot else self.record["source"]
+
+
+def entries(doc: dict) -> Iterator[Entry]:
+    for i, record in enumerate(doc["kernels"]):
+        yield Entry(f"kernels[{i}]", True, record)
+    for i, record in enumerate(doc["jit_kernels"]):
+        yield Entry(f"jit_kernels[{i}]", False, record)
+
+
+def check_manifest(doc: dict) -> dict[tuple[str, str], Entry]:
+    """All checks but the files'; returns the entries by (arch, name)."""
+    by_name = check_entries(doc)
+    check_dispatch(doc, by_name)
+    return by_name
+
+
+def check_entries(doc: dict) -> dict[tuple[str, str], Entry]:
+    archs = doc["archs"]
+    by_name: dict[tuple[str, str], Entry] = {}
+    for entry in entries(doc):
+        name, arch = entry.record["name"], entry.record["arch"]
+        if arch not in archs:
+            raise FieldError(f"{entry.field}.arch", f"{arch} is not one of the bundle's archs")
+        other = by_name.setdefault((arch, name), entry)
+        if other is not entry:
+            raise FieldError(f"{entry.field}.name", f"duplicate kernel name '{name}' for {arch} (also {other.field})")
+        expected = f"{arch}/{name}.cubin" if entry.aot else f"jit/{arch}/{name}.cu"
+        if entry.path != expected:
+            key = "cubin" if entry.aot else "source"
+            raise FieldError(f"{entry.field}.{key}", f"'{entry.path}' must be '{expected}'")
+    return by_name
+
+
+def check_dispatch(doc: dict, by_name: dict[tuple[str, str], Entry]) -> None:
+    dispatch = doc["dispatch"]
+    for arch in doc["archs"]:
+        if arch not in dispatch:
+            raise FieldError("dispatch", f"no table for {arch}")
+    for arch in sorted(dispatch):
+        if arch not in doc["archs"]:
+            raise FieldError(f"dispatch.{arch}", "not one of the bundle's archs")
+        for dtype in sorted(dispatch[arch]):
+            for mode in sorted(dispatch[arch][dtype]):
+                path, rows = f"dispatch.{arch}.{dtype}.{mode}", dispatch[arch][dtype][mode]
+                ListIndex(rows, path)
+                for i, row in enumerate(rows):
+                    _check_row(f"{path}[{i}]", row, arch, dtype, mode, by_name)
+
+
+def _check_row(path: str, row: dict, arch: str, dtype: str, mode: str,
+               by_name: dict[tuple[str, str], Entry]) -> None:
+    entry = by_name.get((arch, row["kernel"]))
+    if entry is None:
+        raise FieldError(f"{path}.kernel", f"no kernel '{row['kernel']}' for {arch}")
+    if entry.aot != (row["source"] == "aot"):
+        raise FieldError(f"{path}.source", f"'{row['source']}' but {row['kernel']} is {entry.field}")
+    _check_fits(f"{path}.kernel", row, entry.record, dtype, mode)
+    fallback = row["aot_fallback"]
+    if fallback is None:
+        return
+    if row["source"] == "aot" and fallback != row["kernel"]:
+        raise FieldError(f"{path}.aot_fallback", f"must be {row['kernel']}, the row's AOT kernel")
+    entry = by_name.get((arch, fallback))
+    if entry is None or not entry.aot:
+        raise FieldError(f"{path}.aot_fallback", f"no AOT kernel '{fallback}' for {arch}")
+    _check_fits(f"{path}.aot_fallback", row, entry.record, dtype, mode)
+
+
+def _check_fits(path: str, row: dict, kernel: dict, dtype: str, mode: str) -> None:
+    """The kernel a row names must be able to serve every request of the row."""
+    name, (k_lo, k_hi), (n_lo, n_hi) = kernel["name"], row["k"], row["n"]
+    if kernel["dtype"] != dtype:
+        raise FieldError(path, f"{name} is a {kernel['dtype']} kernel, not {dtype}")
+    if mode not in kernel["serves"]:
+        raise FieldError(path, f"{name} does not serve {mode}")
+    if not (kernel["k_min"] <= k_lo and k_hi <= kernel["k"]):
+        raise FieldError(path, f"{name} serves k {kernel['k_min']}..{kernel['k']}, not {k_lo}..{k_hi}")
+    lo = max(n_lo, k_lo)  # below the diagonal nothing is asked
+    window = kernel["n_window"]
+    if lo <= n_hi and not (window["min"] <= lo and n_hi <= window["max"]):
+        raise FieldError(path, f"{name} serves n {window['min']}..{window['max']}, not {lo}..{n_hi}")
+
+
+def elf_sm(data: bytes) -> int | None:
+    """The SM number a CUDA ELF file names (e_flags, whose layout depends on the ABI
+    version in e_ident[8]); None when the file is not an ELF file for EM_CUDA."""
+    if len(data) < 52 or data[:4] != b"\x7fELF" or struct.unpack_from("<H", data, 18)[0] != EM_CUDA:
+        return None
+    flags = struct.unpack_from("<I", data, 48)[0]
+    return (flags >> 8) & 0xFF if data[8] >= 8 else flags & 0xFF
+
+
+def check_file(entry: Entry, data: bytes) -> None:
+    """A kernel's file as read from the bundle: its sha256 and, for a cubin, its machine and SM."""
+    record = entry.record
+    if hashlib.sha256(data).hexdigest() != record["sha256"]:
+        raise FieldError(f"{entry.field}.sha256", f"{entry.path} does not match its sha256 in the manifest")
+    if not entry.aot:
+        return
+    sm = elf_sm(data)
+    if sm is None:
+        raise FieldError(f"{entry.field}.cubin", f"{entry.path} is not a CUDA ELF file")
+    if f"sm_{sm}" != record["arch"]:
+        raise FieldError(f"{entry.field}.cubin", f"{entry.path} is compiled for sm_{sm}, not {record['arch']}")
