@@ -62,8 +62,11 @@ def wheel_files_digest(dists: list[metadata.Distribution]) -> str:
     """sha256 over (wheel, version, relative path, recorded hash) of every installed file.
     RECORD paths are relative to site-packages, so the digest does not depend on where the
     environment lives."""
-    lines = sorted(f"{d.metadata['Name'].lower()}=={d.version} {f.as_posix()} {f.hash.mode}={f.hash.value}"
-                   for d in dists for f in _recorded_files(d))
+    lines = []
+    for dist in dists:
+        wheel = f"{dist.metadata['Name'].lower()}=={dist.version}"  # parsed once: METADATA is not cheap to read
+        lines += [f"{wheel} {f.as_posix()} {f.hash.mode}={f.hash.value}" for f in _recorded_files(dist)]
+    lines.sort()
     return hashlib.sha256("\n".join(lines).encode()).hexdigest()
 
 
@@ -92,10 +95,9 @@ def tree_digest(root: Path) -> str:
     """sha256 over every file below `root`: relative path and content, so a one-byte edit to
     any header (or a different tree) changes it, and the tree's location does not."""
     entries = []
-    for folder, dirs, files in os.walk(root):
-        dirs.sort()
+    for folder, _dirs, files in os.walk(root):
+        rel = os.path.relpath(folder, root)
         for name in files:
-            path = Path(folder, name)
-            rel = path.relative_to(root).as_posix()
-            entries.append(f"{rel} {hashlib.sha256(path.read_bytes()).hexdigest()}")
+            with open(os.path.join(folder, name), "rb") as f:
+                entries.append(f"{os.path.normpath(os.path.join(rel, name))} {hashlib.sha256(f.read()).hexdigest()}")
     return hashlib.sha256("\n".join(sorted(entries)).encode()).hexdigest()
