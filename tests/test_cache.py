@@ -166,7 +166,7 @@ def test_create_if_absent_race_two_processes_one_entry(tmp_path):
     assert {sum(created) > 0 for _, created in results} == {True}  # both won some: they interleaved
 
 
-def test_conflicting_action_record_is_a_loud_error_and_nothing_is_overwritten(tmp_path, full_bundle):
+def test_conflicting_action_record_is_a_loud_error_and_nothing_is_overwritten(tmp_path):
     from topkgen.compile import cache_key, toolchain as machine_toolchain
     from topkgen.policy import load, plan
     from topkgen.render import render

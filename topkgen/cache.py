@@ -96,9 +96,9 @@ class LocalStore:
     """A directory. Create-if-absent is a hard link of a finished temporary file, which the
     kernel refuses when the name exists: atomic between processes."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, label: str | None = None) -> None:
         self.root = root
-        self.label = str(root)
+        self.label = label or str(root)
 
     def get(self, rel: str) -> bytes | None:
         try:
@@ -188,12 +188,8 @@ def _remote(url: str) -> RemoteStore:
     return RemoteStore(url)
 
 
-def _local(root: Path) -> LocalStore:
-    return LocalStore(root / LOCAL_DIR)
-
-
 def local_store() -> LocalStore:
-    return _local(cache_root())
+    return LocalStore(cache_root() / LOCAL_DIR)
 
 
 def remote_store() -> RemoteStore | None:
@@ -205,7 +201,7 @@ def remote_store() -> RemoteStore | None:
         raise CacheConfigError(f"TOPKGEN_CACHE_URL={url}: not a URL (s3://bucket/prefix, gs://, file:///path, "
                                f"memory://name)")
     if url.startswith(("file://", "local://")):
-        return LocalStore(Path(url.split("://", 1)[1]))  # atomic create-if-absent with a hard link
+        return LocalStore(Path(url.split("://", 1)[1]), url)  # atomic create-if-absent with a hard link
     return _remote(url)
 
 
@@ -278,8 +274,9 @@ def lookup(key: str, source: str) -> Hit | Outcome:
     return Hit(record, cubin, Outcome("remote", remote_read=nbytes))
 
 
-def store(key: str, fields: dict[str, Any], cubin: bytes, source: str, miss: Outcome) -> tuple[dict[str, Any], Outcome]:
-    """Record a fresh compile in the local tier and, unless read-only, the remote one."""
+def store(key: str, fields: dict[str, Any], cubin: bytes, source: str, miss: Outcome) -> Outcome:
+    """Record a compile (symbol, resources, toolchain in `fields`) in the local tier and,
+    unless read-only, the remote one; `miss` is what the lookup before it found."""
     record = {**fields, "key": key, "cubin_sha256": sha256(cubin), "cubin_size": len(cubin),
               "source_sha256": sha256(source.encode())}
     _put(local_store(), record, cubin, source, repair=True)
@@ -292,7 +289,7 @@ def store(key: str, fields: dict[str, Any], cubin: bytes, source: str, miss: Out
             raise
         except Exception as err:
             errors += (_remote_failure(err),)
-    return record, Outcome("compiled", remote_written=written, rejected=miss.rejected, errors=errors)
+    return Outcome("compiled", remote_written=written, rejected=miss.rejected, errors=errors)
 
 
 def _put(target: Store, record: dict[str, Any], cubin: bytes, source: str, *, repair: bool) -> int:

@@ -71,7 +71,7 @@ def import_bundle(path: Path) -> ImportResult:
         chosen.append((key, fields, cubin, source))
     local = cache.local_store()
     present = sum(local.get(cache.ac_path(key)) is not None for key, *_ in chosen)
-    written = sum(cache.store(key, fields, cubin, source, cache.Outcome("compiled"))[1].remote_written
+    written = sum(cache.store(key, fields, cubin, source, cache.Outcome("compiled")).remote_written
                   for key, fields, cubin, source in chosen)
     remote = cache.remote_store()
     return ImportResult(

@@ -116,7 +116,7 @@ def compile_kernel(source: str, name: str, arch: str, *, use_cache: bool = True)
     outcome = miss
     if use_cache:
         fields = {"name": name, "arch": arch, "symbol": symbol, "resources": asdict(resources), "toolchain": toolchain()}
-        _, outcome = cache.store(key, fields, cubin, source, miss)
+        outcome = cache.store(key, fields, cubin, source, miss)
     return CompiledKernel(name, arch, symbol, cubin, resources, key, outcome)
 
 
