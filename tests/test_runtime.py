@@ -167,7 +167,9 @@ def test_concurrent_nvrtc_jit_compiles_leave_one_good_entry(tmp_path):
     for p in procs:
         p.join(300)
     assert [queue.get(timeout=5) for _ in procs] == ["topk_register_n2048_k16_det_f16_sm_90"] * 3
-    assert sorted(p.suffix for p in (tmp_path / "nvrtc").rglob("*") if p.is_file()) == [".cubin", ".json"]
+    store = tmp_path / "nvrtc-store"  # one action record naming its cubin and source, no temporary files
+    assert [p.suffix for p in (store / "ac").iterdir()] == [".json"]
+    assert len(list((store / "cas").iterdir())) == 2
 
 
 def test_topkgen_run_on_the_emulator(bundle_dir, tmp_path):

@@ -21,8 +21,8 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterable, Iterator
 
-from topkgen import __version__, dispatch_table, manifest_checks
-from topkgen.compile import CompiledKernel, compile_kernel, nvrtc_version, portable_options
+from topkgen import __version__, cache, dispatch_table, manifest_checks
+from topkgen.compile import CompiledKernel, compile_kernel, portable_options, toolchain
 from topkgen.policy import KernelSpec, Policy, jit_plan, plan, rule_record
 from topkgen.render import params, render
 from topkgen.schema import SchemaViolation, format_path, load_schema, validate
@@ -63,20 +63,27 @@ def launch_record(spec: KernelSpec) -> dict:
     return {**spec.record()["launch"], "grid": GRID_RULE, "dynamic_shared_bytes": 0}
 
 
-def kernel_entry(spec: KernelSpec, compiled: CompiledKernel, source: str) -> dict:
+def planned_entry(spec: KernelSpec, source: str, cache_key: str) -> dict:
+    """The part of a kernel's manifest entry that follows from the plan and the rendered
+    source alone (a merge checks shards against it)."""
     entry = spec.record()
     entry["launch"] = launch_record(spec)
     entry.update({
-        "symbol": compiled.symbol,
         "cubin": f"{spec.arch}/{spec.name}.cubin",
         "source_sha256": hashlib.sha256(source.encode()).hexdigest(),
-        "sha256": hashlib.sha256(compiled.cubin).hexdigest(),
-        "size_bytes": len(compiled.cubin),
-        "resources": asdict(compiled.resources),
+        "cache_key": cache_key,
         "budget": {"max_registers": spec.max_registers, "spills_allowed": spec.spills_allowed},
         "params": params(spec),
     })
     return entry
+
+
+def kernel_entry(spec: KernelSpec, compiled: CompiledKernel, source: str) -> dict:
+    return {**planned_entry(spec, source, compiled.key),
+            "symbol": compiled.symbol,
+            "sha256": hashlib.sha256(compiled.cubin).hexdigest(),
+            "size_bytes": len(compiled.cubin),
+            "resources": asdict(compiled.resources)}
 
 
 def jit_path(spec: KernelSpec) -> str:
@@ -120,22 +127,28 @@ def compile_specs(specs: list[KernelSpec], jobs: int = 1,
 @dataclass(frozen=True)
 class BuildResult:
     manifest: dict
-    compiled: int     # kernels NVRTC compiled in this build
-    from_cache: int   # kernels taken from the compile cache
+    cache: cache.Stats  # local hits, remote hits, compiled, remote traffic
+
+    @property
+    def compiled(self) -> int:
+        """Kernels NVRTC compiled in this build."""
+        return self.cache.compiled
+
+    @property
+    def from_cache(self) -> int:
+        """Kernels taken from the compile cache (either tier)."""
+        return self.cache.local_hits + self.cache.remote_hits
 
 
-def build(policy: Policy, archs: list[str], out: Path, *, jobs: int = 1, allow_over_budget: bool = False,
-          progress: Callable[[KernelSpec], None] | None = None,
-          warn: Callable[[str], None] | None = None) -> BuildResult:
-    """Compile every planned kernel and write the bundle to `out`, atomically."""
-    specs = [spec for arch in archs for spec in plan(policy, arch)]
-    sources, compiled = zip(*compile_specs(specs, jobs, progress)) if specs else ((), ())
-    problems = [p for p in (over_budget(s, c) for s, c in zip(specs, compiled)) if p]
-    if problems and not allow_over_budget:
-        raise BuildError("\n".join(problems))
-    for problem in problems:
-        if warn:
-            warn(problem)
+def policy_record(policy: Policy) -> dict:
+    return {"path": policy.display_path, "name": policy.name, "sha256": policy.sha256, "text": policy.text}
+
+
+def manifest_document(policy: Policy, policy_rec: dict, archs: list[str], kernels: list[dict],
+                      toolchain_record: dict, shard: dict | None = None) -> tuple[dict, dict[str, bytes]]:
+    """The manifest and the JIT sources it ships, for a build and for a merge of shards (so
+    that a merge is byte-identical to a full build). `policy_rec` is the policy as the
+    manifest records it (a merge passes the parts' record unchanged)."""
     jit_specs = [spec for arch in archs for spec in jit_plan(policy, arch)]
     jit_sources = [render(spec) for spec in jit_specs]
     dispatch = dispatch_table.build(policy, archs)
@@ -143,22 +156,53 @@ def build(policy: Policy, archs: list[str], out: Path, *, jobs: int = 1, allow_o
     manifest = {
         "schema_version": SCHEMA_VERSION,
         "generator": {"name": "topkgen", "version": __version__},
-        "nvrtc_version": nvrtc_version(),
-        "policy": {"path": policy.display_path, "name": policy.name, "sha256": policy.sha256, "text": policy.text},
+        "nvrtc_version": toolchain_record["nvrtc"],
+        "toolchain": toolchain_record,
+        "policy": policy_rec,
         "archs": archs,
-        "kernels": [kernel_entry(s, c, src) for s, c, src in zip(specs, compiled, sources)],
+        "kernels": kernels,
         "jit_kernels": [jit_entry(s, src) for s, src in zip(jit_specs, jit_sources)],
         "jit_only": [rule_record(r) for r in policy.jit_only_rules(archs)],
         "dispatch": dispatch,
     }
+    if shard is not None:
+        manifest["shard"] = shard
     validate(manifest, load_schema(SCHEMAS[SCHEMA_VERSION]))
     manifest_checks.check_manifest(manifest)
-    files = {f"{s.arch}/{s.name}.cubin": c.cubin for s, c in zip(specs, compiled)}
-    files.update({jit_path(s): src.encode() for s, src in zip(jit_specs, jit_sources)})
+    return manifest, {jit_path(s): src.encode() for s, src in zip(jit_specs, jit_sources)}
+
+
+def build(policy: Policy, archs: list[str], out: Path, *, jobs: int = 1, allow_over_budget: bool = False,
+          progress: Callable[[KernelSpec], None] | None = None,
+          warn: Callable[[str], None] | None = None, shard: tuple[int, int] | None = None) -> BuildResult:
+    """Compile every planned kernel (or shard `(index, count)`'s share of them) and write the
+    bundle to `out`, atomically."""
+    from topkgen import shards
+
+    cache.remote_store()  # a TOPKGEN_CACHE_URL that cannot be opened fails before any compile
+    specs = [spec for arch in archs for spec in plan(policy, arch)]
+    shard_record = None
+    if shard is not None:
+        shard_record = shards.shard_record(specs, archs, *shard)
+        specs = shards.share(specs, *shard)
+    sources, compiled = zip(*compile_specs(specs, jobs, progress)) if specs else ((), ())
+    problems = [p for p in (over_budget(s, c) for s, c in zip(specs, compiled)) if p]
+    if problems and not allow_over_budget:
+        raise BuildError("\n".join(problems))
+    for problem in problems:
+        if warn:
+            warn(problem)
+    manifest, jit_files = manifest_document(policy, policy_record(policy), archs,
+                                            [kernel_entry(s, c, src) for s, c, src in zip(specs, compiled, sources)],
+                                            toolchain(), shard_record)
+    write_bundle(out, manifest, {f"{s.arch}/{s.name}.cubin": c.cubin for s, c in zip(specs, compiled)} | jit_files)
+    return BuildResult(manifest, cache.Stats.of(c.outcome for c in compiled))
+
+
+def write_bundle(out: Path, manifest: dict, files: dict[str, bytes]) -> None:
+    """Swap a complete bundle into `out` under the directory's lock."""
     with _locked(out):
         _write_atomically(out, manifest, files)
-    cached = sum(1 for c in compiled if c.cached)
-    return BuildResult(manifest, len(compiled) - cached, cached)
 
 
 def manifest_bytes(manifest: dict) -> bytes:

@@ -164,30 +164,144 @@ def explain(policy_path: str | None, arch: str, dtype: str, k: int, n: int, dete
 @click.option("-j", "--jobs", type=click.IntRange(1, 256), default=os.cpu_count() or 1, show_default=True,
               help="Kernels compiled in parallel.")
 @click.option("--allow-over-budget", is_flag=True, help="Report kernels over their resource budget without failing.")
-def build(policy_path: str | None, archs: tuple[str, ...], out_dir: str, jobs: int, allow_over_budget: bool) -> None:
-    """Render and compile every planned kernel with NVRTC into a cubin bundle and manifest."""
+@click.option("--shard", "shard_text", metavar="I/N",
+              help="Build only shard I of N (1-based) of the plan; `topkgen merge` joins the shards.")
+def build(policy_path: str | None, archs: tuple[str, ...], out_dir: str, jobs: int, allow_over_budget: bool,
+          shard_text: str | None) -> None:
+    """Render and compile every planned kernel with NVRTC into a cubin bundle and manifest.
+
+    The compile cache is TOPKGEN_CACHE_DIR (local), then TOPKGEN_CACHE_URL (any fsspec URL,
+    shared by CI jobs; TOPKGEN_CACHE_READONLY=1 reads it without writing)."""
     from pathlib import Path
 
-    from topkgen import bundle, compile as nvrtc_compile
+    from topkgen import bundle, cache, compile as nvrtc_compile, shards
 
     policy = _load_policy(policy_path)
     chosen = _archs(policy, archs)
-    total = sum(len(pol.plan(policy, a)) for a in chosen)
+    try:
+        shard = shards.parse(shard_text) if shard_text is not None else None
+    except shards.ShardError as err:
+        raise InputError(str(err)) from None
+    specs = [s for a in chosen for s in pol.plan(policy, a)]
+    total = len(shards.share(specs, *shard)) if shard else len(specs)
     bar = click.progressbar(length=total, label="compiling", file=sys.stderr) if sys.stderr.isatty() else None
     try:
         with bar if bar is not None else contextlib.nullcontext():
             result = bundle.build(policy, chosen, Path(out_dir), jobs=jobs, allow_over_budget=allow_over_budget,
-                                    progress=(lambda _spec: bar.update(1)) if bar is not None else None,
-                                    warn=lambda msg: click.echo(f"topkgen: warning: {msg}", err=True))
-    except (bundle.BuildError, nvrtc_compile.CompileError) as err:
+                                  progress=(lambda _spec: bar.update(1)) if bar is not None else None,
+                                  warn=lambda msg: click.echo(f"topkgen: warning: {msg}", err=True), shard=shard)
+    except cache.CacheConfigError as err:
+        raise InputError(str(err)) from None
+    except (bundle.BuildError, nvrtc_compile.CompileError, cache.CacheError) as err:
         click.echo(f"topkgen: build failed, {out_dir} left as it was:\n{err}", err=True)
         sys.exit(1)
     manifest = result.manifest
     counts = {a: sum(1 for k in manifest["kernels"] if k["arch"] == a) for a in chosen}
     size = sum(k["size_bytes"] for k in manifest["kernels"])
-    click.echo(f"wrote {out_dir}/manifest.json: {len(manifest['kernels'])} kernels "
+    of_plan = f"shard {shard[0]}/{shard[1]} of {len(specs)}: " if shard else ""
+    click.echo(f"wrote {out_dir}/manifest.json: {of_plan}{len(manifest['kernels'])} kernels "
                f"({', '.join(f'{a} {n}' for a, n in counts.items())}), {size} bytes of cubin, "
-               f"NVRTC {manifest['nvrtc_version']}; {result.compiled} compiled, {result.from_cache} from cache")
+               f"NVRTC {manifest['nvrtc_version']}")
+    _print_cache_stats(result.cache)
+
+
+def _print_cache_stats(stats: Any) -> None:
+    """The statistics line every build prints, and the remote tier's warnings."""
+    line = (f"cache: {stats.kernels} kernels: {stats.local_hits} local hits, {stats.remote_hits} remote hits, "
+            f"{stats.compiled} compiled")
+    if stats.remote is None:
+        line += "; no remote (TOPKGEN_CACHE_URL unset)"
+    else:
+        line += (f"; {_size(stats.remote_read)} read from, {_size(stats.remote_written)} written to "
+                 f"{stats.remote}{' (read-only)' if stats.readonly else ''}")
+    click.echo(line)
+    if stats.rejected:
+        click.echo(f"topkgen: warning: {stats.rejected} remote entries failed sha256 verification and were "
+                   f"compiled here instead", err=True)
+    for error in stats.errors[:3]:
+        click.echo(f"topkgen: warning: remote cache unavailable, compiled instead: {error}", err=True)
+
+
+def _size(nbytes: int) -> str:
+    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if nbytes >= scale:
+            return f"{nbytes / scale:.1f} {unit}"
+    return f"{nbytes} B"
+
+
+@main.command()
+@click.argument("parts", nargs=-1, required=True, type=click.Path(file_okay=False))
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
+              help="The full bundle to write.")
+def merge(parts: tuple[str, ...], out_dir: str) -> None:
+    """Join the bundles of `build --shard I/N` into the full bundle. Refuses (exit 2) unless
+    the parts share policy, generator, toolchain and plan, cover it exactly once, and every
+    cubin verifies."""
+    from pathlib import Path
+
+    from topkgen import shards
+
+    try:
+        manifest = shards.merge([Path(p) for p in parts], Path(out_dir))
+    except shards.ShardError as err:
+        raise InputError(str(err)) from None
+    counts = {a: sum(1 for k in manifest["kernels"] if k["arch"] == a) for a in manifest["archs"]}
+    click.echo(f"merged {len(parts)} shards into {out_dir}/manifest.json: {len(manifest['kernels'])} kernels "
+               f"({', '.join(f'{a} {n}' for a, n in counts.items())})")
+
+
+@main.group("cache")
+def cache_group() -> None:
+    """The compile cache: seed it from a bundle, verify its entries."""
+
+
+@cache_group.command("import")
+@click.argument("bundle_dir", metavar="BUNDLE", type=click.Path(file_okay=False))
+def cache_import(bundle_dir: str) -> None:
+    """Fill the compile cache from a bundle (a release, a base revision's build), so that
+    builds of the same kernels compile nothing."""
+    from pathlib import Path
+
+    from topkgen import cache, cache_admin
+
+    try:
+        result = cache_admin.import_bundle(Path(bundle_dir))
+    except (cache_admin.CacheInputError, cache.CacheConfigError) as err:
+        raise InputError(str(err)) from None
+    except cache.CacheError as err:
+        click.echo(f"topkgen: error: {err}", err=True)
+        sys.exit(1)
+    where = f" and {result.remote} ({_size(result.remote_written)} written)" if result.remote else ""
+    click.echo(f"imported {bundle_dir}: {result.added} entries added, {result.present} already present, "
+               f"{len(result.skipped)} skipped, of {result.kernels} kernels, into the local cache{where}")
+    if result.skipped:
+        click.echo(f"  skipped (this checkout renders a different source): {', '.join(result.skipped)}")
+    if not result.toolchain_matches:
+        click.echo("  note: the bundle's toolchain differs from this machine's; its entries serve only builds "
+                   "with that toolchain")
+
+
+@cache_group.command("verify")
+@click.option("--sample", "percent", type=click.FloatRange(0, 100, min_open=True), required=True, metavar="P",
+              help="Percentage of entries to recompile and compare.")
+@click.option("--remote", is_flag=True, help="Verify TOPKGEN_CACHE_URL's entries instead of the local cache.")
+@click.option("--seed", type=int, default=None, help="Choose the sample with this seed (default: random, printed).")
+@click.option("-j", "--jobs", type=click.IntRange(1, 256), default=os.cpu_count() or 1, show_default=True)
+def cache_verify(percent: float, remote: bool, seed: int | None, jobs: int) -> None:
+    """Recompile a sample of cache entries with this machine's toolchain and compare bytes.
+    Exit 1 when an entry differs."""
+    from topkgen import cache, cache_admin
+
+    try:
+        result = cache_admin.verify(percent, remote=remote, seed=seed, jobs=jobs)
+    except (cache_admin.CacheInputError, cache.CacheConfigError) as err:
+        raise InputError(str(err)) from None
+    click.echo(f"verified {result.sampled} of {result.entries} entries in {result.store} "
+               f"({percent:g}%, seed {result.seed}): {result.identical} identical, {len(result.problems)} wrong, "
+               f"{result.skipped} skipped (another toolchain)")
+    for problem in result.problems:
+        click.echo(f"  {problem}")
+    sys.exit(1 if result.problems else 0)
 
 
 def color_enabled(stream: Any) -> bool:

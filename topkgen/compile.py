@@ -1,21 +1,22 @@
 """CUDA source -> cubin with NVRTC (cuda-python), with ptxas resources and the lowered
-symbol, through a content-addressed on-disk cache.
+symbol, through the compile cache (topkgen.cache: local, then a shared remote).
 
 Headers come from the nvidia-cuda-* wheels, never from a system toolkit. The cache key is
-the rendered source, the options and the NVRTC version, so an unchanged rebuild compiles
-nothing; an entry whose cubin does not match its recorded sha256 is recompiled.
+the rendered source, the options without include paths, the name, the arch and the exact
+toolchain (topkgen.toolchain), so an unchanged rebuild compiles nothing and a machine with
+other headers or another NVRTC never receives this machine's cubins.
 """
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 from dataclasses import asdict, dataclass
 from functools import lru_cache
 from pathlib import Path
+from typing import Any
 
-from topkgen.paths import atomic_write, cache_root, cuda_include_dir
+from topkgen import cache, toolchain as tc
+from topkgen.paths import cuda_include_dir
 
 
 class CompileError(RuntimeError):
@@ -39,7 +40,12 @@ class CompiledKernel:
     symbol: str
     cubin: bytes
     resources: Resources
-    cached: bool
+    key: str                # the cache key (the manifest records it)
+    outcome: cache.Outcome  # local hit, remote hit or compiled, and the remote traffic
+
+    @property
+    def cached(self) -> bool:
+        return self.outcome.origin != "compiled"
 
 
 @lru_cache(maxsize=1)
@@ -51,55 +57,84 @@ def nvrtc_version() -> str:
     return f"{major}.{minor}"
 
 
-def options(arch: str) -> list[str]:
+def _loaded_nvrtc() -> Path:
+    """The libnvrtc this process compiles with (cuda.bindings loads it through pathfinder)."""
+    nvrtc_version()  # loads it
+    from cuda.pathfinder import load_nvidia_dynamic_lib
+
+    path = load_nvidia_dynamic_lib("nvrtc").abs_path
+    if path:
+        return Path(path)
+    with open("/proc/self/maps") as maps:  # loaded by other means: ask the kernel
+        for line in maps:
+            name = line.rsplit(" ", 1)[-1].strip()
+            if "/libnvrtc.so" in name or "/libnvrtc.alt.so" in name:
+                return Path(name)
+    raise CompileError("cannot tell which libnvrtc this process loaded")
+
+
+@lru_cache(maxsize=1)
+def toolchain() -> dict[str, Any]:
+    """The exact toolchain record (manifest and cache entries carry it)."""
+    return tc.identify(nvrtc_version(), _loaded_nvrtc(), cuda_include_dir())
+
+
+def _portable_options(arch: str) -> list[str]:
     """NVRTC options. No -lineinfo or -G: the cubin must not depend on paths or time."""
     if not re.fullmatch(r"sm_[0-9]{2,3}a?", arch):
         raise CompileError(f"arch: {arch!r} is not an sm_XX architecture")
-    return [f"--gpu-architecture={arch}", "-std=c++17", "--ptxas-options=-v", f"-I{cuda_include_dir()}"]
+    return [f"--gpu-architecture={arch}", "-std=c++17", "--ptxas-options=-v"]
 
 
 def portable_options(arch: str) -> list[str]:
     """The options without the include path, which is machine-specific: what a manifest
     ships for JIT sources (a loader adds its own -I for the CUDA headers)."""
-    return [o for o in options(arch) if not o.startswith("-I")]
+    return _portable_options(arch)
 
 
-def _cache_key(source: str, arch: str, name: str) -> str:
-    # The include path is machine-specific; the header contents are pinned by the wheel
-    # versions, which the NVRTC version tracks.
-    opts = [o for o in options(arch) if not o.startswith("-I")]
-    payload = json.dumps({"source": source, "options": opts, "name": name, "nvrtc": nvrtc_version()},
-                         sort_keys=True)
-    return hashlib.sha256(payload.encode()).hexdigest()
+def options(arch: str) -> list[str]:
+    """The options NVRTC gets: the portable ones and this machine's include path."""
+    return [*_portable_options(arch), f"-I{cuda_include_dir()}"]
+
+
+def cache_key(source: str, name: str, arch: str, toolchain_record: dict[str, Any] | None = None) -> str:
+    """The key of one compile with this machine's toolchain, or with `toolchain_record` (the
+    one a bundle was built with). The include path is left out: the headers' contents are in
+    the toolchain record, so installs at different paths share keys."""
+    return cache.action_key(source=source, name=name, arch=arch, options=_portable_options(arch),
+                            toolchain_digest=tc.digest(toolchain_record or toolchain()))
 
 
 def compile_kernel(source: str, name: str, arch: str, *, use_cache: bool = True) -> CompiledKernel:
     """Compile one kernel (an extern "C" function called `name`) for `arch`."""
-    key = _cache_key(source, arch, name)
-    entry = cache_root() / "nvrtc" / key[:2] / key
+    key = cache_key(source, name, arch)
+    miss = cache.Outcome("compiled")
     if use_cache:
-        hit = _read_entry(entry, name, arch)
-        if hit is not None:
-            return hit
+        found = cache.lookup(key, source)
+        if isinstance(found, cache.Hit):
+            hit = _from_record(found.record, found.cubin, name, arch, found.outcome)
+            if hit is not None:
+                return hit
+        else:
+            miss = found
     symbol, cubin, log = _nvrtc(source, name, arch)
-    compiled = CompiledKernel(name, arch, symbol, cubin, parse_resources(log, symbol, name), cached=False)
+    resources = parse_resources(log, symbol, name)
+    outcome = miss
     if use_cache:
-        meta = {"name": name, "arch": arch, "symbol": symbol, "sha256": hashlib.sha256(cubin).hexdigest(),
-                "resources": asdict(compiled.resources)}
-        atomic_write(entry.with_suffix(".cubin"), cubin)
-        atomic_write(entry.with_suffix(".json"), json.dumps(meta, sort_keys=True).encode())
-    return compiled
+        fields = {"name": name, "arch": arch, "symbol": symbol, "resources": asdict(resources), "toolchain": toolchain()}
+        outcome = cache.store(key, fields, cubin, source, miss)
+    return CompiledKernel(name, arch, symbol, cubin, resources, key, outcome)
 
 
-def _read_entry(entry: Path, name: str, arch: str) -> CompiledKernel | None:
+def _from_record(record: dict[str, Any], cubin: bytes, name: str, arch: str,
+                 outcome: cache.Outcome) -> CompiledKernel | None:
+    if record["name"] != name or record["arch"] != arch:
+        return None
     try:
-        meta = json.loads(entry.with_suffix(".json").read_text())
-        cubin = entry.with_suffix(".cubin").read_bytes()
-        if meta["name"] != name or meta["arch"] != arch or hashlib.sha256(cubin).hexdigest() != meta["sha256"]:
-            return None
-        return CompiledKernel(name, arch, meta["symbol"], cubin, Resources(**meta["resources"]), cached=True)
-    except (OSError, ValueError, KeyError, TypeError):
-        return None  # missing or corrupt: compile again
+        return CompiledKernel(name, arch, record["symbol"], cubin, Resources(**record["resources"]), record["key"],
+                              outcome)
+    except TypeError:
+        return None  # a record with other resource fields: compile again
 
 
 def _check(err: object, what: str) -> None:

@@ -84,6 +84,10 @@ class TopK:
             self.policy = bundles.manifest_policy(self.manifest, str(bundle))
         except bundles.ManifestError as err:
             raise TopKError(str(err)) from None
+        if "shard" in self.manifest:
+            shard = self.manifest["shard"]
+            raise TopKError(f"{self.root / bundles.MANIFEST}: shard: part {shard['index']}/{shard['count']} of a "
+                            f"sharded build, not a bundle; assemble the parts with `topkgen merge` first")
         if backend == "emulator" and arch is None:
             raise TopKError("arch: the emulator backend needs an explicit arch (sm_90, sm_100, ...)")
         self._backend: _Backend = _EmulatorBackend() if backend == "emulator" else _CudaBackend()

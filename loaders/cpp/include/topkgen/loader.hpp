@@ -445,7 +445,14 @@ class Bundle {
 
   void check_version(const detail::json& m) {
     auto it = m.find("schema_version");
-    if (it != m.end() && *it == SCHEMA_VERSION) return;
+    if (it != m.end() && *it == SCHEMA_VERSION) {
+      auto shard = m.find("shard");
+      if (shard != m.end() && shard->is_object())
+        throw Error(doc_.file + ": shard: part " + shard->value("index", nlohmann::json()).dump() + "/" +
+                    shard->value("count", nlohmann::json()).dump() +
+                    " of a sharded build, not a bundle; assemble the parts with `topkgen merge` first");
+      return;
+    }
     if (it != m.end() && *it == 1)
       throw Error(doc_.file + ": schema_version: 1 has no dispatch table; rebuild the bundle (topkgen build)");
     throw Error(doc_.file + ": schema_version: " + (it == m.end() ? std::string("null") : it->dump()) +

@@ -1,0 +1,352 @@
+"""The NVRTC compile cache: action records `ac/<key>.json` that name content `cas/<sha256>`,
+in a local directory first and, when TOPKGEN_CACHE_URL names one, a remote fsspec store
+that CI jobs share (s3://, gs://, file://, memory://).
+
+Why this shape: a key covers every input of a compile (`action_key`), so two machines share
+an entry only when they would have compiled the same bytes. Content is addressed by its
+sha256, so every byte read from any tier is checked before use. Writes go content first and
+action record last, create-if-absent: a reader never finds a record without its content, the
+first writer wins, and a record that already names other bytes means a key missed an input.
+That is an error (`CacheConflict`), never an overwrite. TOPKGEN_CACHE_READONLY=1 keeps a job
+(a pull request from a fork) from writing the remote at all.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import urllib.parse
+from dataclasses import dataclass
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, Iterable, Protocol
+
+from topkgen.paths import atomic_write, cache_root
+
+CACHE_FORMAT = 1  # part of every key: a new record layout never reads an old one
+LOCAL_DIR = "nvrtc-store"
+RECORD_FIELDS = {"key": str, "name": str, "arch": str, "symbol": str, "resources": dict, "cubin_sha256": str,
+                 "cubin_size": int, "source_sha256": str, "toolchain": dict}
+
+
+class CacheError(RuntimeError):
+    """The cache cannot be used as configured, or holds an entry that contradicts a compile."""
+
+
+class CacheConfigError(CacheError):
+    """TOPKGEN_CACHE_URL cannot be opened (no fsspec, an unknown protocol): exit status 2."""
+
+
+class CacheConflict(CacheError):
+    """An action record names a different cubin than the one just compiled for its key."""
+
+
+def action_key(*, source: str, name: str, arch: str, options: list[str], toolchain_digest: str) -> str:
+    """The key of one compile: everything NVRTC's output depends on, nothing machine-specific
+    (include paths are left out of `options`; the headers are in the toolchain digest)."""
+    payload = {"format": CACHE_FORMAT, "source": source, "name": name, "arch": arch, "options": options,
+               "toolchain": toolchain_digest}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
+
+
+def sha256(data: bytes) -> str:
+    return hashlib.sha256(data).hexdigest()
+
+
+def ac_path(key: str) -> str:
+    return f"ac/{key}.json"
+
+
+def cas_path(digest: str) -> str:
+    return f"cas/{digest}"
+
+
+def record_bytes(record: dict[str, Any]) -> bytes:
+    return json.dumps(record, sort_keys=True, separators=(",", ":")).encode()
+
+
+def parse_record(data: bytes, key: str) -> dict[str, Any] | None:
+    """An action record if `data` is one for `key`, else None (corrupt or foreign)."""
+    try:
+        record = json.loads(data)
+    except ValueError:
+        return None
+    if not isinstance(record, dict) or record.get("key") != key:
+        return None
+    if any(not isinstance(record.get(field), kind) for field, kind in RECORD_FIELDS.items()):
+        return None
+    return record
+
+
+# ----------------------------------------------------------------------------- stores
+
+class Store(Protocol):
+    label: str
+
+    def get(self, rel: str) -> bytes | None: ...
+
+    def create(self, rel: str, data: bytes) -> bool:
+        """Write `data` unless `rel` exists; False when it did (the first writer wins)."""
+
+    def names(self, folder: str) -> list[str]: ...
+
+
+class LocalStore:
+    """A directory. Create-if-absent is a hard link of a finished temporary file, which the
+    kernel refuses when the name exists: atomic between processes."""
+
+    def __init__(self, root: Path, label: str | None = None) -> None:
+        self.root = root
+        self.label = label or str(root)
+
+    def get(self, rel: str) -> bytes | None:
+        try:
+            return (self.root / rel).read_bytes()
+        except (FileNotFoundError, NotADirectoryError):
+            return None
+
+    def create(self, rel: str, data: bytes) -> bool:
+        path = self.root / rel
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+        try:
+            with open(tmp, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.link(tmp, path)
+            return True
+        except FileExistsError:
+            return False
+        finally:
+            tmp.unlink(missing_ok=True)
+
+    def replace(self, rel: str, data: bytes) -> None:
+        """Repair a corrupt local entry (local entries are this machine's own)."""
+        atomic_write(self.root / rel, data)
+
+    def names(self, folder: str) -> list[str]:
+        try:
+            return sorted(n for n in os.listdir(self.root / folder) if not n.startswith("."))
+        except FileNotFoundError:
+            return []
+
+
+class RemoteStore:
+    """Any fsspec filesystem. Create-if-absent is fsspec's `pipe_file(mode="create")`:
+    atomic where the service has conditional writes (S3 If-None-Match, GCS generation
+    match, memory://)."""
+
+    def __init__(self, url: str) -> None:
+        try:
+            import fsspec
+        except ImportError:
+            raise CacheConfigError(f"TOPKGEN_CACHE_URL={display_url(url)}: fsspec is not installed "
+                                   f"(pip install 'topkgen[remote]', plus s3fs or gcsfs for s3:// or gs://)") from None
+        try:
+            self.fs, self.root = fsspec.core.url_to_fs(url)
+        except (ImportError, ValueError) as err:
+            raise CacheConfigError(f"TOPKGEN_CACHE_URL={display_url(url)}: cannot open this store: {err}") from None
+        self.root = self.root.rstrip("/")
+        self.label = display_url(url)
+
+    def _path(self, rel: str) -> str:
+        return f"{self.root}/{rel}"
+
+    def get(self, rel: str) -> bytes | None:
+        try:
+            return self.fs.cat_file(self._path(rel))
+        except FileNotFoundError:
+            return None
+
+    def create(self, rel: str, data: bytes) -> bool:
+        try:
+            self.fs.pipe_file(self._path(rel), data, mode="create")
+            return True
+        except FileExistsError:
+            return False
+
+    def names(self, folder: str) -> list[str]:
+        try:
+            paths = self.fs.ls(self._path(folder), detail=False)
+        except FileNotFoundError:
+            return []
+        return sorted(p.rstrip("/").rsplit("/", 1)[-1] for p in paths)
+
+
+def display_url(url: str) -> str:
+    """The URL without any user:password@ part, for messages and logs."""
+    parts = urllib.parse.urlsplit(url)
+    if "@" not in parts.netloc:
+        return url
+    return urllib.parse.urlunsplit(parts._replace(netloc=parts.netloc.rsplit("@", 1)[1]))
+
+
+@lru_cache(maxsize=4)
+def _remote(url: str) -> RemoteStore:
+    return RemoteStore(url)
+
+
+def local_store() -> LocalStore:
+    return LocalStore(cache_root() / LOCAL_DIR)
+
+
+def remote_store() -> RemoteStore | None:
+    """The store TOPKGEN_CACHE_URL names, opened once per process; None when unset."""
+    url = os.environ.get("TOPKGEN_CACHE_URL", "").strip()
+    if not url:
+        return None
+    if "://" not in url:
+        raise CacheConfigError(f"TOPKGEN_CACHE_URL={url}: not a URL (s3://bucket/prefix, gs://, file:///path, "
+                               f"memory://name)")
+    if url.startswith(("file://", "local://")):
+        return LocalStore(Path(url.split("://", 1)[1]), url)  # atomic create-if-absent with a hard link
+    return _remote(url)
+
+
+def remote_readonly() -> bool:
+    return os.environ.get("TOPKGEN_CACHE_READONLY", "") not in ("", "0")
+
+
+# ----------------------------------------------------------------------------- the tiers
+
+@dataclass(frozen=True)
+class Outcome:
+    """How one kernel was obtained, and what that cost the remote tier."""
+
+    origin: str              # "local" | "remote" | "compiled"
+    remote_read: int = 0     # bytes read from the remote
+    remote_written: int = 0  # bytes written to the remote
+    rejected: int = 0        # remote entries that failed verification (so compiled here)
+    errors: tuple[str, ...] = ()  # remote I/O failures (the remote was skipped)
+
+
+@dataclass(frozen=True)
+class Hit:
+    record: dict[str, Any]
+    cubin: bytes
+    outcome: Outcome
+
+
+def _read(store: Store, key: str) -> tuple[dict[str, Any], bytes, int] | None:
+    """A verified entry (record, cubin, bytes read), or None when there is none; ValueError
+    for an entry that exists but fails verification."""
+    data = store.get(ac_path(key))
+    if data is None:
+        return None
+    record = parse_record(data, key)
+    if record is None:
+        raise ValueError(f"{store.label}/{ac_path(key)} is not a valid action record")
+    cubin = store.get(cas_path(record["cubin_sha256"]))
+    if cubin is None or sha256(cubin) != record["cubin_sha256"]:
+        raise ValueError(f"{store.label}/{cas_path(record['cubin_sha256'])} is missing or fails its sha256")
+    return record, cubin, len(data) + len(cubin)
+
+
+def _remote_failure(err: Exception) -> str:
+    return f"{type(err).__name__}: {err}"
+
+
+def lookup(key: str, source: str) -> Hit | Outcome:
+    """A verified hit from the local tier, else from the remote one (which then fills the
+    local tier); on a miss, the Outcome so far (rejected entries, remote failures)."""
+    local = local_store()
+    try:
+        found = _read(local, key)
+    except ValueError:
+        found = None  # compiled again; store() repairs the entry
+    if found is not None:
+        return Hit(found[0], found[1], Outcome("local"))
+    remote = remote_store()
+    if remote is None:
+        return Outcome("compiled")
+    try:
+        found = _read(remote, key)
+    except ValueError:
+        return Outcome("compiled", rejected=1)
+    except Exception as err:  # network, credentials: an outage of the shared tier must not fail a build
+        return Outcome("compiled", errors=(_remote_failure(err),))
+    if found is None:
+        return Outcome("compiled")
+    record, cubin, nbytes = found
+    _put(local, record, cubin, source, repair=True)
+    return Hit(record, cubin, Outcome("remote", remote_read=nbytes))
+
+
+def store(key: str, fields: dict[str, Any], cubin: bytes, source: str, miss: Outcome) -> Outcome:
+    """Record a compile (symbol, resources, toolchain in `fields`) in the local tier and,
+    unless read-only, the remote one; `miss` is what the lookup before it found."""
+    record = {**fields, "key": key, "cubin_sha256": sha256(cubin), "cubin_size": len(cubin),
+              "source_sha256": sha256(source.encode())}
+    _put(local_store(), record, cubin, source, repair=True)
+    remote = remote_store()
+    written, errors = 0, miss.errors
+    if remote is not None and not remote_readonly():
+        try:
+            written = _put(remote, record, cubin, source, repair=False)
+        except CacheError:
+            raise
+        except Exception as err:
+            errors += (_remote_failure(err),)
+    return Outcome("compiled", remote_written=written, rejected=miss.rejected, errors=errors)
+
+
+def _put(target: Store, record: dict[str, Any], cubin: bytes, source: str, *, repair: bool) -> int:
+    """Content first, the action record last, each create-if-absent; returns bytes written.
+    `repair` (the local tier only) replaces entries that fail verification."""
+    written = 0
+    for digest, data in ((record["cubin_sha256"], cubin), (record["source_sha256"], source.encode())):
+        if target.create(cas_path(digest), data):
+            written += len(data)
+        elif repair and sha256(target.get(cas_path(digest)) or b"") != digest:
+            target.replace(cas_path(digest), data)  # type: ignore[attr-defined]
+    data = record_bytes(record)
+    if target.create(ac_path(record["key"]), data):
+        return written + len(data)
+    existing = target.get(ac_path(record["key"]))
+    other = parse_record(existing, record["key"]) if existing is not None else None
+    if other is not None and other["cubin_sha256"] != record["cubin_sha256"]:
+        raise CacheConflict(
+            f"cache conflict for kernel {record['name']} ({record['arch']}): {target.label}/{ac_path(record['key'])} "
+            f"names cubin sha256 {other['cubin_sha256'][:16]}..., this compile produced "
+            f"{record['cubin_sha256'][:16]}...; the key misses an input (or NVRTC is not deterministic). "
+            f"Nothing was overwritten: find the cause, then delete that entry.")
+    if other is None and repair:
+        target.replace(ac_path(record["key"]), data)  # type: ignore[attr-defined]
+    return written
+
+
+# ----------------------------------------------------------------------------- statistics
+
+@dataclass(frozen=True)
+class Stats:
+    """One build's cache statistics, as data: the CLI formats them."""
+
+    kernels: int
+    local_hits: int
+    remote_hits: int
+    compiled: int
+    remote_read: int
+    remote_written: int
+    rejected: int
+    errors: tuple[str, ...]
+    remote: str | None      # the remote store's URL (no credentials), None when unset
+    readonly: bool
+
+    @classmethod
+    def of(cls, outcomes: Iterable[Outcome]) -> "Stats":
+        outcomes = list(outcomes)
+        remote = remote_store()
+        return cls(
+            kernels=len(outcomes),
+            local_hits=sum(o.origin == "local" for o in outcomes),
+            remote_hits=sum(o.origin == "remote" for o in outcomes),
+            compiled=sum(o.origin == "compiled" for o in outcomes),
+            remote_read=sum(o.remote_read for o in outcomes),
+            remote_written=sum(o.remote_written for o in outcomes),
+            rejected=sum(o.rejected for o in outcomes),
+            errors=tuple(dict.fromkeys(e for o in outcomes for e in o.errors)),
+            remote=remote.label if remote is not None else None,
+            readonly=remote_readonly(),
+        )

@@ -1,0 +1,148 @@
+"""`topkgen cache import` and `topkgen cache verify`: seed the compile cache from a released
+bundle, and recompile a sample of entries to prove they hold what NVRTC makes.
+
+Why import re-derives every key: an imported entry is later served to builds as if NVRTC had
+made it, so an entry goes in only when this checkout renders the same source for that
+kernel and the manifest's cache_key is the key of that source under the bundle's toolchain.
+Why verify exists: keys are only as exact as their inputs; recompiling a sample and
+comparing bytes is how a fleet finds a missed input before it serves a wrong cubin.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import random
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+from topkgen import bundle, cache
+from topkgen import toolchain as tc
+
+
+class CacheInputError(ValueError):
+    """A bundle that cannot seed the cache, or a bad verify request: exit status 2."""
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    kernels: int                 # kernels in the bundle
+    added: int                   # entries new to the local cache
+    present: int                 # entries the local cache already held
+    skipped: list[str]           # kernels whose source this checkout renders differently
+    toolchain_matches: bool      # whether this machine's builds can hit the entries
+    remote: str | None           # the remote store also written, if any
+    remote_written: int          # bytes written to it
+
+
+def import_bundle(path: Path) -> ImportResult:
+    """Check every kernel first (nothing is written if one fails), then write the entries
+    through the same tiers as a compile: local, and the remote unless read-only."""
+    from topkgen.compile import cache_key, toolchain
+    from topkgen.policy import plan
+    from topkgen.render import render
+
+    try:
+        manifest, root = bundle.load_manifest(path)
+        policy = bundle.manifest_policy(manifest, str(path))
+    except bundle.ManifestError as err:
+        raise CacheInputError(str(err)) from None
+    try:  # every cubin checked as a loader checks it: sha256, ELF machine and SM
+        files = bundle.read_files(root, manifest)
+    except bundle.ManifestError as err:
+        raise CacheInputError(f"{path}: {err}") from None
+    specs = {spec.name: spec for arch in manifest["archs"] if arch in policy.archs for spec in plan(policy, arch)}
+    chosen, skipped = [], []
+    for entry in manifest["kernels"]:
+        spec = specs.get(entry["name"])
+        if spec is None or spec.arch != entry["arch"]:
+            raise CacheInputError(f"{path}: kernel {entry['name']} is not in the plan of the policy the bundle embeds")
+        cubin = files[entry["name"]]
+        source = render(spec)
+        if cache.sha256(source.encode()) != entry["source_sha256"]:
+            skipped.append(entry["name"])  # its key cannot be checked, and this checkout would never ask for it
+            continue
+        key = cache_key(source, spec.name, spec.arch, manifest["toolchain"])
+        if key != entry["cache_key"]:
+            raise CacheInputError(f"{path}: kernel {entry['name']}: cache_key is not the key of its source under "
+                                  f"the bundle's toolchain (tampered or from another topkgen)")
+        fields = {"name": spec.name, "arch": spec.arch, "symbol": entry["symbol"], "resources": entry["resources"],
+                  "toolchain": manifest["toolchain"]}
+        chosen.append((key, fields, cubin, source))
+    local = cache.local_store()
+    present = sum(local.get(cache.ac_path(key)) is not None for key, *_ in chosen)
+    written = sum(cache.store(key, fields, cubin, source, cache.Outcome("compiled")).remote_written
+                  for key, fields, cubin, source in chosen)
+    remote = cache.remote_store()
+    return ImportResult(
+        kernels=len(manifest["kernels"]), added=len(chosen) - present, present=present, skipped=skipped,
+        toolchain_matches=tc.digest(manifest["toolchain"]) == tc.digest(toolchain()),
+        remote=remote.label if remote is not None and not cache.remote_readonly() else None,
+        remote_written=written)
+
+
+@dataclass
+class VerifyResult:
+    store: str
+    entries: int
+    sampled: int
+    seed: int
+    identical: int = 0
+    skipped: int = 0                                  # entries of another toolchain
+    problems: list[str] = field(default_factory=list)  # one line each: the key, the kernel, what is wrong
+
+
+def verify(percent: float, *, remote: bool = False, seed: int | None = None, jobs: int = 1) -> VerifyResult:
+    """Recompile `percent`% of the entries (chosen at random with `seed`) and compare bytes."""
+    if not 0 < percent <= 100:
+        raise CacheInputError(f"--sample {percent}: expected a percentage in (0, 100]")
+    store: cache.Store | None = cache.remote_store() if remote else cache.local_store()
+    if store is None:
+        raise CacheInputError("--remote: TOPKGEN_CACHE_URL is not set")
+    keys = [n[:-len(".json")] for n in store.names("ac") if n.endswith(".json")]
+    seed = seed if seed is not None else int.from_bytes(os.urandom(4), "big")
+    sample = sorted(random.Random(seed).sample(keys, math.ceil(len(keys) * percent / 100)))
+    result = VerifyResult(store.label, len(keys), len(sample), seed)
+    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
+        for verdict in pool.map(lambda key: _verify_one(store, key), sample):
+            if verdict == "identical":
+                result.identical += 1
+            elif verdict == "skipped":
+                result.skipped += 1
+            else:
+                result.problems.append(verdict)
+    return result
+
+
+def _verify_one(store: cache.Store, key: str) -> str:
+    """'identical', 'skipped', or a line that says what is wrong with the entry."""
+    from topkgen.compile import CompileError, cache_key, compile_kernel, toolchain
+
+    data = store.get(cache.ac_path(key))
+    record = cache.parse_record(data, key) if data is not None else None
+    if record is None:
+        return f"{key[:16]}: not a valid action record"
+    label = f"{key[:16]} {record['name']} ({record['arch']})"
+    if tc.digest(record["toolchain"]) != tc.digest(toolchain()):
+        return "skipped"
+    source = store.get(cache.cas_path(record["source_sha256"]))
+    cubin = store.get(cache.cas_path(record["cubin_sha256"]))
+    if source is None or cache.sha256(source) != record["source_sha256"]:
+        return f"{label}: its source is missing or fails its sha256"
+    if cubin is None or cache.sha256(cubin) != record["cubin_sha256"]:
+        return f"{label}: its cubin is missing or fails its sha256"
+    text = source.decode()
+    try:
+        if cache_key(text, record["name"], record["arch"]) != key:
+            return f"{label}: the key is not the key of its source, name and arch"
+        fresh = compile_kernel(text, record["name"], record["arch"], use_cache=False)
+    except CompileError as err:
+        return f"{label}: does not compile: {str(err).splitlines()[0]}"
+    if fresh.cubin != cubin:
+        return (f"{label}: recompiled cubin differs (cached sha256 {record['cubin_sha256'][:16]}..., "
+                f"recompiled {cache.sha256(fresh.cubin)[:16]}...)")
+    if fresh.symbol != record["symbol"] or asdict(fresh.resources) != record["resources"]:
+        return f"{label}: recompiled symbol or resources differ from the record"
+    return "identical"
+
