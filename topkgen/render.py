@@ -10,7 +10,7 @@ import re
 from functools import lru_cache
 from pathlib import Path
 
-from topkgen.policy import KernelSpec, _data_dir
+from topkgen.policy import FAMILY_TEMPLATES, KernelSpec, _data_dir
 
 # C types of the kernel parameters, per dtype; the same names go into the manifest.
 C_TYPES = {"float32": "float", "bfloat16": "__nv_bfloat16", "float16": "__half"}
@@ -34,7 +34,7 @@ def _environment():
     )
 
 
-_NAME = re.compile(r"^topk_[a-z0-9_]{1,80}$")
+_NAME = re.compile(r"topk_[a-z0-9_]{1,80}")
 
 # The kernel parameters in order, as C types per dtype: the manifest lists them.
 PARAMS = (("x", "const {t}*"), ("values", "{t}*"), ("indices", "long long*"), ("rows", "int"),
@@ -53,7 +53,7 @@ def _int(value: object, lo: int, hi: int, what: str) -> int:
 
 def context(spec: KernelSpec) -> dict[str, object]:
     """The template context: validated integers and strictly patterned names only."""
-    if not _NAME.match(spec.name):
+    if not _NAME.fullmatch(spec.name):
         raise ValueError(f"kernel name {spec.name!r} does not match {_NAME.pattern}")
     ctx: dict[str, object] = {
         "name": spec.name,
@@ -83,7 +83,7 @@ def context(spec: KernelSpec) -> dict[str, object]:
 
 def render(spec: KernelSpec) -> str:
     """The CUDA source of one kernel. The same text goes to NVRTC and to the emulator."""
-    template = {"register": "register_select.cu.j2", "radix": "radix_select.cu.j2"}[spec.family]
+    template = FAMILY_TEMPLATES[spec.family]
     if spec.template != template:
         raise ValueError(f"{spec.name}: family {spec.family} renders from {template}, not {spec.template}")
     return _environment().get_template(template).render(**context(spec))
