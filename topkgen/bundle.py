@@ -3,14 +3,13 @@
 A bundle is DIR/<arch>/<kernel>.cubin plus DIR/manifest.json, described by
 schemas/manifest.schema.json so that any loader can use it without topkgen. Builds go to a
 temporary directory beside DIR and are swapped into place, under a lock, so a failed or
-killed build never leaves a half-written bundle.
+killed build never leaves a half-written bundle. The destination is checked before anything
+is compiled (topkgen.destinations): a directory of the user's is never replaced unasked.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import fcntl
 import hashlib
 import json
 import os
@@ -19,15 +18,18 @@ import struct
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
-from topkgen import __version__
+from topkgen import __version__, reader
 from topkgen.compile import CompiledKernel, compile_kernel, nvrtc_version
+from topkgen.destinations import check_bundle_destination, locked
+from topkgen.errors import InputError
 from topkgen.policy import KernelSpec, Policy, plan, rule_record
 from topkgen.render import params, render
 from topkgen.schema import SchemaViolation, format_path, load_schema, validate
 
 MANIFEST = "manifest.json"
+MAX_MANIFEST_BYTES = 64 << 20
 SCHEMA_VERSION = 1
 GRID_RULE = "ceil_div(rows, rows_per_block)"
 
@@ -36,7 +38,7 @@ class BuildError(RuntimeError):
     """A build that must not produce a bundle (compile error, resources over budget)."""
 
 
-class ManifestError(ValueError):
+class ManifestError(InputError, ValueError):
     """A manifest or bundle that cannot be used; the message names the file and the key."""
 
 
@@ -97,9 +99,12 @@ class BuildResult:
 
 
 def build(policy: Policy, archs: list[str], out: Path, *, jobs: int = 1, allow_over_budget: bool = False,
-          progress: Callable[[KernelSpec], None] | None = None,
+          force: bool = False, progress: Callable[[KernelSpec], None] | None = None,
           warn: Callable[[str], None] | None = None) -> BuildResult:
-    """Compile every planned kernel and write the bundle to `out`, atomically."""
+    """Compile every planned kernel and write the bundle to `out`, atomically. `out` is
+    checked first (destinations.DestinationError) and again under the lock before the swap;
+    `force` lets the build replace a directory that is not a bundle."""
+    check_bundle_destination(out, force=force)
     specs = [spec for arch in archs for spec in plan(policy, arch)]
     sources, compiled = zip(*compile_specs(specs, jobs, progress)) if specs else ((), ())
     problems = [p for p in (over_budget(s, c) for s, c in zip(specs, compiled)) if p]
@@ -118,8 +123,12 @@ def build(policy: Policy, archs: list[str], out: Path, *, jobs: int = 1, allow_o
         "jit_only": [rule_record(r) for r in policy.jit_only_rules(archs)],
     }
     validate(manifest, load_schema("manifest.schema.json"))
-    with _locked(out):
-        _write_atomically(out, manifest, {f"{s.arch}/{s.name}.cubin": c.cubin for s, c in zip(specs, compiled)})
+    with locked(out):
+        check_bundle_destination(out, force=force)  # another process may have written there meanwhile
+        try:
+            _write_atomically(out, manifest, {f"{s.arch}/{s.name}.cubin": c.cubin for s, c in zip(specs, compiled)})
+        except OSError as err:
+            raise BuildError(f"cannot write the bundle: {err.strerror} ({err.filename})") from None
     cached = sum(1 for c in compiled if c.cached)
     return BuildResult(manifest, len(compiled) - cached, cached)
 
@@ -128,20 +137,8 @@ def manifest_bytes(manifest: dict) -> bytes:
     return (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
 
 
-@contextlib.contextmanager
-def _locked(out: Path) -> Iterator[None]:
-    """Serialise builds into one directory (the lock file sits beside it)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    lock = out.parent / f".{out.name}.lock"
-    with open(lock, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def _write_atomically(out: Path, manifest: dict, files: dict[str, bytes]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
     staging = out.parent / f".{out.name}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
     try:
         for rel, data in files.items():
@@ -189,11 +186,9 @@ def load_manifest(path: str | Path) -> tuple[dict, Path]:
     path = Path(path)
     file = path / MANIFEST if path.is_dir() else path
     try:
-        doc = json.loads(file.read_text())
-    except OSError as err:
-        raise ManifestError(f"{file}: cannot read manifest: {err.strerror}") from None
-    except ValueError as err:
-        raise ManifestError(f"{file}: not valid JSON: {err}") from None
+        doc = reader.read_json(file, limit=MAX_MANIFEST_BYTES, what="manifest")
+    except reader.ReadError as err:
+        raise ManifestError(str(err)) from None
     if isinstance(doc, dict) and doc.get("schema_version") != SCHEMA_VERSION:
         raise ManifestError(f"{file}: schema_version: {doc.get('schema_version')!r} is not supported "
                             f"(this topkgen reads version {SCHEMA_VERSION})")
@@ -208,11 +203,11 @@ def manifest_policy(manifest: dict, label: str) -> Policy:
     """The policy a bundle was built from, loaded by the same code as any policy file."""
     from topkgen.policy import PolicyError, loads
 
-    text = manifest["policy"]["text"]
-    if hashlib.sha256(text.encode()).hexdigest() != manifest["policy"]["sha256"]:
+    raw = manifest["policy"]["text"].encode("utf-8", "surrogatepass")  # the reader refused lone surrogates
+    if hashlib.sha256(raw).hexdigest() != manifest["policy"]["sha256"]:
         raise ManifestError(f"{label}: policy.text does not match policy.sha256")
     try:
-        return loads(text, source=f"{label}:policy")
+        return loads(raw, source=f"{label}:policy")
     except PolicyError as err:
         raise ManifestError(str(err)) from None
 

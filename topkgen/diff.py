@@ -13,9 +13,8 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import yaml
-
-from topkgen import bundle
+from topkgen import bundle, reader
+from topkgen.errors import InputError
 from topkgen.policy import DTYPE_SIZES, DispatchError, Policy, PolicyError, loads, plan, rule_record, select
 
 DEFAULT_POLICY_IN_REPO = "policies/topk.yaml"
@@ -26,7 +25,7 @@ PARAM_FIELDS = ("family", "rule", "dtype", "k", "k_min", "n_window", "mode", "wo
 BUILT_FIELDS = ("resources", "size_bytes")
 
 
-class DiffInputError(ValueError):
+class DiffInputError(InputError, ValueError):
     """A side or a workload file that cannot be read; exit status 2."""
 
 
@@ -141,14 +140,16 @@ def default_shapes(archs: list[str]) -> list[Shape]:
             for det in (False, True) if k <= n]
 
 
+MAX_SHAPES_BYTES = 16 << 20
+
+
 def load_shapes(path: str) -> list[Shape]:
     """A workload file: YAML or JSON, a list of {arch, dtype, k, n, deterministic?}."""
     try:
-        doc = yaml.safe_load(Path(path).read_text())
-    except OSError as err:
-        raise DiffInputError(f"{path}: cannot read workload file: {err.strerror}") from None
-    except yaml.YAMLError as err:
-        raise DiffInputError(f"{path}: not valid YAML or JSON: {err}") from None
+        document = reader.read_yaml(path, limit=MAX_SHAPES_BYTES, what="workload file")
+    except reader.ReadError as err:
+        raise DiffInputError(str(err)) from None
+    doc = document.value
     if not isinstance(doc, list) or not doc:
         raise DiffInputError(f"{path}: expected a non-empty list of shapes")
     shapes = []

@@ -19,13 +19,14 @@ from typing import Any
 import numpy as np
 
 from topkgen import bundle as bundles
+from topkgen.errors import InputError
 from topkgen.policy import DTYPE_SIZES, DispatchError, KernelSpec, Selection, select
 from topkgen.render import render
 
 BACKENDS = ("cuda", "emulator")
 
 
-class TopKError(RuntimeError):
+class TopKError(InputError, RuntimeError):
     """A shape, array or bundle the runtime cannot serve; the message says which and why."""
 
 
@@ -65,9 +66,9 @@ class TopK:
         if backend == "emulator" and arch is None:
             raise TopKError("arch: the emulator backend needs an explicit arch (sm_90, sm_100, ...)")
         self._backend: _Backend = _EmulatorBackend() if backend == "emulator" else _CudaBackend()
-        self.arch = arch or self._backend.current_arch()
+        self.arch = arch if arch is not None else self._backend.current_arch()
         if self.arch not in self.policy.archs:
-            raise TopKError(f"arch: {self.arch} is not in the bundle's policy (knows {', '.join(self.policy.archs)})")
+            raise TopKError(f"arch: {self.arch!r} is not in the bundle's policy (knows {', '.join(self.policy.archs)})")
         self._entries = {k["name"]: k for k in self.manifest["kernels"] if k["arch"] == self.arch}
         self._loaded: dict[str, Any] = {}
 
