@@ -172,7 +172,7 @@ def test_workload_files_go_through_the_same_reader(tmp_path):
         load_shapes(str(deep))
     tagged = tmp_path / "tagged.yaml"
     tagged.write_text("- {arch: sm_90, dtype: float32, k: !!python/object:os.system 1, n: 8}\n")
-    with pytest.raises(DiffInputError, match=r"tagged\.yaml:1:37: \[0\]\.k: tag !!python/object:os\.system"):
+    with pytest.raises(DiffInputError, match=r"tagged\.yaml:1:36: \[0\]\.k: tag !!python/object:os\.system"):
         load_shapes(str(tagged))
     good = tmp_path / "good.json"
     good.write_text(json.dumps([{"arch": "sm_90", "dtype": "float32", "k": 4, "n": 0x40}]))
