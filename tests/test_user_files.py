@@ -191,6 +191,9 @@ RUN_INPUTS = {
                                                          b"\0" * 16)), "holds Python objects"),
     "not_npy": (lambda p: p.write_text("1,2,3\n"), "not a .npy file"),
     "truncated_header": (lambda p: p.write_bytes(b"\x93NUMPY\x01\x00\xff\x00{'descr'"), "bad .npy header"),
+    # found by `make fuzz`: a header length of 1 made numpy's parser raise tokenize.TokenError
+    "header_length_one": (lambda p: p.write_bytes(b"\x93NUMPY\x01\x00\x01\x00{'descr': '<f4', 'fortran_order': "
+                                                  b"False, 'shape': (1,), }\n\x00\x00\x00\x00"), "bad .npy header"),
 }
 
 

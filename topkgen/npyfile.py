@@ -62,8 +62,10 @@ def read_npy(path: str | os.PathLike) -> np.ndarray:
                 shape, fortran, dtype = np.lib.format.read_array_header_2_0(handle, max_header_size=MAX_HEADER_BYTES)
             else:
                 raise fail(f".npy format version {version[0]}.{version[1]} is not supported (1.0 and 2.0 are)")
-        except (ValueError, EOFError, OSError) as err:
-            raise fail(f"bad .npy header: {printable(str(err))}") from None
+        except NpyError:
+            raise
+        except Exception as err:  # numpy's header parser on hostile bytes: ValueError, TokenError, SyntaxError...
+            raise fail(f"bad .npy header: {printable(str(err))[:200]}") from None
         _check_dtype(dtype, fail)
         if shape == ():
             raise fail("a 0-d array (a single value); top-k needs an array with at least one dimension")
