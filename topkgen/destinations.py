@@ -38,7 +38,13 @@ def _show(path: Path) -> str:
 
 def check_bundle_destination(out: Path, *, force: bool = False) -> None:
     """Refuse a bundle destination that would lose the user's files or cannot be written."""
-    out = Path(out)
+    try:
+        _check_bundle_destination(Path(out), force)
+    except OSError as err:  # a directory on the way that cannot be read
+        raise DestinationError(f"--out {_show(Path(out))}: {err.strerror} ({_show(Path(err.filename or out))})") from None
+
+
+def _check_bundle_destination(out: Path, force: bool) -> None:
     if out.is_symlink():
         raise DestinationError(f"--out {_show(out)}: is a symbolic link; name the directory itself")
     resolved = out.resolve()
@@ -88,7 +94,13 @@ def foreign_content(out: Path) -> str | None:
 
 def check_output_file(path: Path, *, force: bool = False, inputs: tuple[Path, ...] = ()) -> None:
     """Refuse an output file that would replace the user's data, or that cannot be written."""
-    path = Path(path)
+    try:
+        _check_output_file(Path(path), force, inputs)
+    except OSError as err:
+        raise DestinationError(f"-o {_show(Path(path))}: {err.strerror}") from None
+
+
+def _check_output_file(path: Path, force: bool, inputs: tuple[Path, ...]) -> None:
     label = f"-o {_show(path)}"
     if path.is_dir():
         raise DestinationError(f"{label}: is a directory")
