@@ -105,6 +105,7 @@ def build(policy: Policy, archs: list[str], out: Path, *, jobs: int = 1, allow_o
     checked first (destinations.DestinationError) and again under the lock before the swap;
     `force` lets the build replace a directory that is not a bundle."""
     check_bundle_destination(out, force=force)
+    archs = list(dict.fromkeys(archs))
     specs = [spec for arch in archs for spec in plan(policy, arch)]
     sources, compiled = zip(*compile_specs(specs, jobs, progress)) if specs else ((), ())
     problems = [p for p in (over_budget(s, c) for s, c in zip(specs, compiled)) if p]

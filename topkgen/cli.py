@@ -210,7 +210,7 @@ def build(policy_path: str | None, archs: tuple[str, ...], out_dir: str, jobs: i
         with bar if bar is not None else contextlib.nullcontext():
             result = bundle.build(policy, chosen, Path(out_dir), jobs=jobs, allow_over_budget=allow_over_budget,
                                   force=force, progress=(lambda _spec: bar.update(1)) if bar is not None else None,
-                                    warn=lambda msg: click.echo(f"topkgen: warning: {msg}", err=True))
+                                  warn=lambda msg: click.echo(f"topkgen: warning: {msg}", err=True))
     except (bundle.BuildError, nvrtc_compile.CompileError) as err:
         click.echo(f"topkgen: build failed, {out_dir} left as it was:\n{err}", err=True)
         sys.exit(1)
