@@ -5,8 +5,9 @@ BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 OUT    ?= out
 JOBS   ?= 2
+FUZZ_SECONDS ?= 300
 
-.PHONY: build build-legacy test install cpp bench bench-plan bench-emulator bench-build bench-diff bench-dispatch gpu-check clean
+.PHONY: build build-legacy test install cpp bench bench-plan bench-emulator bench-build bench-diff bench-dispatch fuzz gpu-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -44,6 +45,11 @@ cpp: $(CPP_BIN)
 test: $(STAMP) $(CPP_BIN)
 	TOPKGEN_CACHE_DIR=$(CURDIR)/.cache $(BIN)/python -m pytest -q -n $(JOBS)
 
+# Bounded-time fuzzing of the policy reader, the manifest reader and `run` (the time split
+# between them); a failing or hanging input is left in fuzz-out/.
+fuzz: $(STAMP)
+	TOPKGEN_CACHE_DIR=$(CURDIR)/.cache $(BIN)/python -m tests.fuzz --seconds $(FUZZ_SECONDS)
+
 bench: bench-plan bench-diff bench-dispatch bench-emulator bench-build
 
 bench-plan: $(STAMP)
@@ -59,7 +65,7 @@ bench-dispatch: $(STAMP) $(CPP_BIN)
 	$(BIN)/python benchmarks/bench_dispatch.py
 
 clean:
-	rm -rf $(OUT) $(OUT)-legacy .cache build dist *.egg-info
+	rm -rf $(OUT) $(OUT)-legacy .cache build dist *.egg-info fuzz-out
 
 bench-emulator: $(STAMP)
 	$(BIN)/python benchmarks/bench_emulator.py

@@ -4,14 +4,14 @@ A bundle is DIR/<arch>/<kernel>.cubin, DIR/jit/<arch>/<kernel>.cu (the kernels d
 leaves to JIT) and DIR/manifest.json, described by schemas/manifest.schema.json so that any
 loader can use it without topkgen: its dispatch table is `select`'s answers as data.
 Builds go to a temporary directory beside DIR and are swapped into place, under a lock, so
-a failed or killed build never leaves a half-written bundle.
+a failed or killed build never leaves a half-written bundle. The destination is checked
+before anything is compiled (topkgen.destinations): a directory of the user's is never
+replaced unasked.
 """
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import fcntl
 import hashlib
 import json
 import os
@@ -19,10 +19,12 @@ import shutil
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
-from typing import Callable, Iterable, Iterator
+from typing import Callable, Iterable
 
-from topkgen import __version__, cache, dispatch_table, manifest_checks
+from topkgen import __version__, cache, dispatch_table, manifest_checks, reader
 from topkgen.compile import CompiledKernel, compile_kernel, portable_options, toolchain
+from topkgen.destinations import check_bundle_destination, locked
+from topkgen.errors import InputError
 from topkgen.policy import KernelSpec, Policy, jit_plan, plan, rule_record
 from topkgen.render import params, render
 from topkgen.schema import SchemaViolation, format_path, load_schema, validate
@@ -30,6 +32,7 @@ from topkgen.schema import SchemaViolation, format_path, load_schema, validate
 MANIFEST = "manifest.json"
 SCHEMA_VERSION = 2
 SCHEMAS = {1: "manifest-1.schema.json", 2: "manifest.schema.json"}
+MAX_MANIFEST_BYTES = 64 << 20
 GRID_RULE = "ceil_div(rows, rows_per_block)"
 
 
@@ -37,7 +40,7 @@ class BuildError(RuntimeError):
     """A build that must not produce a bundle (compile error, resources over budget)."""
 
 
-class ManifestError(ValueError):
+class ManifestError(InputError, ValueError):
     """A manifest or bundle that cannot be used; the message names the file and the key."""
 
 
@@ -173,13 +176,17 @@ def manifest_document(policy: Policy, policy_rec: dict, archs: list[str], kernel
 
 
 def build(policy: Policy, archs: list[str], out: Path, *, jobs: int = 1, allow_over_budget: bool = False,
-          progress: Callable[[KernelSpec], None] | None = None,
+          force: bool = False, progress: Callable[[KernelSpec], None] | None = None,
           warn: Callable[[str], None] | None = None, shard: tuple[int, int] | None = None) -> BuildResult:
     """Compile every planned kernel (or shard `(index, count)`'s share of them) and write the
-    bundle to `out`, atomically."""
+    bundle to `out`, atomically. `out` is checked first (destinations.DestinationError) and
+    again under the lock before the swap; `force` lets the build replace a directory that is
+    not a bundle."""
     from topkgen import shards
 
+    check_bundle_destination(out, force=force)
     cache.remote_store()  # a TOPKGEN_CACHE_URL that cannot be opened fails before any compile
+    archs = list(dict.fromkeys(archs))
     specs = [spec for arch in archs for spec in plan(policy, arch)]
     shard_record = None
     if shard is not None:
@@ -195,34 +202,27 @@ def build(policy: Policy, archs: list[str], out: Path, *, jobs: int = 1, allow_o
     manifest, jit_files = manifest_document(policy, policy_record(policy), archs,
                                             [kernel_entry(s, c, src) for s, c, src in zip(specs, compiled, sources)],
                                             toolchain(), shard_record)
-    write_bundle(out, manifest, {f"{s.arch}/{s.name}.cubin": c.cubin for s, c in zip(specs, compiled)} | jit_files)
+    write_bundle(out, manifest, {f"{s.arch}/{s.name}.cubin": c.cubin for s, c in zip(specs, compiled)} | jit_files,
+                 force=force)
     return BuildResult(manifest, cache.Stats.of(c.outcome for c in compiled))
 
 
-def write_bundle(out: Path, manifest: dict, files: dict[str, bytes]) -> None:
-    """Swap a complete bundle into `out` under the directory's lock."""
-    with _locked(out):
-        _write_atomically(out, manifest, files)
+def write_bundle(out: Path, manifest: dict, files: dict[str, bytes], *, force: bool = False) -> None:
+    """Swap a complete bundle into `out` under the destination's lock."""
+    with locked(out):
+        check_bundle_destination(out, force=force)  # another process may have written there meanwhile
+        try:
+            _write_atomically(out, manifest, files)
+        except OSError as err:
+            raise BuildError(f"cannot write the bundle: {err.strerror} ({err.filename})") from None
 
 
 def manifest_bytes(manifest: dict) -> bytes:
     return (json.dumps(manifest, indent=2, sort_keys=True) + "\n").encode()
 
 
-@contextlib.contextmanager
-def _locked(out: Path) -> Iterator[None]:
-    """Serialise builds into one directory (the lock file sits beside it)."""
-    out.parent.mkdir(parents=True, exist_ok=True)
-    lock = out.parent / f".{out.name}.lock"
-    with open(lock, "a") as handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
-
-
 def _write_atomically(out: Path, manifest: dict, files: dict[str, bytes]) -> None:
+    out.parent.mkdir(parents=True, exist_ok=True)
     staging = out.parent / f".{out.name}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
     try:
         for rel, data in files.items():
@@ -271,11 +271,9 @@ def load_manifest(path: str | Path, *, versions: Iterable[int] = (SCHEMA_VERSION
     path = Path(path)
     file = path / MANIFEST if path.is_dir() else path
     try:
-        doc = json.loads(file.read_text())
-    except OSError as err:
-        raise ManifestError(f"{file}: cannot read manifest: {err.strerror}") from None
-    except ValueError as err:
-        raise ManifestError(f"{file}: not valid JSON: {err}") from None
+        doc = reader.read_json(file, limit=MAX_MANIFEST_BYTES, what="manifest")
+    except reader.ReadError as err:
+        raise ManifestError(str(err)) from None
     version = doc.get("schema_version") if isinstance(doc, dict) else None
     if version not in versions:
         raise ManifestError(f"{file}: {version_problem(version)}")
@@ -333,10 +331,10 @@ def manifest_policy(manifest: dict, label: str) -> Policy:
     """The policy a bundle was built from, loaded by the same code as any policy file."""
     from topkgen.policy import PolicyError, loads
 
-    text = manifest["policy"]["text"]
-    if hashlib.sha256(text.encode()).hexdigest() != manifest["policy"]["sha256"]:
+    raw = manifest["policy"]["text"].encode("utf-8", "surrogatepass")  # the reader refused lone surrogates
+    if hashlib.sha256(raw).hexdigest() != manifest["policy"]["sha256"]:
         raise ManifestError(f"{label}: policy.text does not match policy.sha256")
     try:
-        return loads(text, source=f"{label}:policy")
+        return loads(raw, source=f"{label}:policy")
     except PolicyError as err:
         raise ManifestError(str(err)) from None

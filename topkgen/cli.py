@@ -1,8 +1,9 @@
 """Command-line interface: argument parsing, formatting and exit codes only.
 
 Exit status: 0 success, 1 a failed build or "the sides differ" (diff), 2 usage or input
-errors (for diff, any trouble). Heavy modules (NVRTC, numpy, the emulator) are imported
-inside the commands that need them, so `topkgen plan` stays fast.
+errors (for diff, any trouble), 70 an internal error (a bug: one line, and the traceback with
+TOPKGEN_DEBUG=1). Heavy modules (NVRTC, numpy, the emulator) are imported inside the
+commands that need them, so `topkgen plan` stays fast.
 """
 
 from __future__ import annotations
@@ -11,13 +12,17 @@ import contextlib
 import json
 import os
 import sys
+import traceback
 from typing import Any
 
 import click
 
+from topkgen import errors
 from topkgen import policy as pol
+from topkgen.reader import printable
 
 EXIT_INPUT = 2
+EXIT_INTERNAL = 70  # EX_SOFTWARE
 
 
 class InputError(click.ClickException):
@@ -26,7 +31,31 @@ class InputError(click.ClickException):
     exit_code = EXIT_INPUT
 
     def show(self, file: Any = None) -> None:
-        click.echo(f"topkgen: error: {self.format_message()}", err=True)
+        click.echo(f"topkgen: error: {printable(self.format_message())}", err=True)
+
+
+class _Main(click.Group):
+    """Every command runs inside one handler, so no traceback reaches a user: input errors
+    (topkgen.errors.InputError) exit 2 with one line; anything else is a bug in topkgen and
+    exits 70 with one line (and the traceback when TOPKGEN_DEBUG=1)."""
+
+    def invoke(self, ctx: click.Context) -> Any:
+        try:
+            return super().invoke(ctx)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort,
+                SystemExit, KeyboardInterrupt):
+            raise
+        except errors.InputError as err:
+            raise InputError(str(err)) from None
+        except BrokenPipeError:  # `topkgen plan | head`: the reader left, nothing to report
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            ctx.exit(1)
+        except Exception as err:  # noqa: BLE001 - the one place that catches everything
+            if os.environ.get("TOPKGEN_DEBUG", "") not in ("", "0"):
+                traceback.print_exc()
+            detail = printable(f"{type(err).__name__}: {err}")
+            click.echo(f"topkgen: internal error: {detail[:500]}; set TOPKGEN_DEBUG=1 for the traceback", err=True)
+            ctx.exit(EXIT_INTERNAL)
 
 
 def _load_policy(path: str | None) -> pol.Policy:
@@ -41,10 +70,10 @@ def _archs(policy: pol.Policy, requested: tuple[str, ...]) -> list[str]:
         if arch not in policy.archs:
             raise InputError(f"--arch {arch}: not in the policy {policy.display_path} "
                              f"(known: {', '.join(policy.archs)})")
-    return list(requested) or list(policy.archs)
+    return list(dict.fromkeys(requested)) or list(policy.archs)
 
 
-@click.group(context_settings={"help_option_names": ["-h", "--help"]})
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(package_name="topkgen")
 def main() -> None:
     """Plan, build, explain and diff GPU top-k kernel sets from one YAML policy."""
@@ -166,9 +195,11 @@ def explain(policy_path: str | None, arch: str, dtype: str, k: int, n: int, dete
 @click.option("--allow-over-budget", is_flag=True, help="Report kernels over their resource budget without failing.")
 @click.option("--shard", "shard_text", metavar="I/N",
               help="Build only shard I of N (1-based) of the plan; `topkgen merge` joins the shards.")
+@click.option("--force", is_flag=True, help="Replace --out even when it is a directory that is not a bundle.")
 def build(policy_path: str | None, archs: tuple[str, ...], out_dir: str, jobs: int, allow_over_budget: bool,
-          shard_text: str | None) -> None:
+          shard_text: str | None, force: bool) -> None:
     """Render and compile every planned kernel with NVRTC into a cubin bundle and manifest.
+    --out must be new, empty or a bundle (else --force); it is checked before compiling.
 
     The compile cache is TOPKGEN_CACHE_DIR (local), then TOPKGEN_CACHE_URL (any fsspec URL,
     shared by CI jobs; TOPKGEN_CACHE_READONLY=1 reads it without writing)."""
@@ -188,7 +219,7 @@ def build(policy_path: str | None, archs: tuple[str, ...], out_dir: str, jobs: i
     try:
         with bar if bar is not None else contextlib.nullcontext():
             result = bundle.build(policy, chosen, Path(out_dir), jobs=jobs, allow_over_budget=allow_over_budget,
-                                  progress=(lambda _spec: bar.update(1)) if bar is not None else None,
+                                  force=force, progress=(lambda _spec: bar.update(1)) if bar is not None else None,
                                   warn=lambda msg: click.echo(f"topkgen: warning: {msg}", err=True), shard=shard)
     except cache.CacheConfigError as err:
         raise InputError(str(err)) from None
@@ -467,23 +498,22 @@ def _span(bounds: list[int]) -> str:
 @click.argument("input_path", metavar="IN.npy", type=click.Path(dir_okay=False))
 @click.option("-o", "--output", "output_path", required=True, type=click.Path(dir_okay=False),
               help="OUT.npz with arrays 'values' and 'indices'.")
+@click.option("--force", is_flag=True, help="Replace -o even when it is not the output of an earlier run.")
 def run(bundle_dir: str, arch: str | None, backend: str, k: int, smallest: bool, deterministic: bool,
-        dtype: str | None, input_path: str, output_path: str) -> None:
+        dtype: str | None, input_path: str, output_path: str, force: bool) -> None:
     """Top-k over the last dimension of IN.npy with the bundle's kernels (or JIT)."""
     import io
     from pathlib import Path
 
     import numpy as np
 
+    from topkgen.destinations import check_output_file
+    from topkgen.npyfile import read_npy
     from topkgen.paths import atomic_write
     from topkgen.runtime import TopK, TopKError, dtype_name
 
-    try:
-        x = np.load(input_path, allow_pickle=False)
-    except (OSError, ValueError) as err:
-        raise InputError(f"{input_path}: cannot read .npy: {err}") from None
-    if x.dtype.kind == "V" and x.dtype.itemsize == 2:  # ml_dtypes.bfloat16 saved by numpy
-        x = x.view(np.uint16)
+    check_output_file(Path(output_path), force=force, inputs=(Path(input_path),))
+    x = read_npy(input_path)
     try:
         op = TopK(bundle_dir, arch=arch, backend=backend)
         sel = op.explain(dtype_name(str(x.dtype), dtype), k, x.shape[-1], deterministic)
@@ -495,7 +525,10 @@ def run(bundle_dir: str, arch: str | None, backend: str, k: int, smallest: bool,
         raise InputError(str(err)) from None
     buffer = io.BytesIO()
     np.savez(buffer, values=values, indices=indices)
-    atomic_write(Path(output_path), buffer.getvalue())
+    try:
+        atomic_write(Path(output_path), buffer.getvalue())
+    except OSError as err:
+        raise InputError(f"-o {output_path}: cannot write: {err.strerror}") from None
     click.echo(f"{output_path}: values {values.dtype}{list(values.shape)}, indices int64{list(indices.shape)} "
                f"by {sel.kernel.name} ({sel.source.upper()})")
 

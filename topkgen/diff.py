@@ -18,8 +18,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-import yaml
-
+from topkgen import reader
+from topkgen.errors import InputError
 from topkgen.policy import DispatchError, KernelSpec, Policy, PolicyError, kernels_of_rule, loads, plan, \
     rule_record, select
 from topkgen.sources import TEMPLATES_IN_REPO, GitRepo, SourceError, Templates, directory_templates, \
@@ -56,7 +56,7 @@ FIELDS: dict[str, tuple[str, str]] = {
 IDENTITY = ("name", "arch")
 
 
-class DiffInputError(ValueError):
+class DiffInputError(InputError, ValueError):
     """A side or a workload file that cannot be read; exit status 2."""
 
 
@@ -261,14 +261,16 @@ def default_shapes(archs: list[str], dtypes: list[str]) -> list[Shape]:
             for det in (False, True) if k <= n]
 
 
+MAX_SHAPES_BYTES = 16 << 20
+
+
 def load_shapes(path: str) -> list[Shape]:
     """A workload file: YAML or JSON, a list of {arch, dtype, k, n, deterministic?}."""
     try:
-        doc = yaml.safe_load(Path(path).read_text())
-    except OSError as err:
-        raise DiffInputError(f"{path}: cannot read workload file: {err.strerror}") from None
-    except yaml.YAMLError as err:
-        raise DiffInputError(f"{path}: not valid YAML or JSON: {err}") from None
+        document = reader.read_yaml(path, limit=MAX_SHAPES_BYTES, what="workload file")
+    except reader.ReadError as err:
+        raise DiffInputError(str(err)) from None
+    doc = document.value
     if not isinstance(doc, list) or not doc:
         raise DiffInputError(f"{path}: expected a non-empty list of shapes")
     shapes = []

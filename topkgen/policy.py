@@ -13,8 +13,8 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Iterable
 
-import yaml
-
+from topkgen import reader
+from topkgen.errors import InputError
 from topkgen.schema import SchemaViolation, format_path, load_schema, validate
 
 DTYPE_SIZES = {"float32": 4, "bfloat16": 2, "float16": 2}
@@ -29,9 +29,15 @@ THREADS_PER_SM = 2048
 REGISTER_MAX_N = 2048
 REGISTER_MAX_K = 32
 WORK_BY_FAMILY = {"register": ("ladder", "exact"), "radix": ("exact", "dynamic", "fixed_vec")}
+# The template each family's kernels render from (topkgen.render reads it from here).
+FAMILY_TEMPLATES = {"register": "register_select.cu.j2", "radix": "radix_select.cu.j2"}
+MAX_POLICY_BYTES = 1 << 20
+# Every kernel is compiled (AOT) or may be (JIT), and loading checks dispatch over all of
+# them: a policy may declare at most this many, over all archs, dtypes and modes.
+MAX_KERNELS = 4096
 
 
-class PolicyError(Exception):
+class PolicyError(InputError):
     """A policy that cannot be used. Carries file, line, column and key path."""
 
     def __init__(self, message: str, *, source: str = "<policy>", line: int | None = None,
@@ -41,7 +47,7 @@ class PolicyError(Exception):
         super().__init__(f"{where}: {key}: {message}" if key else f"{where}: {message}")
 
 
-class DispatchError(ValueError):
+class DispatchError(InputError, ValueError):
     """A shape outside the dispatch domain; the message names the bad argument."""
 
 
@@ -223,22 +229,35 @@ def load(path: str | Path | None = None) -> Policy:
     """Load and validate a policy file (the default policy when path is None)."""
     path = Path(path) if path is not None else default_policy_path()
     try:
-        data = path.read_bytes()
-    except OSError as err:
-        raise PolicyError(f"cannot read policy: {err.strerror}", source=str(path)) from None
+        data = reader.read_bytes(path, limit=MAX_POLICY_BYTES, what="policy")
+    except reader.ReadError as err:
+        raise PolicyError(err.message, source=err.source) from None
     return loads(data, source=str(path))
 
 
 def loads(text: str | bytes, source: str = "<policy>") -> Policy:
-    """Parse, validate and build a policy from YAML text; `source` names it in errors."""
-    raw = text.encode() if isinstance(text, str) else text
-    doc, positions = _parse_yaml(raw, source)
-    located = _Locator(source, positions)
+    """Parse, validate and build a policy from YAML text (UTF-8 bytes, or str); `source`
+    names it in errors. The policy keeps the text and the sha256 of the same bytes."""
+    try:
+        raw = text.encode("utf-8") if isinstance(text, str) else bytes(text)
+    except UnicodeEncodeError as err:
+        raise PolicyError(f"not UTF-8: {reader.printable(err.reason)} at character {err.start}", source=source) from None
+    if len(raw) > MAX_POLICY_BYTES:
+        raise PolicyError(f"the policy is larger than {MAX_POLICY_BYTES} bytes", source=source)
+    try:
+        decoded = reader.decode(raw, source)
+        document = reader.parse_yaml(decoded, source)
+    except reader.ReadError as err:
+        raise PolicyError(err.message, source=err.source, line=err.line, column=err.column, key=err.key) from None
+    if document.value is None:
+        raise PolicyError("the policy file is empty", source=source, line=1, column=1)
+    doc = document.value
+    located = _Locator(source, document)
     try:
         validate(doc, load_schema("policy.schema.json"))
     except SchemaViolation as err:
         raise located.error(err.path, err.message, err.at_key) from None
-    policy = _build(doc, located, source, hashlib.sha256(raw).hexdigest(), raw.decode("utf-8", "replace"))
+    policy = _build(doc, located, source, hashlib.sha256(raw).hexdigest(), decoded)
     _check_kernel_names(policy, located)
     _check_total_dispatch(policy, located)
     return policy
@@ -247,61 +266,17 @@ def loads(text: str | bytes, source: str = "<policy>") -> Policy:
 class _Locator:
     """Turns a key path into file:line:column using the positions recorded while parsing."""
 
-    def __init__(self, source: str, positions: dict[tuple, tuple[int, int]]) -> None:
-        self.source, self.positions = source, positions
+    def __init__(self, source: str, document: reader.Document) -> None:
+        self.source, self.document = source, document
 
     def error(self, path: tuple, message: str, at_key: bool = False) -> PolicyError:
         """An error at the value under `path`, or at its key when at_key is true."""
         probe = tuple(path)
-        if at_key and ("key",) + probe in self.positions:
+        if at_key and ("key",) + probe in self.document.positions:
             probe = ("key",) + probe
-        while probe not in self.positions and probe:
-            probe = probe[:-1]
-        line, col = self.positions.get(probe, (None, None))
-        return PolicyError(message, source=self.source, line=line, column=col, key=format_path(tuple(path)))
-
-
-def _parse_yaml(raw: bytes, source: str) -> tuple[Any, dict]:
-    try:
-        node = yaml.compose(raw, Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
-    except yaml.YAMLError as err:
-        mark = getattr(err, "problem_mark", None)
-        problem = getattr(err, "problem", None) or str(err)
-        if mark is not None:
-            raise PolicyError(f"malformed YAML: {problem}", source=source,
-                              line=mark.line + 1, column=mark.column + 1) from None
-        raise PolicyError(f"malformed YAML: {problem}", source=source) from None
-    if node is None:
-        raise PolicyError("the policy file is empty", source=source, line=1, column=1)
-    positions: dict[tuple, tuple[int, int]] = {}
-    constructor = yaml.SafeLoader("")
-
-    def build(n: yaml.Node, path: tuple) -> Any:
-        positions.setdefault(path, (n.start_mark.line + 1, n.start_mark.column + 1))
-        if isinstance(n, yaml.MappingNode):
-            out: dict[str, Any] = {}
-            for key_node, value_node in n.value:
-                if not isinstance(key_node, yaml.ScalarNode):
-                    raise PolicyError("mapping keys must be plain scalars", source=source,
-                                      line=key_node.start_mark.line + 1, column=key_node.start_mark.column + 1,
-                                      key=format_path(path))
-                key = str(constructor.construct_object(key_node))
-                if key in out:
-                    raise PolicyError(f"duplicate key '{key}'", source=source,
-                                      line=key_node.start_mark.line + 1, column=key_node.start_mark.column + 1,
-                                      key=format_path(path + (key,)))
-                positions[("key",) + path + (key,)] = (key_node.start_mark.line + 1, key_node.start_mark.column + 1)
-                out[key] = build(value_node, path + (key,))
-            return out
-        if isinstance(n, yaml.SequenceNode):
-            return [build(item, path + (i,)) for i, item in enumerate(n.value)]
-        try:
-            return constructor.construct_object(n)
-        except yaml.YAMLError as err:
-            raise PolicyError(f"bad value: {err}", source=source, line=n.start_mark.line + 1,
-                              column=n.start_mark.column + 1, key=format_path(path)) from None
-
-    return build(node, ()), positions
+        line, col = self.document.position(probe)
+        return PolicyError(reader.printable(message), source=self.source, line=line, column=col,
+                           key=reader.printable(format_path(tuple(path))))
 
 
 def _build(doc: dict, loc: _Locator, source: str, sha: str, text: str) -> Policy:
@@ -319,10 +294,6 @@ def _build(doc: dict, loc: _Locator, source: str, sha: str, text: str) -> Policy
             raise loc.error(("archs", name, "vector_tail", "max_iterations"),
                             "max_iterations only applies to policy 'fixed'")
         ctas = {int(k): v for k, v in t.get("min_ctas_per_sm", {}).items()}
-        for k, v in ctas.items():
-            if max(k, t["threads"]) * v > THREADS_PER_SM:
-                raise loc.error(("archs", name, "min_ctas_per_sm", str(k)),
-                                f"{v} CTAs of {max(k, t['threads'])} threads exceed {THREADS_PER_SM} threads per SM")
         archs[name] = ArchTuning(name, tuple(t["capability"]), t["threads"], t["warps_per_block"],
                                  tail["policy"], tail.get("max_iterations"), ctas)
 
@@ -332,27 +303,69 @@ def _build(doc: dict, loc: _Locator, source: str, sha: str, text: str) -> Policy
         if d in aot:
             raise loc.error(("dtypes", "jit", i), f"{d} is already an AOT dtype")
 
-    families = {name: Family(name, f["template"], f["budget"]["max_registers"], f["budget"]["spills"])
-                for name, f in doc["families"].items()}
+    families = {}
+    for name, f in doc["families"].items():
+        if f["template"] != FAMILY_TEMPLATES[name]:
+            raise loc.error(("families", name, "template"),
+                            f"{name} kernels render from {FAMILY_TEMPLATES[name]}, not {f['template']}")
+        families[name] = Family(name, f["template"], f["budget"]["max_registers"], f["budget"]["spills"])
 
-    order = doc["dispatch_order"]
-    declared = [r["name"] for r in doc["rules"]]
-    for i, name in enumerate(order):
+    declared: set[str] = set()
+    for i, r in enumerate(doc["rules"]):
+        if r["name"] in declared:
+            raise loc.error(("rules", i, "name"), f"duplicate rule name '{r['name']}'")
+        declared.add(r["name"])
+    place: dict[str, int] = {}
+    for i, name in enumerate(doc["dispatch_order"]):
         if name not in declared:
             raise loc.error(("dispatch_order", i), f"unknown rule '{name}'")
-        if name in order[:i]:
+        if name in place:
             raise loc.error(("dispatch_order", i), f"rule '{name}' is listed twice")
+        place[name] = i
     rules = []
     for i, r in enumerate(doc["rules"]):
-        if r["name"] in declared[:i]:
-            raise loc.error(("rules", i, "name"), f"duplicate rule name '{r['name']}'")
-        if r["name"] not in order:
+        if r["name"] not in place:
             raise loc.error(("rules", i, "name"),
                             f"rule '{r['name']}' has no place in dispatch_order, so dispatch would be ambiguous")
-        rules.append(_build_rule(r, i, order.index(r["name"]), archs, aot + jit, families, loc))
+        rules.append(_build_rule(r, i, place[r["name"]], archs, aot + jit, families, loc))
+    _check_kernel_count(rules, loc)
     rules.sort(key=lambda r: r.position)
+    _check_occupancy(archs, rules, loc)
     return Policy(source, sha, text, doc["name"], archs, aot, jit, families, tuple(rules),
                   doc.get("aot_covers_all", False))
+
+
+def block_shape(family: str, tuning: ArchTuning, k: int) -> tuple[int, int]:
+    """(threads per block, rows per block) of a family's kernels with K rung k: a warp per
+    row for register kernels, max(K, threads) threads on one row for radix kernels."""
+    if family == "register":
+        return 32 * tuning.warps_per_block, tuning.warps_per_block
+    return max(k, tuning.threads), 1
+
+
+def _check_kernel_count(rules: list[Rule], loc: _Locator) -> None:
+    total = 0
+    for rule in rules:
+        total += (len(rule.archs) * len(rule.dtypes) * len(rule.k_rungs) * len(rule.modes)
+                  * (len(rule.n_exact) if rule.work == "exact" else 1))
+        if total > MAX_KERNELS:
+            raise loc.error(("rules", rule.doc_index), f"the rules up to this one declare {total} kernels "
+                                                       f"over all archs, dtypes and modes; at most {MAX_KERNELS}")
+
+
+def _check_occupancy(archs: dict[str, ArchTuning], rules: list[Rule], loc: _Locator) -> None:
+    """min_ctas_per_sm CTAs of each kernel that gets them must fit on one SM, at the block
+    size of that kernel's own family."""
+    for rule in rules:
+        for arch in rule.archs:
+            tuning = archs[arch]
+            for k in rule.k_rungs:
+                ctas = tuning.min_ctas_per_sm.get(k)
+                threads = block_shape(rule.family, tuning, k)[0]
+                if ctas is not None and ctas * threads > THREADS_PER_SM:
+                    raise loc.error(("archs", arch, "min_ctas_per_sm", str(k)),
+                                    f"{ctas} CTAs of {threads} threads (the {rule.family} kernels of rule "
+                                    f"'{rule.name}', K={k}) exceed {THREADS_PER_SM} threads per SM")
 
 
 def _build_rule(r: dict, i: int, position: int, archs: dict, dtypes: tuple, families: dict,
@@ -452,10 +465,7 @@ def kernels_of_rule(policy: Policy, rule: Rule, arch: str, dtype: str) -> list[K
 
 def _kernel(policy: Policy, rule: Rule, tuning: ArchTuning, family: Family, dtype: str, k: int,
             k_min: int, exact: int | None, mode: str, vec: int) -> KernelSpec:
-    if rule.family == "register":
-        threads, rows_per_block = 32 * tuning.warps_per_block, tuning.warps_per_block
-    else:
-        threads, rows_per_block = max(k, tuning.threads), 1
+    threads, rows_per_block = block_shape(rule.family, tuning, k)
     if rule.work == "ladder":
         n_min, n_max, work_tag = 1, rule.ladder[-1], "ladder"
     elif rule.work == "exact":

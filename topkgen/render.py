@@ -11,7 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from topkgen.policy import KernelSpec, _data_dir
+from topkgen.policy import FAMILY_TEMPLATES, KernelSpec, _data_dir
 
 # C types of the kernel parameters, per dtype; the same names go into the manifest.
 C_TYPES = {"float32": "float", "bfloat16": "__nv_bfloat16", "float16": "__half"}
@@ -43,7 +43,7 @@ def _environment():
     return environment(jinja2.FileSystemLoader(str(template_dir())))
 
 
-_NAME = re.compile(r"^topk_[a-z0-9_]{1,80}$")
+_NAME = re.compile(r"topk_[a-z0-9_]{1,80}")  # used with fullmatch
 
 # The kernel parameters in order, as C types per dtype: the manifest lists them.
 PARAMS = (("x", "const {t}*"), ("values", "{t}*"), ("indices", "long long*"), ("rows", "int"),
@@ -62,7 +62,7 @@ def _int(value: object, lo: int, hi: int, what: str) -> int:
 
 def context(spec: KernelSpec) -> dict[str, object]:
     """The template context: validated integers and strictly patterned names only."""
-    if not _NAME.match(spec.name):
+    if not _NAME.fullmatch(spec.name):
         raise ValueError(f"kernel name {spec.name!r} does not match {_NAME.pattern}")
     ctx: dict[str, object] = {
         "name": spec.name,
@@ -92,7 +92,7 @@ def context(spec: KernelSpec) -> dict[str, object]:
 
 def template_name(spec: KernelSpec) -> str:
     """The template a kernel renders from; its family decides, the policy must agree."""
-    template = {"register": "register_select.cu.j2", "radix": "radix_select.cu.j2"}[spec.family]
+    template = FAMILY_TEMPLATES[spec.family]
     if spec.template != template:
         raise ValueError(f"{spec.name}: family {spec.family} renders from {template}, not {spec.template}")
     return template

@@ -22,6 +22,7 @@ import numpy as np
 from topkgen import bundle as bundles
 from topkgen import dispatch_table
 from topkgen.dispatch_table import Choice
+from topkgen.errors import InputError
 from topkgen.manifest_checks import entries
 from topkgen.policy import DTYPE_SIZES, DispatchError, Selection, kernels_of_rule, select
 from topkgen.render import render
@@ -30,7 +31,7 @@ BACKENDS = ("cuda", "emulator")
 STATIC_SHARED_LIMIT = 48 * 1024  # above it, a kernel must opt in to more dynamic shared memory
 
 
-class TopKError(RuntimeError):
+class TopKError(InputError, RuntimeError):
     """A shape, array or bundle the runtime cannot serve; the message says which and why."""
 
 
@@ -91,9 +92,9 @@ class TopK:
         if backend == "emulator" and arch is None:
             raise TopKError("arch: the emulator backend needs an explicit arch (sm_90, sm_100, ...)")
         self._backend: _Backend = _EmulatorBackend() if backend == "emulator" else _CudaBackend()
-        self.arch = arch or self._backend.current_arch()
+        self.arch = arch if arch is not None else self._backend.current_arch()
         if self.arch not in self.policy.archs:
-            raise TopKError(f"arch: {self.arch} is not in the bundle's policy (knows {', '.join(self.policy.archs)})")
+            raise TopKError(f"arch: {self.arch!r} is not in the bundle's policy (knows {', '.join(self.policy.archs)})")
         self._specs = {spec.name: spec for rule in self.policy.rules for dtype in self.policy.dtypes
                        for spec in kernels_of_rule(self.policy, rule, self.arch, dtype)}
         self._table, self.in_bundle = dispatch_table.serving_table(self.manifest, self.policy, self.arch)

@@ -71,6 +71,25 @@ def _resolve(ref: str, root: dict) -> dict:
 
 
 def _check(value: Any, schema: dict, root: dict, path: Path) -> None:
+    if "x-refusal" in schema:  # a sentence that says why the schema refuses such values
+        try:
+            _check_node(value, schema, root, path)
+        except SchemaViolation as err:
+            if err.path == path:
+                err.message = f"{err.message}: {schema['x-refusal']}"
+            raise
+    else:
+        _check_node(value, schema, root, path)
+
+
+@lru_cache(maxsize=None)
+def _pattern(pattern: str) -> re.Pattern:
+    """A schema pattern as ECMA-262 reads it: `$` is the end of the string, never the place
+    before a trailing newline (Python's `$`), so "topk\n" does not pass ^[a-z]+$."""
+    return re.compile(re.sub(r"(?<!\\)\$", r"\\Z", pattern))
+
+
+def _check_node(value: Any, schema: dict, root: dict, path: Path) -> None:
     if "$ref" in schema:
         _check(value, _resolve(schema["$ref"], root), root, path)
     if "type" in schema:
@@ -92,7 +111,7 @@ def _check(value: Any, schema: dict, root: dict, path: Path) -> None:
             raise SchemaViolation(path, f"must have at least {schema['minLength']} characters")
         if "maxLength" in schema and len(value) > schema["maxLength"]:
             raise SchemaViolation(path, f"must have at most {schema['maxLength']} characters")
-        if "pattern" in schema and not re.search(schema["pattern"], value):
+        if "pattern" in schema and not _pattern(schema["pattern"]).search(value):
             raise SchemaViolation(path, f"{value!r} does not match the pattern {schema['pattern']}")
     if isinstance(value, list):
         if "minItems" in schema and len(value) < schema["minItems"]:
@@ -100,11 +119,12 @@ def _check(value: Any, schema: dict, root: dict, path: Path) -> None:
         if "maxItems" in schema and len(value) > schema["maxItems"]:
             raise SchemaViolation(path, f"must have at most {schema['maxItems']} items")
         if schema.get("uniqueItems"):
-            seen: list[Any] = []
+            seen: set[Any] = set()
             for i, item in enumerate(value):
-                if any(_same(item, s) for s in seen):
+                key = _identity(item)
+                if key in seen:
                     raise SchemaViolation(path + (i,), f"duplicate item {_describe(item)}")
-                seen.append(item)
+                seen.add(key)
         if "items" in schema:
             for i, item in enumerate(value):
                 _check(item, schema["items"], root, path + (i,))
@@ -135,6 +155,20 @@ def _check_object(value: dict, schema: dict, root: dict, path: Path) -> None:
             _check(item, props[key], root, path + (key,))
         elif isinstance(extra, dict):
             _check(item, extra, root, path + (key,))
+
+
+def _identity(value: Any) -> Any:
+    """A hashable key equal for exactly the values JSON calls equal (1 == 1.0, 1 != true),
+    so uniqueItems is one pass over a set instead of comparing every pair."""
+    if isinstance(value, bool) or value is None:
+        return ("literal", value)
+    if isinstance(value, (int, float)):
+        return ("number", value)
+    if isinstance(value, list):
+        return ("array", tuple(_identity(v) for v in value))
+    if isinstance(value, dict):
+        return ("object", frozenset((k, _identity(v)) for k, v in value.items()))
+    return ("string", value)
 
 
 def _same(a: Any, b: Any) -> bool:

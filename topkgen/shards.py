@@ -54,8 +54,10 @@ SHARED_FIELDS = ("generator", "toolchain", "policy", "archs", "jit_only", "nvrtc
 def merge(parts: list[Path], out: Path) -> dict:
     """Validate the parts and write the full bundle to `out`; returns its manifest."""
     from topkgen.compile import cache_key
+    from topkgen.destinations import check_bundle_destination
     from topkgen.render import render
 
+    check_bundle_destination(out)  # before any work: never replace a directory of the user's
     loaded = []
     for part in parts:
         try:

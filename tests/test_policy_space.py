@@ -1,0 +1,159 @@
+"""Every value the policy schema accepts yields correct kernels, or is refused with the
+reason (issue 11, point 3).
+
+The property test draws policies across the schema's space (tests/strategies.py). Each
+accepted one must plan, render every kernel it declares, dispatch drawn shapes to kernels
+that serve them, and a sample of its kernels, run on the emulator, must match
+topkgen.reference. Refused ones must say where and why. The examples are derandomized, so
+CI runs the same policies and reuses the emulator cache between runs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+from topkgen import policy as pol
+from topkgen.emulator import compile_source
+from topkgen.render import render
+
+from .conftest import DEFAULT_POLICY
+from .strategies import policy_documents, policy_text
+from .topk_cases import check_topk, make_rows
+
+BASE = DEFAULT_POLICY.read_text()
+N_CAP = 12_000  # the largest n run on the emulator
+STATS = {"policies": 0, "accepted": 0, "refused": 0, "kernels_rendered": 0, "kernels_run": 0, "cases": 0,
+         "shapes_dispatched": 0}
+VARIETY: set[str] = set()  # family/work/threads/tail of the kernels run, for the summary
+
+
+def _every_kernel(policy: pol.Policy) -> list[pol.KernelSpec]:
+    return [spec for arch in policy.archs for rule in policy.rules for dtype in policy.dtypes
+            for spec in pol.kernels_of_rule(policy, rule, arch, dtype)]
+
+
+def _check_dispatch(data, policy: pol.Policy) -> None:
+    for _ in range(4):
+        arch = data.draw(st.sampled_from(sorted(policy.archs)))
+        dtype = data.draw(st.sampled_from(policy.dtypes))
+        n = data.draw(st.integers(1, pol.N_MAX))
+        k = data.draw(st.integers(1, min(n, pol.K_MAX)))
+        deterministic = data.draw(st.booleans())
+        sel = pol.select(policy, arch, dtype, k, n, deterministic=deterministic)  # total dispatch: never raises
+        spec = sel.kernel
+        assert spec.k_min <= k <= spec.k and spec.serves_n(n) and spec.arch == arch and spec.dtype == dtype
+        assert spec.mode == "deterministic" or not deterministic
+        STATS["shapes_dispatched"] += 1
+
+
+def _run_sample(data, specs: list[pol.KernelSpec]) -> None:
+    picks = data.draw(st.lists(st.integers(0, len(specs) - 1), min_size=1, max_size=3, unique=True))
+    sample = [specs[i] for i in sorted(picks)]
+    source = "".join(render(spec) for spec in sample)
+    module = compile_source(source, name=f"space_{hashlib.sha256(source.encode()).hexdigest()[:16]}")
+    for spec in sample:
+        low = max(spec.k_min, spec.n_min)
+        high = min(spec.n_max, max(low, N_CAP))
+        if low > high:
+            continue  # no n this kernel serves has k_min <= n
+        n = data.draw(st.integers(low, high), label=f"n for {spec.name}")
+        k = data.draw(st.integers(spec.k_min, min(spec.k, n)), label="k")
+        rows = data.draw(st.integers(1, 4), label="rows")
+        largest = data.draw(st.booleans(), label="largest")
+        x = make_rows(spec.dtype, rows, n, seed=n + k)
+        values = np.zeros((rows, k), x.dtype)
+        indices = np.full((rows, k), -1, np.int64)
+        grid = (rows + spec.rows_per_block - 1) // spec.rows_per_block
+        module.launch(spec.name, grid, spec.threads,
+                      [x, values, indices, np.int32(rows), np.int32(n), np.int32(k), np.int32(largest)],
+                      schedule_seed=n, workers=1)
+        check_topk(x, values, indices, k, largest, spec.mode == "deterministic", spec.dtype,
+                   what=f"{spec.name} (threads {spec.threads}, tail {spec.tail_policy}/{spec.tail_max_iterations}) "
+                        f"n={n} k={k} rows={rows} largest={largest}")
+        STATS["kernels_run"] += 1
+        VARIETY.add(f"{spec.family}/{spec.work}/{spec.dtype}/t{spec.threads}/{spec.tail_policy}"
+                    f"{spec.tail_max_iterations or ''}")
+        STATS["cases"] += rows
+
+
+@settings(max_examples=24, derandomize=True, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@given(doc=policy_documents(), data=st.data())
+def _accepted_policies_yield_correct_kernels(doc, data) -> None:
+    STATS["policies"] += 1
+    try:
+        policy = pol.loads(policy_text(doc), source="drawn.yaml")
+    except pol.PolicyError as err:
+        STATS["refused"] += 1
+        assert err.line is not None and err.message, f"refused without a position: {err}"
+        return
+    STATS["accepted"] += 1
+    specs = _every_kernel(policy)
+    for spec in specs:
+        render(spec)
+    STATS["kernels_rendered"] += len(specs)
+    for arch in policy.archs:
+        assert [s.name for s in pol.plan(policy, arch)] == [s.name for s in specs if s.arch == arch and s.aot]
+    _check_dispatch(data, policy)
+    _run_sample(data, specs)
+
+
+def test_accepted_policies_yield_correct_kernels():
+    _accepted_policies_yield_correct_kernels()
+    print(f"\npolicy space: {STATS}\nkernels run: {sorted(VARIETY)}")
+    assert STATS["accepted"] >= 10 and STATS["refused"] >= 1 and STATS["kernels_run"] >= 20, STATS
+
+
+# ----------------------------------------------------------------------------- the defects of issue 11
+
+def _variant(old: str, new: str) -> str:
+    assert old in BASE, old
+    return BASE.replace(old, new, 1)
+
+
+def test_radix_blocks_under_256_threads_are_refused_with_the_reason(cli, tmp_path):
+    # threads: 128 gave topk_radix_dyn_k64_fast_f32_sm_90 a 128-thread block, whose digit
+    # search covers 256 bins with one thread each: wrong top-k for most rows.
+    path = tmp_path / "p.yaml"
+    path.write_text(_variant("    threads: 256              #", "    threads: 128              #"))
+    result = cli("plan", "--policy", path)
+    assert result.exit_code == 2, result.output
+    assert ":10:14: archs.sm_90.threads: 128 is not one of 256, 512, 1024: radix blocks need at least 256 " \
+           "threads, since the digit search gives each of its 256 bins one thread" in result.stderr
+
+
+def test_a_family_template_other_than_its_kernels_is_refused(cli, tmp_path):
+    path = tmp_path / "p.yaml"
+    path.write_text(_variant("template: register_select.cu.j2", "template: radix_select.cu.j2"))
+    result = cli("plan", "--policy", path)
+    assert result.exit_code == 2, result.output
+    assert "families.register.template: register kernels render from register_select.cu.j2, " \
+           "not radix_select.cu.j2" in result.stderr
+
+
+def test_occupancy_is_checked_at_each_familys_own_block_size(tmp_path):
+    # 32 warps per block: register kernels run 1024 threads; 4 CTAs of them cannot fit in
+    # 2048 threads per SM, though 4 CTAs of the radix block (256 threads) would.
+    text = _variant("    warps_per_block: 4        #", "    warps_per_block: 32       #")
+    text = text.replace("    min_ctas_per_sm:          # launch bounds by K rung\n      1024: 2",
+                        "    min_ctas_per_sm:          # launch bounds by K rung\n      16: 4\n      1024: 2", 1)
+    with pytest.raises(pol.PolicyError, match=r"archs\.sm_90\.min_ctas_per_sm\.16: 4 CTAs of 1024 threads "
+                                              r"\(the register kernels of rule '[a-z0-9_]+', K=16\) exceed 2048"):
+        pol.loads(text)
+    # and a radix K rung is checked at max(K, threads), not at the register block
+    ok = _variant("    warps_per_block: 4        #", "    warps_per_block: 1        #")
+    ok = ok.replace("      1024: 2", "      64: 8\n      1024: 2", 1)
+    assert pol.loads(ok).archs["sm_90"].min_ctas_per_sm[64] == 8
+
+
+def test_repeated_arch_arguments_plan_each_kernel_once(cli):
+    result = cli("plan", "--arch", "sm_90", "--arch", "sm_90", "--format", "json")
+    assert result.exit_code == 0
+    doc = json.loads(result.stdout)
+    names = [k["name"] for k in doc["kernels"]]
+    assert doc["archs"] == ["sm_90"] and len(names) == len(set(names)) == 29

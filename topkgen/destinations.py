@@ -1,0 +1,177 @@
+"""Where topkgen writes into the user's tree: checked before any work is done, so nothing
+is compiled or run only to fail at the end, and nothing of the user's is replaced unless
+they asked for it.
+
+`topkgen build --out DIR` replaces DIR only when DIR is missing, empty or a topkgen bundle
+(or with --force); never the current directory or one of its parents. `topkgen run -o FILE`
+replaces FILE only when it is the output of an earlier run (or with --force). Locks live in
+the cache directory, keyed by the destination, so nothing is left beside it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import hashlib
+import os
+import re
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Iterator
+
+from topkgen.errors import InputError
+from topkgen.paths import cache_root
+from topkgen.reader import ReadError, printable, read_json
+
+_ARCH_DIR = re.compile(r"sm_[0-9]{2,3}a?")
+RUN_OUTPUT_MEMBERS = ["indices.npy", "values.npy"]
+
+
+class DestinationError(InputError, ValueError):
+    """A destination topkgen must not or cannot write; the message says which and why."""
+
+
+def _show(path: Path) -> str:
+    return printable(os.fspath(path))
+
+
+def check_bundle_destination(out: Path, *, force: bool = False) -> None:
+    """Refuse a bundle destination that would lose the user's files or cannot be written."""
+    try:
+        _check_bundle_destination(Path(out), force)
+    except OSError as err:  # a directory on the way that cannot be read
+        raise DestinationError(f"--out {_show(Path(out))}: {err.strerror} ({_show(Path(err.filename or out))})") from None
+
+
+def _check_bundle_destination(out: Path, force: bool) -> None:
+    if out.is_symlink():
+        raise DestinationError(f"--out {_show(out)}: is a symbolic link; name the directory itself")
+    resolved = out.resolve()
+    cwd = Path.cwd().resolve()
+    if resolved == cwd or resolved in cwd.parents:
+        raise DestinationError(f"--out {_show(out)}: is the current directory or one of its parents; "
+                               f"a build replaces its --out directory, so name a new or bundle directory")
+    if out.exists() or os.path.lexists(out):
+        if not out.is_dir():
+            raise DestinationError(f"--out {_show(out)}: exists and is not a directory")
+        problem = None if force else foreign_content(out)
+        if problem is not None:
+            raise DestinationError(f"--out {_show(out)}: exists, is not empty and is not a topkgen bundle "
+                                   f"({problem}); pass --force to replace it, or choose another directory")
+    _check_writable(resolved.parent, f"--out {_show(out)}")
+
+
+def foreign_content(out: Path) -> str | None:
+    """What in an existing directory is not part of a topkgen bundle (None when nothing is):
+    a bundle holds manifest.json, written by topkgen, <arch>/<kernel>.cubin and
+    jit/<arch>/<kernel>.cu files only."""
+    entries = sorted(out.iterdir())
+    if not entries:
+        return None
+    names = {e.name for e in entries}
+    if "manifest.json" not in names:
+        return f"no manifest.json, and it holds {_show(entries[0].relative_to(out))}"
+    for entry in entries:
+        rel = entry.relative_to(out)
+        if entry.name == "manifest.json":
+            if entry.is_symlink() or not entry.is_file():
+                return f"{rel} is not a file"
+            continue
+        if entry.is_symlink() or not entry.is_dir():
+            return f"it holds {_show(rel)}"
+        if entry.name == "jit":
+            for arch_dir in entry.iterdir():
+                if arch_dir.is_symlink() or not arch_dir.is_dir() or not _ARCH_DIR.fullmatch(arch_dir.name):
+                    return f"it holds {_show(arch_dir.relative_to(out))}"
+                problem = _foreign_file(out, arch_dir, ".cu")
+                if problem:
+                    return problem
+            continue
+        if not _ARCH_DIR.fullmatch(entry.name):
+            return f"it holds {_show(rel)}"
+        problem = _foreign_file(out, entry, ".cubin")
+        if problem:
+            return problem
+    try:
+        manifest = read_json(out / "manifest.json", limit=64 << 20, what="manifest")
+    except ReadError as err:
+        return f"its manifest.json cannot be read: {err.message}"
+    generator = manifest.get("generator") if isinstance(manifest, dict) else None
+    if not isinstance(generator, dict) or generator.get("name") != "topkgen":
+        return "its manifest.json was not written by topkgen"
+    return None
+
+
+def _foreign_file(out: Path, directory: Path, suffix: str) -> str | None:
+    for item in directory.iterdir():
+        if item.is_symlink() or not item.is_file() or item.suffix != suffix:
+            return f"it holds {_show(item.relative_to(out))}"
+    return None
+
+
+def check_output_file(path: Path, *, force: bool = False, inputs: tuple[Path, ...] = ()) -> None:
+    """Refuse an output file that would replace the user's data, or that cannot be written."""
+    try:
+        _check_output_file(Path(path), force, inputs)
+    except OSError as err:
+        raise DestinationError(f"-o {_show(Path(path))}: {err.strerror}") from None
+
+
+def _check_output_file(path: Path, force: bool, inputs: tuple[Path, ...]) -> None:
+    label = f"-o {_show(path)}"
+    if path.is_dir():
+        raise DestinationError(f"{label}: is a directory")
+    parent = path.parent
+    if not parent.is_dir():
+        raise DestinationError(f"{label}: {_show(parent)} is not an existing directory")
+    for source in inputs:
+        with contextlib.suppress(OSError):
+            if path.exists() and os.path.samefile(path, source):
+                raise DestinationError(f"{label}: is the input file {_show(source)}")
+    if path.exists() and not force:
+        if path.is_symlink() or not path.is_file() or not _is_run_output(path):
+            raise DestinationError(f"{label}: exists and is not the output of an earlier topkgen run "
+                                   f"(an .npz with values and indices); pass --force to replace it")
+    _check_writable(parent, label)
+
+
+def _is_run_output(path: Path) -> bool:
+    try:
+        with zipfile.ZipFile(path) as archive:
+            return sorted(archive.namelist()) == RUN_OUTPUT_MEMBERS
+    except (OSError, zipfile.BadZipFile, ValueError):
+        return False
+
+
+def _check_writable(directory: Path, label: str) -> None:
+    """Create and remove a directory in the nearest existing ancestor: the only sure test
+    (permissions, read-only mounts, root, ACLs) that a build or run can write there."""
+    probe = directory
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise DestinationError(f"{label}: {_show(probe)} is not a directory")
+    try:
+        os.rmdir(tempfile.mkdtemp(prefix=".topkgen-probe-", dir=probe))
+    except OSError as err:
+        raise DestinationError(f"{label}: cannot write in {_show(probe)}: {err.strerror}") from None
+
+
+@contextlib.contextmanager
+def locked(destination: Path) -> Iterator[None]:
+    """Serialise writers of one destination; the lock file lives in the cache directory."""
+    key = hashlib.sha256(os.fsencode(Path(destination).resolve())).hexdigest()[:32]
+    lock = cache_root() / "locks" / f"{key}.lock"
+    try:
+        lock.parent.mkdir(parents=True, exist_ok=True)
+        handle = open(lock, "a")
+    except OSError as err:
+        raise DestinationError(f"cannot create the lock {_show(lock)}: {err.strerror} "
+                               f"(set TOPKGEN_CACHE_DIR to a writable directory)") from None
+    with handle:
+        fcntl.flock(handle, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(handle, fcntl.LOCK_UN)

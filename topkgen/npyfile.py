@@ -1,0 +1,102 @@
+"""Reading a user's .npy file for `topkgen run`, carefully.
+
+np.load trusts the header: a few bytes that declare shape (1, 2^40) make it try to allocate
+4 TiB, an empty file raises EOFError, an .npz archive comes back as a lazy zip. Here the
+header is parsed by numpy's own header reader, and its shape and dtype are checked against
+the file's size before anything is allocated. Archives, empty files, 0-d arrays, object,
+structured and subarray dtypes are refused by name; Fortran-order and big-endian arrays
+come back C-ordered and native, so both backends take them.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+
+import numpy as np
+
+from topkgen.errors import InputError
+from topkgen.reader import printable
+
+MAGIC = b"\x93NUMPY"
+MAX_HEADER_BYTES = 10_000
+_ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
+_NUMERIC_KINDS = "biufc"
+
+
+class NpyError(InputError, ValueError):
+    """A file that is not a usable .npy array; the message names the file and the reason."""
+
+
+def read_npy(path: str | os.PathLike) -> np.ndarray:
+    """The array stored in a .npy file, C-contiguous and in native byte order. Raw 2-byte
+    records (numpy's form of ml_dtypes.bfloat16) come back as uint16 bit patterns."""
+    label = printable(os.fspath(path))
+
+    def fail(reason: str) -> NpyError:
+        return NpyError(f"{label}: {reason}")
+
+    try:
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise fail("not a regular file")
+        handle = open(path, "rb")
+    except OSError as err:
+        raise fail(f"cannot read: {err.strerror}") from None
+    except ValueError as err:  # a NUL byte in the path
+        raise fail(f"cannot read: {err}") from None
+    with handle:
+        size = os.fstat(handle.fileno()).st_size
+        head = handle.read(len(MAGIC))
+        if not head:
+            raise fail("the file is empty")
+        if head.startswith(_ZIP_MAGICS):
+            raise fail("an .npz archive (a zip of arrays), not a .npy array; save one array with np.save")
+        if head != MAGIC:
+            raise fail("not a .npy file (it does not start with the \\x93NUMPY magic)")
+        handle.seek(0)
+        try:
+            version = np.lib.format.read_magic(handle)
+            if version == (1, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_1_0(handle, max_header_size=MAX_HEADER_BYTES)
+            elif version == (2, 0):
+                shape, fortran, dtype = np.lib.format.read_array_header_2_0(handle, max_header_size=MAX_HEADER_BYTES)
+            else:
+                raise fail(f".npy format version {version[0]}.{version[1]} is not supported (1.0 and 2.0 are)")
+        except NpyError:
+            raise
+        except Exception as err:  # numpy's header parser on hostile bytes: ValueError, TokenError, SyntaxError...
+            raise fail(f"bad .npy header: {printable(str(err))[:200]}") from None
+        _check_dtype(dtype, fail)
+        if shape == ():
+            raise fail("a 0-d array (a single value); top-k needs an array with at least one dimension")
+        count = 1
+        for dim in shape:
+            count *= dim
+        declared = count * dtype.itemsize
+        available = size - handle.tell()
+        if declared != available:
+            raise fail(f"the header declares shape {tuple(shape)} of {dtype} ({declared} bytes of data) "
+                       f"but the file holds {available} bytes after the header")
+        flat = np.empty(count, dtype=dtype)
+        if handle.readinto(flat.view(np.uint8)) != declared:
+            raise fail("the file changed while it was read")
+    array = flat.reshape(shape, order="F" if fortran else "C")
+    array = np.ascontiguousarray(array)
+    if not dtype.isnative:
+        array = array.byteswap().view(dtype.newbyteorder("="))
+    if dtype.kind == "V":
+        array = array.view(np.uint16)
+    return array
+
+
+def _check_dtype(dtype: np.dtype, fail) -> None:
+    if dtype.hasobject:
+        raise fail("holds Python objects (pickles are refused)")
+    if dtype.names is not None:
+        raise fail(f"a structured dtype ({printable(str(dtype))}) is not an array of numbers")
+    if dtype.subdtype is not None:
+        raise fail(f"a subarray dtype ({printable(str(dtype))}) is not supported")
+    if dtype.kind == "V" and dtype.itemsize == 2:
+        return  # ml_dtypes.bfloat16, which numpy saves as raw 2-byte records
+    if dtype.kind not in _NUMERIC_KINDS or dtype.itemsize == 0:
+        raise fail(f"dtype {printable(str(dtype))} is not an array of numbers")
