@@ -137,7 +137,9 @@ struct RowView {
 
   __device__ __forceinline__ int steps() const { return 1 + body_steps + tail_steps; }
 
-  // This thread's keys of step s (consecutive indices from `first`); returns how many.
+  // This thread's keys of step s (consecutive indices from `first`, which is set when the
+  // count is positive); returns how many. Every index is formed only once it is known to
+  // lie inside the row, so no int overflows for any n up to 2^31 - 1.
   __device__ __forceinline__ int load(int s, Bits (&keys)[V], int& first) const {
     const int t = threadIdx.x;
     if (s == 0) {
@@ -150,17 +152,18 @@ struct RowView {
     }
     s -= 1;
     if (s < body_steps) {
-      const int v = s * THREADS + t;
-      first = head + v * V;
+      const int v = s * THREADS + t;  // < nvec + THREADS
       if (v < nvec) {
+        first = head + v * V;
         unpack_vector<V>(load_global_nc(reinterpret_cast<const uint4*>(p + head) + v), keys);
         return V;
       }
       return 0;
     }
     s -= body_steps;
-    first = tail_start + s * THREADS + t;
-    if (first < n) {
+    const int i = s * THREADS + t;  // position in the tail, < tail steps x THREADS
+    if (i < n - tail_start) {
+      first = tail_start + i;
       keys[0] = load_global_nc(p + first);
       return 1;
     }
