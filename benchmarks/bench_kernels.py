@@ -106,7 +106,8 @@ def measure(kernels: Kernels, set_name: str, model_rows: int, rows: int, dtype: 
     values, indices = np.zeros((rows, k), x.dtype), np.zeros((rows, k), np.int64)
     grid = (rows + spec.rows_per_block - 1) // spec.rows_per_block
     c = kernels.module(spec).launch(spec.name, grid, spec.threads, [x, values, indices, np.int32(rows), np.int32(n),
-                                                                    np.int32(k), np.int32(1)], counters=True)
+                                                                    np.int32(k), np.int32(1)],
+                                    shared_bytes=getattr(spec, "dynamic_shared_bytes", 0), counters=True)
     expect, _ = reference.topk(x, k, largest=True)
     if not np.array_equal(reference.select_keys(values, True), reference.select_keys(expect, True)):
         raise SystemExit(f"bench-kernels: {spec.name} returned a wrong top-{k} on {kind} rows of {n}")

@@ -116,7 +116,8 @@ def _launch(spec, module, x: np.ndarray, k: int):
     values, indices = np.zeros((rows, k), x.dtype), np.zeros((rows, k), np.int64)
     grid = (rows + spec.rows_per_block - 1) // spec.rows_per_block
     return module.launch(spec.name, grid, spec.threads, [x, values, indices, np.int32(rows), np.int32(n), np.int32(k),
-                                                         np.int32(1)], counters=True)
+                                                         np.int32(1)],
+                         shared_bytes=getattr(spec, "dynamic_shared_bytes", 0), counters=True)
 
 
 @pytest.mark.parametrize("dtype,passes", [("float32", 4), ("bfloat16", 2)])
