@@ -7,7 +7,7 @@ OUT    ?= out
 JOBS   ?= 2
 FUZZ_SECONDS ?= 300
 
-.PHONY: build build-legacy test install cpp bench bench-plan bench-emulator bench-build bench-diff bench-dispatch fuzz gpu-check clean
+.PHONY: build build-legacy test install cpp bench bench-plan bench-emulator bench-build bench-diff bench-dispatch bench-kernels fuzz gpu-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -50,7 +50,7 @@ test: $(STAMP) $(CPP_BIN)
 fuzz: $(STAMP)
 	TOPKGEN_CACHE_DIR=$(CURDIR)/.cache $(BIN)/python -m tests.fuzz --seconds $(FUZZ_SECONDS)
 
-bench: bench-plan bench-diff bench-dispatch bench-emulator bench-build
+bench: bench-plan bench-diff bench-dispatch bench-emulator bench-build bench-kernels
 
 bench-plan: $(STAMP)
 	$(BIN)/python benchmarks/bench_cli.py plan
@@ -73,7 +73,14 @@ bench-emulator: $(STAMP)
 bench-build: $(STAMP)
 	$(BIN)/python benchmarks/bench_build.py
 
-# The device checks (build, GPU tests, compute-sanitizer, benchmark against torch.topk).
-# On the accelerator machine run it with its own python: `python3 scripts/gpu_check.py`.
+# Traffic of every dispatched kernel, counted on the emulator, with an H200 model estimate;
+# compared with KERNELS_BASELINE (the kernels before issue 13) when that file exists.
+KERNELS_BASELINE ?= benchmarks/results/bench_kernels_before.json
+bench-kernels: $(STAMP)
+	$(BIN)/python benchmarks/bench_kernels.py $(if $(wildcard $(KERNELS_BASELINE)),--baseline $(KERNELS_BASELINE))
+
+# The device checks (build, GPU tests, compute-sanitizer, kernel timings against torch.topk,
+# ncu DRAM bytes). On the accelerator machine run it with its own python:
+# `PYTHONPATH=. python3 scripts/gpu_check.py --results DIR`.
 gpu-check: $(STAMP) $(CPP_BIN)
 	$(BIN)/python scripts/gpu_check.py

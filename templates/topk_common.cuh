@@ -7,6 +7,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+{% include "topk_memory.cuh" %}
+
 namespace topk {
 
 typedef unsigned long long u64;
@@ -135,31 +137,34 @@ struct RowView {
 
   __device__ __forceinline__ int steps() const { return 1 + body_steps + tail_steps; }
 
-  // This thread's keys of step s (consecutive indices from `first`); returns how many.
+  // This thread's keys of step s (consecutive indices from `first`, which is set when the
+  // count is positive); returns how many. Every index is formed only once it is known to
+  // lie inside the row, so no int overflows for any n up to 2^31 - 1.
   __device__ __forceinline__ int load(int s, Bits (&keys)[V], int& first) const {
     const int t = threadIdx.x;
     if (s == 0) {
       first = t;
       if (t < head) {
-        keys[0] = p[t];
+        keys[0] = load_global_nc(p + t);
         return 1;
       }
       return 0;
     }
     s -= 1;
     if (s < body_steps) {
-      const int v = s * THREADS + t;
-      first = head + v * V;
+      const int v = s * THREADS + t;  // < nvec + THREADS
       if (v < nvec) {
-        unpack_vector<V>(reinterpret_cast<const uint4*>(p + head)[v], keys);
+        first = head + v * V;
+        unpack_vector<V>(load_global_nc(reinterpret_cast<const uint4*>(p + head) + v), keys);
         return V;
       }
       return 0;
     }
     s -= body_steps;
-    first = tail_start + s * THREADS + t;
-    if (first < n) {
-      keys[0] = p[first];
+    const int i = s * THREADS + t;  // position in the tail, < tail steps x THREADS
+    if (i < n - tail_start) {
+      first = tail_start + i;
+      keys[0] = load_global_nc(p + first);
       return 1;
     }
     return 0;
@@ -193,6 +198,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, T* __restric
   unsigned prefix = 0, prefix_mask = 0;
   int remaining = k;
   for (int pass = PASSES - 1; pass >= 0; --pass) {
+    counter_phase(pass == PASSES - 1 ? "histogram, first pass" : "histogram, later passes");
     for (int i = t; i < 256; i += THREADS) hist[i] = 0;
     __syncthreads();
     const int shift = pass * 8;
@@ -216,6 +222,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, T* __restric
   }
 
   // Gather: cand[0, k - ties) takes keys above the threshold, cand[k - ties, k) the ties.
+  counter_phase("gather");
   const unsigned threshold = prefix;
   const int ties = remaining;
   const int above = k - ties;
@@ -262,6 +269,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, T* __restric
   __syncthreads();
 
   // Bitonic sort of the first `width` candidates, descending (padding zeros sort last).
+  counter_phase("sort");
   for (int size = 2; size <= width; size <<= 1) {
     for (int stride = size >> 1; stride > 0; stride >>= 1) {
       for (int i = t; i < width / 2; i += THREADS) {
@@ -279,10 +287,11 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, T* __restric
 
   const unsigned long long in_base = (unsigned long long)row * (unsigned long long)n;
   const unsigned long long out_base = (unsigned long long)row * (unsigned long long)k;
+  counter_phase("output");
   for (int i = t; i < k; i += THREADS) {
     const int index = unpack_index(cand[i]);
-    values[out_base + i] = x[in_base + index];
-    indices[out_base + i] = index;
+    store_global(values + out_base + i, load_global_nc(x + in_base + index));
+    store_global(indices + out_base + i, (long long)index);
   }
 }
 
@@ -299,7 +308,7 @@ __device__ __forceinline__ void warp_topk_row(const T* __restrict__ row, T* __re
 #pragma unroll
   for (int j = 0; j < PER; ++j) {
     const int i = j * 32 + lane;
-    v[j] = i < n ? pack(select_key<T>(bits[i], largest), i) : 0ull;
+    v[j] = i < n ? pack(select_key<T>(load_global_nc(bits + i), largest), i) : 0ull;
   }
   u64 mine = 0ull;
   for (int r = 0; r < k; ++r) {
@@ -317,8 +326,8 @@ __device__ __forceinline__ void warp_topk_row(const T* __restrict__ row, T* __re
   }
   if (lane < k) {
     const int index = unpack_index(mine);
-    values[lane] = row[index];
-    indices[lane] = index;
+    store_global(values + lane, load_global_nc(row + index));
+    store_global(indices + lane, (long long)index);
   }
 }
 

@@ -21,6 +21,7 @@ from topkgen import policy as pol
 from topkgen.runtime import TopK, TopKError
 
 from .conftest import ROOT
+from .test_gpu_check import gc as gpu_check  # noqa: F401 (the fixture that imports scripts/gpu_check.py)
 
 CPP = ROOT / "build" / "cpp" / "topkgen-cpp"
 
@@ -247,14 +248,9 @@ def test_launch_without_a_driver_says_so(cpp, built_bundle, tmp_path):
     assert not (tmp_path / "v.bin").exists()
 
 
-def test_gpu_check_launches_every_aot_kernel_through_both_loaders(cpp, built_bundle, monkeypatch):
+def test_gpu_check_launches_every_aot_kernel_through_both_loaders(cpp, built_bundle, gpu_check, monkeypatch):
     """scripts/gpu_check.py's C++-against-Python step (it needs a GPU): its cases reach every
     AOT kernel, and both loaders pick that kernel for the case's shape with JIT off."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
-    gpu_check = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(gpu_check)
     manifest = json.loads((built_bundle / "manifest.json").read_text())
     monkeypatch.setenv("TOPKGEN_DISABLE_JIT", "1")
     for arch in ("sm_90", "sm_100"):

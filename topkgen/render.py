@@ -90,6 +90,12 @@ def context(spec: KernelSpec) -> dict[str, object]:
     return ctx
 
 
+def device_library() -> str:
+    """The device code every kernel includes (topk_common.cuh and what it includes), for
+    tests and tools that call its functions from kernels of their own."""
+    return _environment().get_template("topk_common.cuh").render()
+
+
 def template_name(spec: KernelSpec) -> str:
     """The template a kernel renders from; its family decides, the policy must agree."""
     template = FAMILY_TEMPLATES[spec.family]
