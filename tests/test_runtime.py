@@ -179,7 +179,7 @@ def test_topkgen_run_on_the_emulator(bundle_dir, tmp_path):
                            "--backend", "emulator", "--k", "33", "--smallest", "--deterministic",
                            str(tmp_path / "in.npy"), "-o", str(tmp_path / "out.npz")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
-    assert "by topk_radix_dyn_k64_det_f32_sm_90 (AOT)" in proc.stdout
+    assert "by topk_radix_dyn_k64_det_f32_sm_90 (aot)" in proc.stdout
     result = np.load(tmp_path / "out.npz")
     check_topk(x, result["values"], result["indices"], 33, False, True, "float32")
     xb = make_rows("bfloat16", 3, 500, seed=12)
