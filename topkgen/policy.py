@@ -307,8 +307,8 @@ def _build(doc: dict, loc: _Locator, source: str, sha: str, text: str) -> Policy
         for family in families:
             for key in FAMILY_ARCH_KEYS[family]:
                 if key not in t:
-                    raise loc.error(("archs", name), f"missing key '{key}': the policy declares {family} kernels, "
-                                                     f"which need it")
+                    raise loc.error(("archs", name), f"missing key '{key}': the policy declares {family} "
+                                                     f"kernels, which need it", at_key=True)
         tail = t.get("vector_tail", {"policy": "runtime"})
         if tail["policy"] == "fixed" and "max_iterations" not in tail:
             raise loc.error(("archs", name, "vector_tail"), "policy 'fixed' needs max_iterations")
