@@ -686,11 +686,11 @@ def _print_rows(input_path: str, shape: tuple[int, ...], dtype: str, values: Any
     """Each row's top-k, value[index], for the first rows: what -o would save, to read."""
     import numpy as np
 
-    if dtype == "bfloat16":
+    if dtype == "bfloat16":  # 16-bit values come as uint16 bits or 2-byte records
         import ml_dtypes
 
         values = values.view(ml_dtypes.bfloat16)
-    elif values.dtype == np.uint16:
+    elif dtype == "float16":
         values = values.view(np.float16)
     values = values.astype(np.float32).reshape(-1, k)
     indices = indices.reshape(-1, k)
