@@ -611,8 +611,9 @@ Examples:
   topkgen run --bundle out --k 8 x.npy -o top8.npz    saved: values, indices
   topkgen run --bundle out --backend emulator --arch sm_90 --k 8 x.npy
 
-The emulator backend runs the same kernels on the CPU, without a GPU. bfloat16 input is read as numpy saves ml_dtypes.bfloat16 (2-byte records), or as raw uint16
-bits (--dtype says which 16-bit type those hold); the values are saved the same way.""")
+The emulator backend runs the same kernels on the CPU, without a GPU. bfloat16 input is
+read as numpy saves ml_dtypes.bfloat16 (2-byte records), or as raw uint16 bits (--dtype says
+which 16-bit type those hold); the values are saved the same way.""")
 @click.option("--bundle", "bundle_dir", required=True, type=click.Path(file_okay=False), metavar="DIR",
               help="Bundle directory (from topkgen build).")
 @click.option("--arch", type=ArchType(), default=None, metavar="ARCH",
@@ -695,7 +696,8 @@ def _print_rows(input_path: str, shape: tuple[int, ...], dtype: str, values: Any
     values = values.astype(np.float32).reshape(-1, k)
     indices = indices.reshape(-1, k)
     rows = values.shape[0]
-    click.echo(f"{input_path}: {'smallest' if smallest else 'largest'} {k} of {rows} row(s) of {shape[-1]} {dtype} {by}")
+    click.echo(f"{input_path}: {'smallest' if smallest else 'largest'} {k} of {rows} row(s) of {shape[-1]} "
+               f"{dtype} {by}")
     for row in range(min(rows, ROWS_SHOWN)):
         label = row if len(shape) <= 2 else list(np.unravel_index(row, shape[:-1]))
         items = [f"{v:.6g}[{i}]" for v, i in zip(values[row, :VALUES_SHOWN], indices[row, :VALUES_SHOWN])]
