@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 OUT    ?= out
-JOBS   ?= 2
+JOBS   ?= $(shell nproc 2>/dev/null || echo 2)
 FUZZ_SECONDS ?= 300
 
 .PHONY: build build-legacy test install cpp bench bench-plan bench-emulator bench-build bench-diff bench-dispatch bench-kernels fuzz gpu-check clean
@@ -21,6 +21,9 @@ install: $(STAMP)
 build: $(STAMP)
 	$(BIN)/topkgen plan --format json > /dev/null
 	$(BIN)/topkgen build --out $(OUT) -j $(JOBS)
+	@echo
+	@echo "topkgen is installed in $(VENV)/, not on your PATH. Run it as $(BIN)/topkgen,"
+	@echo "or activate the environment first:  . $(BIN)/activate  then  topkgen --help"
 
 # The old exact-N grid, for comparison (CI builds it too).
 build-legacy: $(STAMP)

@@ -101,13 +101,13 @@ def test_warm_rebuild_compiles_nothing_and_a_corrupt_entry_is_recompiled(default
     base, _ = default_bundle
     before = tree(base / "out")
     proc = run("build", "--out", base / "out", cache=base / "cache")
-    assert "cache: 58 kernels: 58 local hits, 0 remote hits, 0 compiled" in proc.stdout
+    assert "cache: 58 local hits, 0 remote hits, 0 compiled" in proc.stdout
     store = base / "cache" / "nvrtc-store"
     record = json.loads(sorted((store / "ac").iterdir())[0].read_text())
     victim = store / "cas" / record["cubin_sha256"]
     victim.write_bytes(victim.read_bytes()[:-7] + b"garbage")
     proc = run("build", "--out", base / "out", cache=base / "cache")
-    assert "cache: 58 kernels: 57 local hits, 0 remote hits, 1 compiled" in proc.stdout
+    assert "cache: 57 local hits, 0 remote hits, 1 compiled" in proc.stdout
     assert tree(base / "out") == before
 
 

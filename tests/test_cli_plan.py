@@ -51,4 +51,4 @@ def test_explain_answers_for_the_exception_shapes(cli):
 def test_explain_text(cli):
     out = cli("explain", "--arch", "sm_90", "--dtype", "float32", "--k", 16, "--n", 2048).stdout
     assert "kernel: topk_register_n2048_k16_det_f32_sm_90" in out
-    assert "source: JIT" in out and "72%" in out
+    assert "source: jit" in out and "72%" in out

@@ -449,8 +449,8 @@ def test_workload_file(repo, suffix):
     proc = topkgen("diff", "HEAD~1", "HEAD", "--shapes", path, cwd=repo)
     assert proc.returncode == 1
     assert "dispatch: 2 of 3 shapes change: 2 jit -> aot" in proc.stdout
-    assert ("sm_90 float32 fast: topk_register_n256_k32_det_f32_sm_90 (JIT) -> "
-            "topk_radix_fv1_k64_det_f32_sm_90 (AOT)  [jit -> aot]  1 shape(s): k=32 n=256") in proc.stdout
+    assert ("sm_90 float32 fast: topk_register_n256_k32_det_f32_sm_90 (jit) -> "
+            "topk_radix_fv1_k64_det_f32_sm_90 (aot)  [jit -> aot]  1 shape(s): k=32 n=256") in proc.stdout
 
 
 @pytest.mark.parametrize("entry,message", [

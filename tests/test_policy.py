@@ -201,8 +201,9 @@ def test_shipped_schemas_agree_with_the_reference_validator(default_policy, lega
 def test_packaged_policy_is_found_outside_the_checkout(tmp_path):
     # Build and install the wheel into a throwaway target, then load the default policy there.
     wheel_dir, target = tmp_path / "wheel", tmp_path / "site"
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(wheel_dir), str(ROOT)], check=True, capture_output=True)
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation",
+                            "-w", str(wheel_dir), str(ROOT)], check=True, capture_output=True, text=True)
+    assert "warning" not in (built.stdout + built.stderr).lower()  # e.g. setuptools' "Package would be ignored"
     wheel = next(wheel_dir.glob("topkgen-*.whl"))
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target),
                     str(wheel)], check=True, capture_output=True)
@@ -214,3 +215,8 @@ def test_packaged_policy_is_found_outside_the_checkout(tmp_path):
     lines = out.stdout.split()
     assert lines[0].startswith(str(target)) and lines[1] == "29" and lines[2].startswith(str(target))
     assert int(lines[3]) > 1000  # the kernel template and its shared header render from the wheel
+    plan = subprocess.run([sys.executable, "-m", "topkgen", "plan"], capture_output=True, text=True, cwd=tmp_path,
+                          env={"PYTHONPATH": str(target), "PATH": "/usr/bin:/bin"}, check=True)
+    assert plan.stdout.startswith("policy: the packaged default policy (topk, sha256 ")
+    schemas = sorted(p.name for p in (target / "topkgen" / "schemas").iterdir())
+    assert schemas == sorted(p.name for p in (ROOT / "topkgen" / "schemas").glob("*.json"))

@@ -79,7 +79,7 @@ def test_missing_policy_file(cli, tmp_path):
 
 def test_unknown_arch_argument(cli):
     result = cli("plan", "--arch", "sm_80")
-    assert result.exit_code == 2 and "--arch sm_80: not in the policy" in result.stderr
+    assert result.exit_code == 2 and "--arch sm_80: not in the packaged default policy" in result.stderr
 
 
 def test_explain_rejects_bad_arguments(cli):

@@ -24,7 +24,7 @@ def test_show_lists_kernels_by_family_with_resources_and_budget(cli, built_bundl
 def test_show_dispatch_prints_the_table(cli, built_bundle):
     out = cli("show", built_bundle, "--arch", "sm_100", "--dispatch").stdout
     assert "dispatch sm_100 float32 fast:" in out and "dispatch sm_100 float16 deterministic:" in out
-    row = next(line for line in out.splitlines() if "topk_register_n1024_k16_det_f32_sm_100" in line and "JIT" in line)
+    row = next(line for line in out.splitlines() if "topk_register_n1024_k16_det_f32_sm_100" in line and " jit " in line)
     assert row.split()[:2] == ["1..16", "=1024"] and row.split()[-1] == "topk_register_ladder_k16_det_f32_sm_100"
 
 

@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import shutil
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
@@ -110,17 +111,21 @@ def jit_entry(spec: KernelSpec, source: str) -> dict:
     return entry
 
 
-def compile_specs(specs: list[KernelSpec], jobs: int = 1,
-                  progress: Callable[[KernelSpec], None] | None = None,
+# Told of each kernel as it finishes: the kernel, its compile (or cache hit), seconds taken.
+Progress = Callable[[KernelSpec, CompiledKernel, float], None]
+
+
+def compile_specs(specs: list[KernelSpec], jobs: int = 1, progress: Progress | None = None,
                   source_of: Callable[[KernelSpec], str] = render) -> list[tuple[str, CompiledKernel]]:
     """Render and compile kernels in parallel (NVRTC runs without the GIL). `source_of`
     renders from other templates than the installed ones (topkgen diff --build)."""
 
     def one(spec: KernelSpec) -> tuple[str, CompiledKernel]:
+        start = time.perf_counter()
         source = source_of(spec)
         compiled = compile_kernel(source, spec.name, spec.arch)
         if progress:
-            progress(spec)
+            progress(spec, compiled, time.perf_counter() - start)
         return source, compiled
 
     with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
@@ -176,7 +181,7 @@ def manifest_document(policy: Policy, policy_rec: dict, archs: list[str], kernel
 
 
 def build(policy: Policy, archs: list[str], out: Path, *, jobs: int = 1, allow_over_budget: bool = False,
-          force: bool = False, progress: Callable[[KernelSpec], None] | None = None,
+          force: bool = False, progress: Progress | None = None,
           warn: Callable[[str], None] | None = None, shard: tuple[int, int] | None = None) -> BuildResult:
     """Compile every planned kernel (or shard `(index, count)`'s share of them) and write the
     bundle to `out`, atomically. `out` is checked first (destinations.DestinationError) and

@@ -8,21 +8,57 @@ commands that need them, so `topkgen plan` stays fast.
 
 from __future__ import annotations
 
-import contextlib
 import json
 import os
 import sys
 import traceback
+from functools import lru_cache
 from typing import Any
 
 import click
+from click.shell_completion import CompletionItem
 
-from topkgen import errors
+from topkgen import console, errors, suggest
 from topkgen import policy as pol
 from topkgen.reader import printable
 
 EXIT_INPUT = 2
 EXIT_INTERNAL = 70  # EX_SOFTWARE
+PLAN_SCHEMA_VERSION = 2  # schemas/plan.schema.json
+SHOW_SCHEMA_VERSION = 2  # schemas/show.schema.json
+# `topkgen --help` lists the commands in the order of a first session, then the rest.
+WORKFLOW = ("plan", "explain", "build", "show", "diff", "run", "merge", "cache")
+
+MAIN_EPILOG = """\b
+Examples:
+  topkgen plan                     the kernels the packaged policy builds
+  topkgen explain --arch sm_90 --dtype bf16 --k 64 --n 4096
+  topkgen build --out out          compile them into the bundle out/
+  topkgen show out --dispatch      what the bundle holds
+  topkgen diff HEAD~1              what the last commit changed
+  topkgen run --bundle out --backend emulator --arch sm_90 --k 8 x.npy
+
+\b
+Exit status:
+  0   success
+  1   a build failed; for diff: the two sides differ
+  2   bad usage or input (one line naming the file, key or argument)
+  70  an internal error: a bug in topkgen (TOPKGEN_DEBUG=1 shows where)
+
+\b
+Environment:
+  TOPKGEN_CACHE_DIR       compile caches (default ~/.cache/topkgen)
+  TOPKGEN_CACHE_URL       a shared compile cache: s3://, gs://, file://...
+  TOPKGEN_CACHE_READONLY  1: read TOPKGEN_CACHE_URL, never write it
+  TOPKGEN_DISABLE_JIT     1: run serves AOT kernels only
+  TOPKGEN_CUDA_INCLUDE    CUDA headers, if not from the nvidia-cuda-* wheels
+  TOPKGEN_DEBUG           1: print the traceback of an internal error
+  NO_COLOR                no colour (--color always still colours)
+
+\b
+Shell completion (bash; for zsh or fish: zsh_source, fish_source):
+  eval "$(_TOPKGEN_COMPLETE=bash_source topkgen)"
+"""
 
 
 class InputError(click.ClickException):
@@ -31,13 +67,30 @@ class InputError(click.ClickException):
     exit_code = EXIT_INPUT
 
     def show(self, file: Any = None) -> None:
-        click.echo(f"topkgen: error: {printable(self.format_message())}", err=True)
+        console.error(printable(self.format_message()))
 
 
-class _Main(click.Group):
+class _Group(click.Group):
+    """A command group that suggests the command a mistyped name meant."""
+
+    def resolve_command(self, ctx: click.Context, args: list[str]) -> Any:
+        try:
+            return super().resolve_command(ctx, args)
+        except click.UsageError as err:
+            typed = args[0] if args else ""
+            hint = suggest.closest(typed, self.list_commands(ctx))
+            if hint and "No such command" in err.message:
+                err.message = f"No such command '{typed}'. Did you mean '{hint}'?"
+            raise
+
+
+class _Main(_Group):
     """Every command runs inside one handler, so no traceback reaches a user: input errors
     (topkgen.errors.InputError) exit 2 with one line; anything else is a bug in topkgen and
     exits 70 with one line (and the traceback when TOPKGEN_DEBUG=1)."""
+
+    def list_commands(self, ctx: click.Context) -> list[str]:
+        return [n for n in WORKFLOW if n in self.commands] + sorted(set(self.commands) - set(WORKFLOW))
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
@@ -54,8 +107,140 @@ class _Main(click.Group):
             if os.environ.get("TOPKGEN_DEBUG", "") not in ("", "0"):
                 traceback.print_exc()
             detail = printable(f"{type(err).__name__}: {err}")
-            click.echo(f"topkgen: internal error: {detail[:500]}; set TOPKGEN_DEBUG=1 for the traceback", err=True)
+            console.echo(f"{click.style('topkgen: internal error:', fg='red', bold=True)} {detail[:500]}; "
+                         f"set TOPKGEN_DEBUG=1 for the traceback", err=True)
             ctx.exit(EXIT_INTERNAL)
+
+
+def version_text() -> str:
+    """topkgen's version and those of the CUDA parts it compiles and launches with."""
+    import platform
+    from importlib import metadata
+
+    from topkgen import __version__
+
+    def dist(name: str) -> str:
+        try:
+            return metadata.version(name)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    try:
+        from topkgen.compile import nvrtc_version
+
+        nvrtc = f"NVRTC {nvrtc_version()} (nvidia-cuda-nvrtc {dist('nvidia-cuda-nvrtc')})"
+    except Exception as err:  # noqa: BLE001 - no libnvrtc: say so, --version still answers
+        nvrtc = f"NVRTC not usable here: {printable(str(err))[:200]}"
+    return "\n".join((f"topkgen {__version__}", nvrtc,
+                      f"cuda-core {dist('cuda-core')}, cuda-bindings {dist('cuda-bindings')}",
+                      f"Python {platform.python_version()}"))
+
+
+def _print_version(ctx: click.Context, _param: click.Parameter, value: bool) -> None:
+    if value and not ctx.resilient_parsing:
+        click.echo(version_text())
+        ctx.exit()
+
+
+def _set_color(ctx: click.Context, _param: click.Parameter, value: str) -> None:
+    console.set_color(value)
+    ctx.color = {"always": True, "never": False}.get(value)
+
+
+@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]}, epilog=MAIN_EPILOG)
+@click.option("--version", is_flag=True, expose_value=False, is_eager=True, callback=_print_version,
+              help="Print the versions of topkgen, NVRTC and cuda-core, and exit.")
+@click.option("--color", type=click.Choice(console.COLOR_CHOICES), default="auto", show_default=True,
+              expose_value=False, is_eager=True, callback=_set_color,
+              help="Colour errors, warnings and diff markers: auto = on a terminal, unless NO_COLOR is set.")
+def main() -> None:
+    """Plan, explain, build, show, diff and run GPU top-k kernels, all decided by one YAML
+    policy (the packaged default, or --policy FILE).
+
+    Run a command with -h for its options. Also `python -m topkgen`."""
+
+
+# ----------------------------------------------------------------------------- arguments
+
+@lru_cache(maxsize=1)
+def _default_archs() -> tuple[str, ...]:
+    """The archs of the packaged default policy (help and completion list them)."""
+    try:
+        return tuple(pol.load(None).archs)
+    except errors.InputError:
+        return ()
+
+
+class ArchType(click.ParamType):
+    """An arch name; with `many`, comma-separated names too (`sm_90,sm_100`)."""
+
+    name = "arch"
+
+    def __init__(self, many: bool = False) -> None:
+        self.many = many
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, tuple):
+            return value
+        if not self.many:
+            return str(value).strip()
+        names = [part.strip().lower() for part in str(value).split(",") if part.strip()]
+        if not names:
+            self.fail("an arch name is needed, e.g. sm_90", param, ctx)
+        return tuple(names)
+
+    def shell_complete(self, ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+        return [CompletionItem(a) for a in _default_archs() if a.startswith(incomplete)]
+
+
+class DtypeType(click.ParamType):
+    """A dtype name, with the short spellings fp32, bf16, fp16 (f32, f16, half) accepted."""
+
+    name = "dtype"
+
+    def __init__(self, choices: tuple[str, ...] = tuple(pol.DTYPE_SIZES)) -> None:
+        self.choices = choices
+
+    def get_metavar(self, param: click.Parameter) -> str:
+        return f"[{'|'.join(self.choices)}]"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
+        name = suggest.dtype(str(value))
+        if name not in self.choices:
+            aliases = ", ".join(a for a, d in suggest.DTYPE_ALIASES.items() if d in self.choices)
+            self.fail(f"{value!r} is not one of {', '.join(self.choices)} (or {aliases})"
+                      f"{suggest.did_you_mean(str(value), self.choices)}", param, ctx)
+        return name
+
+    def shell_complete(self, ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:
+        return [CompletionItem(d) for d in self.choices if d.startswith(incomplete)]
+
+
+class _ArchHelpOption(click.Option):
+    """An --arch option whose help lists the packaged default policy's archs, read only
+    when the help is shown (so no command pays for it)."""
+
+    def get_help_record(self, ctx: click.Context) -> tuple[str, str] | None:
+        archs = ", ".join(_default_archs()) or "see topkgen plan"
+        self.help = (self.help or "").replace("{archs}", archs)
+        return super().get_help_record(ctx)
+
+
+def _flatten(_ctx: click.Context, _param: click.Parameter, value: tuple[tuple[str, ...], ...]) -> tuple[str, ...]:
+    return tuple(arch for group in value for arch in group)
+
+
+POLICY_OPTION = click.option("--policy", "policy_path", type=click.Path(dir_okay=False), metavar="FILE",
+                             help="Policy YAML (default: the packaged default policy). README: 'Writing a policy'.")
+ARCH_OPTION = click.option("--arch", "archs", cls=_ArchHelpOption, type=ArchType(many=True), multiple=True,
+                           callback=_flatten, metavar="ARCH",
+                           help="Architecture(s) of the policy ({archs} in the packaged default policy); repeat "
+                                "or comma-separate them. Default: all of the policy's.")
+DTYPE_HELP = "Element type: float32, bfloat16 or float16 (fp32, bf16, fp16 too)."
+K_OPTION = click.option("--k", "k", type=click.IntRange(1, pol.K_MAX), required=True,
+                        help="How many values per row.")
+JOBS_HELP = (f"Kernels compiled in parallel. Default: the CPUs this process may use "
+             f"({console.available_cpus()} here)")
 
 
 def _load_policy(path: str | None) -> pol.Policy:
@@ -65,32 +250,30 @@ def _load_policy(path: str | None) -> pol.Policy:
         raise InputError(str(err)) from None
 
 
+def _policy_label(policy: pol.Policy) -> str:
+    return "the packaged default policy" if policy.is_packaged_default else f"the policy {policy.display_path}"
+
+
+def _check_arch(policy: pol.Policy, arch: str) -> None:
+    if arch not in policy.archs:
+        raise InputError(f"--arch {arch}: not in {_policy_label(policy)} (known: {', '.join(policy.archs)})"
+                         f"{suggest.did_you_mean(arch, policy.archs)}")
+
+
 def _archs(policy: pol.Policy, requested: tuple[str, ...]) -> list[str]:
     for arch in requested:
-        if arch not in policy.archs:
-            raise InputError(f"--arch {arch}: not in the policy {policy.display_path} "
-                             f"(known: {', '.join(policy.archs)})")
+        _check_arch(policy, arch)
     return list(dict.fromkeys(requested)) or list(policy.archs)
 
 
-@click.group(cls=_Main, context_settings={"help_option_names": ["-h", "--help"]})
-@click.version_option(package_name="topkgen")
-def main() -> None:
-    """Plan, build, explain and diff GPU top-k kernel sets from one YAML policy."""
-
-
-POLICY_OPTION = click.option("--policy", "policy_path", type=click.Path(dir_okay=False),
-                             help="Policy YAML (default: the packaged policies/topk.yaml).")
-ARCH_OPTION = click.option("--arch", "archs", multiple=True, metavar="ARCH",
-                           help="Architecture(s) to include (default: all in the policy).")
-
+# ----------------------------------------------------------------------------- plan
 
 def plan_document(policy: pol.Policy, archs: list[str]) -> dict[str, Any]:
     """The machine-readable plan (schemas/plan.schema.json)."""
     kernels = [spec.record() for arch in archs for spec in pol.plan(policy, arch)]
     totals = {arch: sum(1 for k in kernels if k["arch"] == arch) for arch in archs}
     return {
-        "format": "topkgen-plan", "format_version": 1,
+        "format": "topkgen-plan", "schema_version": PLAN_SCHEMA_VERSION,
         "policy": {"path": policy.display_path, "name": policy.name, "sha256": policy.sha256},
         "archs": archs,
         "kernels": kernels,
@@ -99,10 +282,11 @@ def plan_document(policy: pol.Policy, archs: list[str]) -> dict[str, Any]:
     }
 
 
-@main.command()
+@main.command(short_help="List the kernels a policy builds, per arch.")
 @POLICY_OPTION
 @ARCH_OPTION
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
+              help="json: schemas/plan.schema.json.")
 def plan(policy_path: str | None, archs: tuple[str, ...], fmt: str) -> None:
     """List the AOT kernel set per architecture, and the JIT-only tiers with their reasons."""
     policy = _load_policy(policy_path)
@@ -110,7 +294,8 @@ def plan(policy_path: str | None, archs: tuple[str, ...], fmt: str) -> None:
     if fmt == "json":
         click.echo(json.dumps(doc, indent=2))
         return
-    click.echo(f"policy {doc['policy']['path']} ({policy.name}, sha256 {policy.sha256[:12]})")
+    where = "the packaged default policy" if policy.is_packaged_default else doc["policy"]["path"]
+    click.echo(f"policy: {where} ({policy.name}, sha256 {policy.sha256[:12]})")
     header = ("kernel", "family", "dtype", "K", "N window", "mode", "work rung", "threads", "CTAs/SM")
     for arch in doc["archs"]:
         rows = [(k["name"], k["family"], k["dtype"], str(k["k"]), _window(k["n_window"]), k["mode"],
@@ -152,57 +337,63 @@ def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
     return "\n".join(lines)
 
 
-def selection_record(sel: pol.Selection) -> dict[str, Any]:
-    return {"kernel": sel.kernel.name, "source": sel.source, "rule": sel.rule, "reason": sel.reason,
-            "skipped_jit_rules": list(sel.skipped), "spec": sel.kernel.record()}
+# ----------------------------------------------------------------------------- explain
 
-
-@main.command()
+@main.command("explain", short_help="Say which kernel serves a shape, and why.", epilog="""\b
+Examples:
+  topkgen explain --arch sm_90 --dtype float32 --k 16 --n 2048
+  topkgen explain --arch sm_100 --dtype bf16 --k 300 --n 100000 --deterministic --format json""")
 @POLICY_OPTION
-@click.option("--arch", required=True)
-@click.option("--dtype", required=True)
-@click.option("--k", "k", type=int, required=True)
-@click.option("--n", "n", type=int, required=True)
-@click.option("--deterministic", is_flag=True, help="Ask for the deterministic mode.")
+@click.option("--arch", cls=_ArchHelpOption, type=ArchType(), required=True, metavar="ARCH",
+              help="Architecture: one of the policy's ({archs} in the packaged default policy).")
+@click.option("--dtype", type=DtypeType(), required=True, help=DTYPE_HELP)
+@K_OPTION
+@click.option("--n", "n", type=click.IntRange(1, pol.N_MAX), required=True, help="Row length (at least k).")
+@click.option("--deterministic", is_flag=True, help="Ask for the deterministic mode (ties by lower index).")
 @click.option("--no-jit", is_flag=True, help="Only AOT kernels may serve the shape.")
-@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True)
-def explain(policy_path: str | None, arch: str, dtype: str, k: int, n: int, deterministic: bool,
-            no_jit: bool, fmt: str) -> None:
-    """Say which kernel serves a shape, AOT or JIT, and the rule that chose it."""
+@click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
+              help="json: schemas/explain.schema.json, the request echoed.")
+def explain_command(policy_path: str | None, arch: str, dtype: str, k: int, n: int, deterministic: bool,
+                    no_jit: bool, fmt: str) -> None:
+    """Say which kernel serves a shape, aot or jit, and the rule that chose it."""
+    from topkgen.explain import explain
+
     policy = _load_policy(policy_path)
+    _check_arch(policy, arch)
     try:
-        sel = pol.select(policy, arch, dtype, k, n, deterministic=deterministic, jit=not no_jit)
+        answer = explain(policy, arch, dtype, k, n, deterministic=deterministic, jit=not no_jit)
     except pol.DispatchError as err:
-        raise InputError(f"--{str(err)}") from None
-    if fmt == "json":
-        click.echo(json.dumps(selection_record(sel), indent=2))
-        return
-    mode = "deterministic" if deterministic else "fast"
-    click.echo(f"shape:  {arch} {dtype} k={k} n={n} mode={mode}{' (JIT disabled)' if no_jit else ''}")
-    click.echo(f"kernel: {sel.kernel.name}")
-    click.echo(f"source: {sel.source.upper()}")
-    click.echo(f"rule:   {sel.rule}")
-    click.echo(f"why:    {sel.reason}")
+        raise InputError(f"--{err}") from None
+    click.echo(json.dumps(answer.record(), indent=2) if fmt == "json" else str(answer))
 
 
-@main.command()
+# ----------------------------------------------------------------------------- build
+
+@main.command(short_help="Compile the planned kernels into a bundle.", epilog="""\b
+Examples:
+  topkgen build                              the packaged policy, into out/
+  topkgen build --arch sm_90 -j 8 --out sm90
+  topkgen build --shard 1/3 --out part-1     a CI matrix job (then topkgen merge)
+
+On a terminal a bar counts the kernels compiled and those taken from the compile cache; in a
+pipe or CI log every kernel gets a line as it finishes: [12/58] NAME compiled 0.41 s, or cached.
+The compile cache is TOPKGEN_CACHE_DIR (local), then TOPKGEN_CACHE_URL (any fsspec URL shared
+by CI jobs; TOPKGEN_CACHE_READONLY=1 reads it without writing).""")
 @POLICY_OPTION
 @ARCH_OPTION
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out", show_default=True,
-              help="Bundle directory: <arch>/<kernel>.cubin and manifest.json.")
-@click.option("-j", "--jobs", type=click.IntRange(1, 256), default=os.cpu_count() or 1, show_default=True,
-              help="Kernels compiled in parallel.")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out", show_default=True, metavar="DIR",
+              help="Bundle directory: <arch>/<kernel>.cubin and manifest.json. Must be new, empty or a bundle "
+                   "(else --force); checked before compiling.")
+@click.option("-j", "--jobs", type=click.IntRange(1, 256), default=console.available_cpus,
+              metavar="N", help=JOBS_HELP + ".")
 @click.option("--allow-over-budget", is_flag=True, help="Report kernels over their resource budget without failing.")
 @click.option("--shard", "shard_text", metavar="I/N",
               help="Build only shard I of N (1-based) of the plan; `topkgen merge` joins the shards.")
 @click.option("--force", is_flag=True, help="Replace --out even when it is a directory that is not a bundle.")
 def build(policy_path: str | None, archs: tuple[str, ...], out_dir: str, jobs: int, allow_over_budget: bool,
           shard_text: str | None, force: bool) -> None:
-    """Render and compile every planned kernel with NVRTC into a cubin bundle and manifest.
-    --out must be new, empty or a bundle (else --force); it is checked before compiling.
-
-    The compile cache is TOPKGEN_CACHE_DIR (local), then TOPKGEN_CACHE_URL (any fsspec URL,
-    shared by CI jobs; TOPKGEN_CACHE_READONLY=1 reads it without writing)."""
+    """Render and compile every planned kernel with NVRTC into a cubin bundle and its
+    manifest, through the compile cache. A failed build leaves --out as it was."""
     from pathlib import Path
 
     from topkgen import bundle, cache, compile as nvrtc_compile, shards
@@ -215,145 +406,138 @@ def build(policy_path: str | None, archs: tuple[str, ...], out_dir: str, jobs: i
         raise InputError(str(err)) from None
     specs = [s for a in chosen for s in pol.plan(policy, a)]
     total = len(shards.share(specs, *shard)) if shard else len(specs)
-    bar = click.progressbar(length=total, label="compiling", file=sys.stderr) if sys.stderr.isatty() else None
     try:
-        with bar if bar is not None else contextlib.nullcontext():
+        with console.BuildProgress(total, label="building", stream=sys.stdout, lines=True) as progress:
             result = bundle.build(policy, chosen, Path(out_dir), jobs=jobs, allow_over_budget=allow_over_budget,
-                                  force=force, progress=(lambda _spec: bar.update(1)) if bar is not None else None,
-                                  warn=lambda msg: click.echo(f"topkgen: warning: {msg}", err=True), shard=shard)
+                                  force=force, warn=console.warning, shard=shard,
+                                  progress=lambda spec, compiled, s: progress(spec.name, compiled.outcome.origin, s))
     except cache.CacheConfigError as err:
         raise InputError(str(err)) from None
     except (bundle.BuildError, nvrtc_compile.CompileError, cache.CacheError) as err:
-        click.echo(f"topkgen: build failed, {out_dir} left as it was:\n{err}", err=True)
+        console.error(f"build failed, {out_dir} left as it was:\n{err}")
         sys.exit(1)
     manifest = result.manifest
     counts = {a: sum(1 for k in manifest["kernels"] if k["arch"] == a) for a in chosen}
     size = sum(k["size_bytes"] for k in manifest["kernels"])
     of_plan = f"shard {shard[0]}/{shard[1]} of {len(specs)}: " if shard else ""
-    click.echo(f"wrote {out_dir}/manifest.json: {of_plan}{len(manifest['kernels'])} kernels "
-               f"({', '.join(f'{a} {n}' for a, n in counts.items())}), {size} bytes of cubin, "
-               f"NVRTC {manifest['nvrtc_version']}")
-    _print_cache_stats(result.cache)
+    click.echo(f"wrote {out_dir}/manifest.json in {console.seconds(progress.elapsed)}: {of_plan}"
+               f"{len(manifest['kernels'])} kernels ({', '.join(f'{a} {n}' for a, n in counts.items())}), "
+               f"{console.size(size)} of cubin, NVRTC {manifest['nvrtc_version']}\n  {_cache_stats(result.cache)}")
+    _cache_warnings(result.cache)
 
 
-def _print_cache_stats(stats: Any) -> None:
-    """The statistics line every build prints, and the remote tier's warnings."""
-    line = (f"cache: {stats.kernels} kernels: {stats.local_hits} local hits, {stats.remote_hits} remote hits, "
-            f"{stats.compiled} compiled")
+def _cache_stats(stats: Any) -> str:
+    """Where the build's kernels came from: the compile cache's tiers, or NVRTC."""
+    line = f"cache: {stats.local_hits} local hits, {stats.remote_hits} remote hits, {stats.compiled} compiled"
     if stats.remote is None:
-        line += "; no remote (TOPKGEN_CACHE_URL unset)"
-    else:
-        line += (f"; {_size(stats.remote_read)} read from, {_size(stats.remote_written)} written to "
-                 f"{stats.remote}{' (read-only)' if stats.readonly else ''}")
-    click.echo(line)
+        return line + "; no remote (TOPKGEN_CACHE_URL unset)"
+    return (line + f"; {console.size(stats.remote_read)} read from, {console.size(stats.remote_written)} written to "
+            f"{stats.remote}{' (read-only)' if stats.readonly else ''}")
+
+
+def _cache_warnings(stats: Any) -> None:
     if stats.rejected:
-        click.echo(f"topkgen: warning: {stats.rejected} remote entries failed sha256 verification and were "
-                   f"compiled here instead", err=True)
+        console.warning(f"{stats.rejected} remote entries failed sha256 verification and were compiled here instead")
     for error in stats.errors[:3]:
-        click.echo(f"topkgen: warning: remote cache unavailable, compiled instead: {error}", err=True)
+        console.warning(f"remote cache unavailable, compiled instead: {error}")
 
 
-def _size(nbytes: int) -> str:
-    for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if nbytes >= scale:
-            return f"{nbytes / scale:.1f} {unit}"
-    return f"{nbytes} B"
+# ----------------------------------------------------------------------------- show
 
-
-@main.command()
-@click.argument("parts", nargs=-1, required=True, type=click.Path(file_okay=False))
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False),
-              help="The full bundle to write.")
-def merge(parts: tuple[str, ...], out_dir: str) -> None:
-    """Join the bundles of `build --shard I/N` into the full bundle. Refuses (exit 2) unless
-    the parts share policy, generator, toolchain and plan, cover it exactly once, and every
-    cubin verifies."""
-    from pathlib import Path
-
-    from topkgen import shards
-
-    try:
-        manifest = shards.merge([Path(p) for p in parts], Path(out_dir))
-    except shards.ShardError as err:
-        raise InputError(str(err)) from None
-    counts = {a: sum(1 for k in manifest["kernels"] if k["arch"] == a) for a in manifest["archs"]}
-    click.echo(f"merged {len(parts)} shards into {out_dir}/manifest.json: {len(manifest['kernels'])} kernels "
-               f"({', '.join(f'{a} {n}' for a, n in counts.items())})")
-
-
-@main.group("cache")
-def cache_group() -> None:
-    """The compile cache: seed it from a bundle, verify its entries."""
-
-
-@cache_group.command("import")
+@main.command(short_help="List what a bundle holds.")
 @click.argument("bundle_dir", metavar="BUNDLE", type=click.Path(file_okay=False))
-def cache_import(bundle_dir: str) -> None:
-    """Fill the compile cache from a bundle (a release, a base revision's build), so that
-    builds of the same kernels compile nothing."""
-    from pathlib import Path
-
-    from topkgen import cache, cache_admin
-
-    try:
-        result = cache_admin.import_bundle(Path(bundle_dir))
-    except (cache_admin.CacheInputError, cache.CacheConfigError) as err:
-        raise InputError(str(err)) from None
-    except cache.CacheError as err:
-        click.echo(f"topkgen: error: {err}", err=True)
-        sys.exit(1)
-    where = f" and {result.remote} ({_size(result.remote_written)} written)" if result.remote else ""
-    click.echo(f"imported {bundle_dir}: {result.added} entries added, {result.present} already present, "
-               f"{len(result.skipped)} skipped, of {result.kernels} kernels, into the local cache{where}")
-    if result.skipped:
-        click.echo(f"  skipped (this checkout renders a different source): {', '.join(result.skipped)}")
-    if not result.toolchain_matches:
-        click.echo("  note: the bundle's toolchain differs from this machine's; its entries serve only builds "
-                   "with that toolchain")
-
-
-@cache_group.command("verify")
-@click.option("--sample", "percent", type=click.FloatRange(0, 100, min_open=True), required=True, metavar="P",
-              help="Percentage of entries to recompile and compare.")
-@click.option("--remote", is_flag=True, help="Verify TOPKGEN_CACHE_URL's entries instead of the local cache.")
-@click.option("--seed", type=int, default=None, help="Choose the sample with this seed (default: random, printed).")
-@click.option("-j", "--jobs", type=click.IntRange(1, 256), default=os.cpu_count() or 1, show_default=True)
-def cache_verify(percent: float, remote: bool, seed: int | None, jobs: int) -> None:
-    """Recompile a sample of cache entries with this machine's toolchain and compare bytes.
-    Exit 1 when an entry differs."""
-    from topkgen import cache, cache_admin
+@click.option("--arch", "archs", type=ArchType(many=True), multiple=True, callback=_flatten, metavar="ARCH",
+              help="Architecture(s) to show; repeat or comma-separate them. Default: all in the bundle.")
+@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
+              help="json: schemas/show.schema.json.")
+@click.option("--dispatch", "with_dispatch", is_flag=True, help="Also show the dispatch table.")
+def show(bundle_dir: str, archs: tuple[str, ...], fmt: str, with_dispatch: bool) -> None:
+    """What a bundle holds: kernels and their resources, JIT sources, dispatch. Checks every file as a loader does."""
+    from topkgen import bundle
 
     try:
-        result = cache_admin.verify(percent, remote=remote, seed=seed, jobs=jobs)
-    except (cache_admin.CacheInputError, cache.CacheConfigError) as err:
+        manifest, root = bundle.load_manifest(bundle_dir)
+        bundle.read_files(root, manifest)
+    except bundle.ManifestError as err:
         raise InputError(str(err)) from None
-    click.echo(f"verified {result.sampled} of {result.entries} entries in {result.store} "
-               f"({percent:g}%, seed {result.seed}): {result.identical} identical, {len(result.problems)} wrong, "
-               f"{result.skipped} skipped (another toolchain)")
-    for problem in result.problems:
-        click.echo(f"  {problem}")
-    sys.exit(1 if result.problems else 0)
+    for arch in archs:
+        if arch not in manifest["archs"]:
+            raise InputError(f"--arch {arch}: not in the bundle {bundle_dir} (holds: {', '.join(manifest['archs'])})"
+                             f"{suggest.did_you_mean(arch, manifest['archs'])}")
+    chosen = list(dict.fromkeys(archs)) or manifest["archs"]
+    doc = {"format": "topkgen-show", "schema_version": SHOW_SCHEMA_VERSION,
+           "manifest_schema_version": manifest["schema_version"], "nvrtc_version": manifest["nvrtc_version"],
+           "policy": {k: manifest["policy"][k] for k in ("path", "name", "sha256")},
+           "archs": chosen,
+           "kernels": [e for e in manifest["kernels"] if e["arch"] in chosen],
+           "jit_kernels": [e for e in manifest["jit_kernels"] if e["arch"] in chosen]}
+    if with_dispatch:
+        doc["dispatch"] = {arch: manifest["dispatch"][arch] for arch in chosen}
+    if fmt == "json":
+        click.echo(json.dumps(doc, indent=2))
+        return
+    click.echo(f"bundle {bundle_dir}: manifest schema {doc['manifest_schema_version']}, NVRTC {doc['nvrtc_version']}, "
+               f"policy {doc['policy']['path']} ({doc['policy']['name']}, sha256 {doc['policy']['sha256'][:12]})")
+    for arch in chosen:
+        kernels = [e for e in doc["kernels"] if e["arch"] == arch]
+        click.echo(f"\n{arch}: {len(kernels)} AOT kernels, {console.size(sum(e['size_bytes'] for e in kernels))} "
+                   f"of cubin")
+        for family in dict.fromkeys(e["family"] for e in kernels):
+            click.echo(f"\n  family {family}")
+            click.echo(_table(("kernel", "dtype", "K", "N window", "serves", "threads", "regs", "spills st/ld",
+                               "stack", "smem static", "smem dyn", "cubin bytes", "budget"),
+                              [_kernel_row(e) for e in kernels if e["family"] == family]))
+        jit = [e for e in doc["jit_kernels"] if e["arch"] == arch]
+        click.echo(f"\n{arch}: {len(jit)} JIT sources (compiled on first use, NVRTC options "
+                   f"{' '.join(jit[0]['nvrtc_options']) if jit else '-'} -I<CUDA include>)")
+        if jit:
+            click.echo(_table(("kernel", "rule", "dtype", "K", "N window", "serves", "threads", "source bytes", "sha256"),
+                              [(e["name"], e["rule"], e["dtype"], str(e["k"]), _window(e["n_window"]), "/".join(e["serves"]),
+                                str(e["launch"]["threads_per_block"]), str(e["size_bytes"]), e["sha256"][:12])
+                               for e in jit]))
+        if with_dispatch:
+            for dtype, by_mode in sorted(doc["dispatch"][arch].items()):
+                for mode in ("fast", "deterministic"):
+                    click.echo(f"\ndispatch {arch} {dtype} {mode}:")
+                    click.echo(_table(("k", "n", "kernel", "source", "without JIT"),
+                                      [(_span(r["k"]), _span(r["n"]), r["kernel"], r["source"],
+                                        "same" if r["aot_fallback"] == r["kernel"] else r["aot_fallback"] or "none")
+                                       for r in by_mode[mode]]))
 
 
-def color_enabled(stream: Any) -> bool:
-    """Colour on a terminal only, never when NO_COLOR is set (no-color.org). The one place
-    that decides it, so a global --color option can take the decision over."""
-    return not os.environ.get("NO_COLOR") and bool(getattr(stream, "isatty", lambda: False)())
+def _kernel_row(e: dict[str, Any]) -> tuple[str, ...]:
+    r, b = e["resources"], e["budget"]
+    return (e["name"], e["dtype"], str(e["k"]), _window(e["n_window"]), "/".join(e["serves"]),
+            str(e["launch"]["threads_per_block"]), str(r["registers"]), f"{r['spill_stores']}/{r['spill_loads']}",
+            str(r["stack_bytes"]), str(r["static_shared_bytes"]), str(e["launch"]["dynamic_shared_bytes"]),
+            str(e["size_bytes"]), f"{b['max_registers']} regs, {'spills ok' if b['spills_allowed'] else 'no spills'}")
 
 
-@main.command()
+def _span(bounds: list[int]) -> str:
+    lo, hi = bounds
+    return _window({"min": lo, "max": hi})
+
+
+# ----------------------------------------------------------------------------- diff
+
+@main.command(short_help="Compare kernel sets of policies, bundles or commits.", epilog="""\b
+Examples:
+  topkgen diff HEAD~1                      the last commit against the working tree
+  topkgen diff main HEAD --build --stat    with registers, spills and cubin sizes
+  topkgen diff old/ new/ --format markdown a pull-request comment""")
 @click.argument("old")
 @click.argument("new", required=False)
-@click.option("--policy", "policy_in_repo", default="policies/topk.yaml", show_default=True,
+@click.option("--policy", "policy_in_repo", default="policies/topk.yaml", show_default=True, metavar="PATH",
               help="The policy file inside a git revision or the working tree, from the repository's top.")
-@click.option("--shapes", "shapes_file", type=click.Path(dir_okay=False),
+@click.option("--shapes", "shapes_file", type=click.Path(dir_okay=False), metavar="FILE",
               help="Workload file (YAML or JSON): a list of {arch, dtype, k, n, deterministic?}.")
-@click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text", show_default=True)
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text", show_default=True,
+              help="json: schemas/diff.schema.json; markdown: under 60,000 characters, for a pull-request comment.")
 @click.option("--build", "build", is_flag=True,
               help="Compile both sides (through the compile cache) and compare registers, spills, stack, "
                    "shared memory, cubin size and budgets.")
-@click.option("-j", "--jobs", type=click.IntRange(1, 256), default=os.cpu_count() or 1, show_default=True,
-              help="Kernels compiled in parallel with --build.")
+@click.option("-j", "--jobs", type=click.IntRange(1, 256), default=console.available_cpus,
+              metavar="N", help=JOBS_HELP + ", with --build.")
 @click.option("--stat", is_flag=True, help="Print the summary only (text or markdown).")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing; the exit status says whether the sides differ.")
 def diff(old: str, new: str | None, policy_in_repo: str, shapes_file: str | None, fmt: str, build: bool,
@@ -386,20 +570,19 @@ def diff(old: str, new: str | None, policy_in_repo: str, shapes_file: str | None
             text = diff_report.to_markdown(report, summary_only=stat)
         else:
             text = diff_report.to_text(report, style=click.style, summary_only=stat) + "\n"
-        _write_stdout(text, color=fmt == "text" and color_enabled(sys.stdout))
+        _write_stdout(text, color=fmt == "text" and console.color_enabled(sys.stdout))
     sys.exit(1 if report.differs else 0)
 
 
 def _build_diff_sides(differ: Any, sides: list[Any], jobs: int, show_progress: bool) -> None:
-    """Compile both sides with a progress bar on a terminal; any failure is trouble (exit 2)."""
+    """Compile both sides with a progress bar on a terminal (stderr: stdout holds the
+    report); any failure is trouble (exit 2)."""
     from topkgen import compile as nvrtc_compile
 
-    total = differ.kernels_to_build(sides)
-    bar = click.progressbar(length=total, label="compiling both sides", file=sys.stderr) \
-        if show_progress and total and sys.stderr.isatty() else None
+    total = differ.kernels_to_build(sides) if show_progress else 0
     try:
-        with bar if bar is not None else contextlib.nullcontext():
-            differ.build_sides(sides, jobs, (lambda _spec: bar.update(1)) if bar is not None else None)
+        with console.BuildProgress(total, label="compiling both sides", stream=sys.stderr, lines=False) as progress:
+            differ.build_sides(sides, jobs, lambda spec, compiled, s: progress(spec.name, compiled.outcome.origin, s))
     except nvrtc_compile.CompileError as err:
         raise InputError(f"--build: {err}") from None
     except (OSError, RuntimeError) as err:  # the compile cache, the CUDA headers, NVRTC itself
@@ -416,91 +599,38 @@ def _write_stdout(text: str, *, color: bool) -> None:
         os.dup2(devnull, sys.stdout.fileno())
 
 
-@main.command()
-@click.argument("bundle_dir", metavar="BUNDLE", type=click.Path(file_okay=False))
-@click.option("--arch", "archs", multiple=True, metavar="ARCH", help="Architecture(s) to show (default: all in the bundle).")
-@click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True)
-@click.option("--dispatch", "with_dispatch", is_flag=True, help="Also show the dispatch table.")
-def show(bundle_dir: str, archs: tuple[str, ...], fmt: str, with_dispatch: bool) -> None:
-    """What a bundle holds: kernels and their resources, JIT sources, dispatch. Checks every file as a loader does."""
-    from topkgen import bundle
+# ----------------------------------------------------------------------------- run
 
-    try:
-        manifest, root = bundle.load_manifest(bundle_dir)
-        bundle.read_files(root, manifest)
-    except bundle.ManifestError as err:
-        raise InputError(str(err)) from None
-    for arch in archs:
-        if arch not in manifest["archs"]:
-            raise InputError(f"--arch {arch}: not in the bundle {bundle_dir} (holds: {', '.join(manifest['archs'])})")
-    chosen = list(dict.fromkeys(archs)) or manifest["archs"]
-    doc = {"format": "topkgen-show", "format_version": 1, "schema_version": manifest["schema_version"],
-           "nvrtc_version": manifest["nvrtc_version"], "policy": {k: manifest["policy"][k] for k in ("path", "name", "sha256")},
-           "archs": chosen,
-           "kernels": [e for e in manifest["kernels"] if e["arch"] in chosen],
-           "jit_kernels": [e for e in manifest["jit_kernels"] if e["arch"] in chosen]}
-    if with_dispatch:
-        doc["dispatch"] = {arch: manifest["dispatch"][arch] for arch in chosen}
-    if fmt == "json":
-        click.echo(json.dumps(doc, indent=2))
-        return
-    click.echo(f"bundle {bundle_dir}: manifest schema {doc['schema_version']}, NVRTC {doc['nvrtc_version']}, "
-               f"policy {doc['policy']['path']} ({doc['policy']['name']}, sha256 {doc['policy']['sha256'][:12]})")
-    for arch in chosen:
-        kernels = [e for e in doc["kernels"] if e["arch"] == arch]
-        click.echo(f"\n{arch}: {len(kernels)} AOT kernels, {sum(e['size_bytes'] for e in kernels)} bytes of cubin")
-        for family in dict.fromkeys(e["family"] for e in kernels):
-            click.echo(f"\n  family {family}")
-            click.echo(_table(("kernel", "dtype", "K", "N window", "serves", "threads", "regs", "spills st/ld",
-                               "stack", "smem static", "smem dyn", "cubin bytes", "budget"),
-                              [_kernel_row(e) for e in kernels if e["family"] == family]))
-        jit = [e for e in doc["jit_kernels"] if e["arch"] == arch]
-        click.echo(f"\n{arch}: {len(jit)} JIT sources (compiled on first use, NVRTC options "
-                   f"{' '.join(jit[0]['nvrtc_options']) if jit else '-'} -I<CUDA include>)")
-        if jit:
-            click.echo(_table(("kernel", "rule", "dtype", "K", "N window", "serves", "threads", "source bytes", "sha256"),
-                              [(e["name"], e["rule"], e["dtype"], str(e["k"]), _window(e["n_window"]), "/".join(e["serves"]),
-                                str(e["launch"]["threads_per_block"]), str(e["size_bytes"]), e["sha256"][:12])
-                               for e in jit]))
-        if with_dispatch:
-            for dtype, by_mode in sorted(doc["dispatch"][arch].items()):
-                for mode in ("fast", "deterministic"):
-                    click.echo(f"\ndispatch {arch} {dtype} {mode}:")
-                    click.echo(_table(("k", "n", "kernel", "source", "without JIT"),
-                                      [(_span(r["k"]), _span(r["n"]), r["kernel"], r["source"].upper(),
-                                        "same" if r["aot_fallback"] == r["kernel"] else r["aot_fallback"] or "none")
-                                       for r in by_mode[mode]]))
+ROWS_SHOWN = 10    # rows `run` prints without -o
+VALUES_SHOWN = 8   # values per row it prints
 
 
-def _kernel_row(e: dict[str, Any]) -> tuple[str, ...]:
-    r, b = e["resources"], e["budget"]
-    return (e["name"], e["dtype"], str(e["k"]), _window(e["n_window"]), "/".join(e["serves"]),
-            str(e["launch"]["threads_per_block"]), str(r["registers"]), f"{r['spill_stores']}/{r['spill_loads']}",
-            str(r["stack_bytes"]), str(r["static_shared_bytes"]), str(e["launch"]["dynamic_shared_bytes"]),
-            str(e["size_bytes"]), f"{b['max_registers']} regs, {'spills ok' if b['spills_allowed'] else 'no spills'}")
+@main.command(short_help="Top-k of a .npy file with a bundle's kernels.", epilog="""\b
+Examples:
+  topkgen run --bundle out --k 8 x.npy                on the GPU, rows printed
+  topkgen run --bundle out --k 8 x.npy -o top8.npz    saved: values, indices
+  topkgen run --bundle out --backend emulator --arch sm_90 --k 8 x.npy
 
-
-def _span(bounds: list[int]) -> str:
-    lo, hi = bounds
-    return _window({"min": lo, "max": hi})
-
-
-@main.command()
-@click.option("--bundle", "bundle_dir", required=True, type=click.Path(file_okay=False),
+The emulator backend runs the same kernels on the CPU, without a GPU. bfloat16 input is
+read as numpy saves ml_dtypes.bfloat16 (2-byte records), or as raw uint16 bits (--dtype says
+which 16-bit type those hold); the values are saved the same way.""")
+@click.option("--bundle", "bundle_dir", required=True, type=click.Path(file_okay=False), metavar="DIR",
               help="Bundle directory (from topkgen build).")
-@click.option("--arch", default=None, help="Target arch (default: the GPU's; required for the emulator).")
-@click.option("--backend", type=click.Choice(["cuda", "emulator"]), default="cuda", show_default=True)
-@click.option("--k", "k", type=int, required=True)
+@click.option("--arch", type=ArchType(), default=None, metavar="ARCH",
+              help="Target arch, one of the bundle's policy (default: the GPU's; required for the emulator).")
+@click.option("--backend", type=click.Choice(["cuda", "emulator"]), default="cuda", show_default=True,
+              help="cuda: the GPU; emulator: the same kernels on the CPU (slow, needs no GPU).")
+@K_OPTION
 @click.option("--smallest", is_flag=True, help="The k smallest instead of the k largest.")
 @click.option("--deterministic", is_flag=True, help="Ties by lower index, bit-exact run to run.")
-@click.option("--dtype", type=click.Choice(["bfloat16", "float16"]), default=None,
-              help="How to read a raw uint16 input (default bfloat16).")
+@click.option("--dtype", type=DtypeType(("bfloat16", "float16")), default=None,
+              help="What raw uint16 input holds: bfloat16 (default) or float16 (bf16, fp16 too).")
 @click.argument("input_path", metavar="IN.npy", type=click.Path(dir_okay=False))
-@click.option("-o", "--output", "output_path", required=True, type=click.Path(dir_okay=False),
-              help="OUT.npz with arrays 'values' and 'indices'.")
+@click.option("-o", "--output", "output_path", default=None, type=click.Path(dir_okay=False), metavar="OUT.npz",
+              help="Save arrays 'values' and 'indices' here. Without it, each row's top-k is printed.")
 @click.option("--force", is_flag=True, help="Replace -o even when it is not the output of an earlier run.")
 def run(bundle_dir: str, arch: str | None, backend: str, k: int, smallest: bool, deterministic: bool,
-        dtype: str | None, input_path: str, output_path: str, force: bool) -> None:
+        dtype: str | None, input_path: str, output_path: str | None, force: bool) -> None:
     """Top-k over the last dimension of IN.npy with the bundle's kernels (or JIT)."""
     import io
     from pathlib import Path
@@ -508,29 +638,73 @@ def run(bundle_dir: str, arch: str | None, backend: str, k: int, smallest: bool,
     import numpy as np
 
     from topkgen.destinations import check_output_file
-    from topkgen.npyfile import read_npy
+    from topkgen.npyfile import read_npy_stored
     from topkgen.paths import atomic_write
-    from topkgen.runtime import TopK, TopKError, dtype_name
+    from topkgen.runtime import NoGpuError, TopK, TopKError, dtype_name
 
-    check_output_file(Path(output_path), force=force, inputs=(Path(input_path),))
-    x = read_npy(input_path)
+    if output_path is not None:
+        check_output_file(Path(output_path), force=force, inputs=(Path(input_path),))
+    x, stored = read_npy_stored(input_path)
     try:
         op = TopK(bundle_dir, arch=arch, backend=backend)
-        sel = op.explain(dtype_name(str(x.dtype), dtype), k, x.shape[-1], deterministic)
+        name = dtype_name(str(x.dtype), dtype)
+        answer = op.explain(name, k, x.shape[-1], deterministic)
         if backend == "cuda":
             values, indices = _run_on_gpu(op, x, k, smallest, deterministic, dtype)
         else:
             values, indices = op(x, k, largest=not smallest, deterministic=deterministic, dtype=dtype)
+    except NoGpuError as err:
+        raise InputError(f"{err}; without a GPU, run the same kernels on the CPU: --backend emulator "
+                         f"--arch {arch or _first_arch(bundle_dir)}") from None
     except TopKError as err:
         raise InputError(str(err)) from None
+    if stored.kind == "V":  # bfloat16 came as 2-byte records (ml_dtypes): saved the same way
+        values = values.view(stored)
+    by = f"by {answer.kernel.name} ({answer.source})"
+    if output_path is None:
+        _print_rows(input_path, x.shape, name, values, indices, k, smallest, by)
+        return
     buffer = io.BytesIO()
     np.savez(buffer, values=values, indices=indices)
     try:
         atomic_write(Path(output_path), buffer.getvalue())
     except OSError as err:
         raise InputError(f"-o {output_path}: cannot write: {err.strerror}") from None
-    click.echo(f"{output_path}: values {values.dtype}{list(values.shape)}, indices int64{list(indices.shape)} "
-               f"by {sel.kernel.name} ({sel.source.upper()})")
+    click.echo(f"{output_path}: values {values.dtype}{list(values.shape)}, indices int64{list(indices.shape)} {by}")
+
+
+def _first_arch(bundle_dir: str) -> str:
+    from topkgen import bundle
+
+    try:
+        return bundle.load_manifest(bundle_dir)[0]["archs"][0]
+    except (bundle.ManifestError, IndexError):
+        return "sm_90"
+
+
+def _print_rows(input_path: str, shape: tuple[int, ...], dtype: str, values: Any, indices: Any, k: int,
+                smallest: bool, by: str) -> None:
+    """Each row's top-k, value[index], for the first rows: what -o would save, to read."""
+    import numpy as np
+
+    if dtype == "bfloat16":  # 16-bit values come as uint16 bits or 2-byte records
+        import ml_dtypes
+
+        values = values.view(ml_dtypes.bfloat16)
+    elif dtype == "float16":
+        values = values.view(np.float16)
+    values = values.astype(np.float32).reshape(-1, k)
+    indices = indices.reshape(-1, k)
+    rows = values.shape[0]
+    click.echo(f"{input_path}: {'smallest' if smallest else 'largest'} {k} of {rows} row(s) of {shape[-1]} "
+               f"{dtype} {by}")
+    for row in range(min(rows, ROWS_SHOWN)):
+        label = row if len(shape) <= 2 else list(np.unravel_index(row, shape[:-1]))
+        items = [f"{v:.6g}[{i}]" for v, i in zip(values[row, :VALUES_SHOWN], indices[row, :VALUES_SHOWN])]
+        more = f" ... {k - VALUES_SHOWN} more" if k > VALUES_SHOWN else ""
+        click.echo(f"  row {label}: {' '.join(items)}{more}")
+    if rows > ROWS_SHOWN:
+        click.echo(f"  ... {rows - ROWS_SHOWN} more rows; -o OUT.npz saves them all")
 
 
 def _run_on_gpu(op: Any, x: Any, k: int, smallest: bool, deterministic: bool, dtype: str | None):
@@ -551,5 +725,83 @@ def _run_on_gpu(op: Any, x: Any, k: int, smallest: bool, deterministic: bool, dt
     return values.to_host(stream), indices.to_host(stream)
 
 
+# ----------------------------------------------------------------------------- merge, cache
+
+@main.command(short_help="Join the bundles of build --shard into one.")
+@click.argument("parts", nargs=-1, required=True, type=click.Path(file_okay=False))
+@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), metavar="DIR",
+              help="The full bundle to write.")
+def merge(parts: tuple[str, ...], out_dir: str) -> None:
+    """Join the bundles of `build --shard I/N` into the full bundle. Refuses (exit 2) unless
+    the parts share policy, generator, toolchain and plan, cover it exactly once, and every
+    cubin verifies."""
+    from pathlib import Path
+
+    from topkgen import shards
+
+    try:
+        manifest = shards.merge([Path(p) for p in parts], Path(out_dir))
+    except shards.ShardError as err:
+        raise InputError(str(err)) from None
+    counts = {a: sum(1 for k in manifest["kernels"] if k["arch"] == a) for a in manifest["archs"]}
+    click.echo(f"merged {len(parts)} shards into {out_dir}/manifest.json: {len(manifest['kernels'])} kernels "
+               f"({', '.join(f'{a} {n}' for a, n in counts.items())})")
+
+
+@main.group("cache", cls=_Group, short_help="Seed the compile cache from a bundle, or verify it.")
+def cache_group() -> None:
+    """The compile cache: seed it from a bundle, verify its entries."""
+
+
+@cache_group.command("import", short_help="Fill the compile cache from a bundle.")
+@click.argument("bundle_dir", metavar="BUNDLE", type=click.Path(file_okay=False))
+def cache_import(bundle_dir: str) -> None:
+    """Fill the compile cache from a bundle (a release, a base revision's build), so that
+    builds of the same kernels compile nothing."""
+    from pathlib import Path
+
+    from topkgen import cache, cache_admin
+
+    try:
+        result = cache_admin.import_bundle(Path(bundle_dir))
+    except (cache_admin.CacheInputError, cache.CacheConfigError) as err:
+        raise InputError(str(err)) from None
+    except cache.CacheError as err:
+        console.error(str(err))
+        sys.exit(1)
+    where = f" and {result.remote} ({console.size(result.remote_written)} written)" if result.remote else ""
+    click.echo(f"imported {bundle_dir}: {result.added} entries added, {result.present} already present, "
+               f"{len(result.skipped)} skipped, of {result.kernels} kernels, into the local cache{where}")
+    if result.skipped:
+        click.echo(f"  skipped (this checkout renders a different source): {', '.join(result.skipped)}")
+    if not result.toolchain_matches:
+        click.echo("  note: the bundle's toolchain differs from this machine's; its entries serve only builds "
+                   "with that toolchain")
+
+
+@cache_group.command("verify", short_help="Recompile a sample of entries and compare.")
+@click.option("--sample", "percent", type=click.FloatRange(0, 100, min_open=True), required=True, metavar="P",
+              help="Percentage of entries to recompile and compare.")
+@click.option("--remote", is_flag=True, help="Verify TOPKGEN_CACHE_URL's entries instead of the local cache.")
+@click.option("--seed", type=int, default=None, help="Choose the sample with this seed (default: random, printed).")
+@click.option("-j", "--jobs", type=click.IntRange(1, 256), default=console.available_cpus,
+              metavar="N", help=JOBS_HELP + ".")
+def cache_verify(percent: float, remote: bool, seed: int | None, jobs: int) -> None:
+    """Recompile a sample of cache entries with this machine's toolchain and compare bytes.
+    Exit 1 when an entry differs."""
+    from topkgen import cache, cache_admin
+
+    try:
+        result = cache_admin.verify(percent, remote=remote, seed=seed, jobs=jobs)
+    except (cache_admin.CacheInputError, cache.CacheConfigError) as err:
+        raise InputError(str(err)) from None
+    click.echo(f"verified {result.sampled} of {result.entries} entries in {result.store} "
+               f"({percent:g}%, seed {result.seed}): {result.identical} identical, {len(result.problems)} wrong, "
+               f"{result.skipped} skipped (another toolchain)")
+    for problem in result.problems:
+        click.echo(f"  {problem}")
+    sys.exit(1 if result.problems else 0)
+
+
 if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main())
+    sys.exit(main(prog_name="topkgen"))

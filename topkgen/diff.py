@@ -235,7 +235,8 @@ def _manifest_side(label: str, path: Path) -> Side:
     return side
 
 
-def build_sides(sides: list[Side], jobs: int = 1, progress: Callable[[KernelSpec], None] | None = None) -> None:
+def build_sides(sides: list[Side], jobs: int = 1,
+                progress: Callable[[KernelSpec, Any, float], None] | None = None) -> None:
     """Compile every side not built yet through the compile cache (NVRTC in parallel); its
     kernel records become what its manifest would carry: resources, cubin size and hash."""
     from topkgen import bundle

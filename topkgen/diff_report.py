@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from topkgen.diff import Report, Side, field_aspect, field_label
 
-FORMAT_VERSION = 2
+SCHEMA_VERSION = 3  # schemas/diff.schema.json
 MARKDOWN_LIMIT = 60_000
 LABEL_CHARS = 120      # a side's label or origin as the header shows it
 SHAPES_PER_ROW = 12    # shapes a markdown dispatch row lists before "+N more"
@@ -31,7 +31,7 @@ def to_json(report: Report) -> dict[str, Any]:
                 "archs": s.archs, "built": s.built}
 
     return {
-        "format": "topkgen-diff", "format_version": FORMAT_VERSION,
+        "format": "topkgen-diff", "schema_version": SCHEMA_VERSION,
         "old": side(report.old), "new": side(report.new), "differs": report.differs,
         "summary": report.summary(),
         "kernels": {"added": [k["name"] for k in report.added], "removed": [k["name"] for k in report.removed],
@@ -84,7 +84,7 @@ def _choice_text(choice: dict[str, Any]) -> str:
     note = f": {choice['note']}" if choice.get("note") else ""
     if choice["kernel"] is None:
         return f"unsupported ({choice.get('note', '')})"
-    return f"{choice['kernel']} ({choice['source'].upper()}{note})"
+    return f"{choice['kernel']} ({choice['source']}{note})"
 
 
 def _budget_text(row: dict[str, Any]) -> str:

@@ -31,6 +31,12 @@ class NpyError(InputError, ValueError):
 def read_npy(path: str | os.PathLike) -> np.ndarray:
     """The array stored in a .npy file, C-contiguous and in native byte order. Raw 2-byte
     records (numpy's form of ml_dtypes.bfloat16) come back as uint16 bit patterns."""
+    return read_npy_stored(path)[0]
+
+
+def read_npy_stored(path: str | os.PathLike) -> tuple[np.ndarray, np.dtype]:
+    """read_npy's array and the dtype the file stores it as, so that an output can be
+    saved in the input's convention (bfloat16 as 2-byte records, or as uint16 bits)."""
     label = printable(os.fspath(path))
 
     def fail(reason: str) -> NpyError:
@@ -86,7 +92,7 @@ def read_npy(path: str | os.PathLike) -> np.ndarray:
         array = array.byteswap().view(dtype.newbyteorder("="))
     if dtype.kind == "V":
         array = array.view(np.uint16)
-    return array
+    return array, dtype
 
 
 def _check_dtype(dtype: np.dtype, fail) -> None:

@@ -31,6 +31,9 @@ REGISTER_MAX_K = 32
 WORK_BY_FAMILY = {"register": ("ladder", "exact"), "radix": ("exact", "dynamic", "fixed_vec")}
 # The template each family's kernels render from (topkgen.render reads it from here).
 FAMILY_TEMPLATES = {"register": "register_select.cu.j2", "radix": "radix_select.cu.j2"}
+# The per-arch keys each family's kernels are built from: required when the policy declares
+# the family, optional otherwise (vector_tail is then "runtime", which no kernel reads).
+FAMILY_ARCH_KEYS = {"register": ("warps_per_block",), "radix": ("threads", "vector_tail")}
 MAX_POLICY_BYTES = 1 << 20
 # Every kernel is compiled (AOT) or may be (JIT), and loading checks dispatch over all of
 # them: a policy may declare at most this many, over all archs, dtypes and modes.
@@ -55,8 +58,8 @@ class DispatchError(InputError, ValueError):
 class ArchTuning:
     name: str
     capability: tuple[int, int]
-    threads: int
-    warps_per_block: int
+    threads: int | None          # radix kernels only (None when the policy has none)
+    warps_per_block: int | None  # register kernels only
     tail_policy: str
     tail_max_iterations: int | None
     min_ctas_per_sm: dict[int, int]
@@ -186,12 +189,18 @@ class Policy:
         return [r for r in self.rules if not r.aot and (wanted is None or wanted & set(r.archs))]
 
     @property
+    def is_packaged_default(self) -> bool:
+        """Loaded from the default policy that ships with topkgen (no --policy)."""
+        path = Path(self.path)
+        return path.is_file() and path.resolve() == default_policy_path().resolve()
+
+    @property
     def display_path(self) -> str:
         """The policy's path as it may appear in shipped output: never absolute."""
         path = Path(self.path)
         if not path.is_file():  # not a file here (a git revision, a manifest): keep the label
             return self.path
-        if path.resolve() == default_policy_path().resolve():
+        if self.is_packaged_default:
             return "policies/topk.yaml"
         try:
             return path.resolve().relative_to(Path.cwd()).as_posix()
@@ -280,21 +289,34 @@ class _Locator:
 
 
 def _build(doc: dict, loc: _Locator, source: str, sha: str, text: str) -> Policy:
+    families = {}
+    for name, f in doc["families"].items():
+        template = f.get("template", FAMILY_TEMPLATES[name])
+        if template != FAMILY_TEMPLATES[name]:
+            raise loc.error(("families", name, "template"),
+                            f"{name} kernels render from {FAMILY_TEMPLATES[name]}, not {template}")
+        families[name] = Family(name, template, f["budget"]["max_registers"], f["budget"]["spills"])
+
     archs: dict[str, ArchTuning] = {}
     for name, t in doc["archs"].items():
-        digits = name[3:]
-        expected = [int(digits[:-1]), int(digits[-1])]
-        if t["capability"] != expected:
+        expected = arch_capability(name)
+        if "capability" in t and tuple(t["capability"]) != expected:
             raise loc.error(("archs", name, "capability"),
-                            f"{name} has capability {expected}, not {t['capability']}")
-        tail = t["vector_tail"]
+                            f"{name} has capability {list(expected)}, not {t['capability']} (leave it out: "
+                            f"the name says it)")
+        for family in families:
+            for key in FAMILY_ARCH_KEYS[family]:
+                if key not in t:
+                    raise loc.error(("archs", name), f"missing key '{key}': the policy declares {family} "
+                                                     f"kernels, which need it", at_key=True)
+        tail = t.get("vector_tail", {"policy": "runtime"})
         if tail["policy"] == "fixed" and "max_iterations" not in tail:
             raise loc.error(("archs", name, "vector_tail"), "policy 'fixed' needs max_iterations")
         if tail["policy"] == "runtime" and "max_iterations" in tail:
             raise loc.error(("archs", name, "vector_tail", "max_iterations"),
                             "max_iterations only applies to policy 'fixed'")
         ctas = {int(k): v for k, v in t.get("min_ctas_per_sm", {}).items()}
-        archs[name] = ArchTuning(name, tuple(t["capability"]), t["threads"], t["warps_per_block"],
+        archs[name] = ArchTuning(name, expected, t.get("threads"), t.get("warps_per_block"),
                                  tail["policy"], tail.get("max_iterations"), ctas)
 
     aot = tuple(doc["dtypes"]["aot"])
@@ -302,13 +324,6 @@ def _build(doc: dict, loc: _Locator, source: str, sha: str, text: str) -> Policy
     for i, d in enumerate(jit):
         if d in aot:
             raise loc.error(("dtypes", "jit", i), f"{d} is already an AOT dtype")
-
-    families = {}
-    for name, f in doc["families"].items():
-        if f["template"] != FAMILY_TEMPLATES[name]:
-            raise loc.error(("families", name, "template"),
-                            f"{name} kernels render from {FAMILY_TEMPLATES[name]}, not {f['template']}")
-        families[name] = Family(name, f["template"], f["budget"]["max_registers"], f["budget"]["spills"])
 
     declared: set[str] = set()
     for i, r in enumerate(doc["rules"]):
@@ -333,6 +348,12 @@ def _build(doc: dict, loc: _Locator, source: str, sha: str, text: str) -> Policy
     _check_occupancy(archs, rules, loc)
     return Policy(source, sha, text, doc["name"], archs, aot, jit, families, tuple(rules),
                   doc.get("aot_covers_all", False))
+
+
+def arch_capability(arch: str) -> tuple[int, int]:
+    """The compute capability an arch name stands for: sm_90 -> (9, 0), sm_121 -> (12, 1)."""
+    digits = arch[3:]
+    return int(digits[:-1]), int(digits[-1])
 
 
 def block_shape(family: str, tuning: ArchTuning, k: int) -> tuple[int, int]:
@@ -614,6 +635,16 @@ def _reason(policy: Policy, rule: Rule, spec: KernelSpec, dtype: str, k: int, n:
     return "; ".join(parts)
 
 
+COVERAGE_RULE = ("Every arch, dtype and mode of a policy needs a kernel for every 1 <= k <= 1024 and "
+                 "k <= n <= 2^31-1.")
+GAP_FIX_JIT = ("To leave the shapes your rules do not cover to JIT, add a JIT-only rule and put it last in "
+               "dispatch_order: {name: jit_rest, family: radix, work: dynamic, k: [1024], "
+               "n: {min: 1, max: 2147483647}, modes: [fast, deterministic], aot: false, reason: \"...\"} "
+               "(it serves whatever no earlier rule serves; declare the radix family if the policy lacks it).")
+GAP_FIX_AOT = ("aot_covers_all: true asks the AOT rules to serve it alone: add an AOT rule for it, or set "
+               "aot_covers_all: false to let JIT-only rules serve it.")
+
+
 def _check_total_dispatch(policy: Policy, loc: _Locator) -> None:
     """Every (dtype, 1 <= k <= 1024, k <= n <= 2^31-1, mode) must be served on every arch
     with JIT and, where the policy says aot_covers_all, by AOT kernels alone for AOT dtypes. The rules' k ranges and n windows are
@@ -636,7 +667,8 @@ def _check_total_dispatch(policy: Policy, loc: _Locator) -> None:
                             raise loc.error(("dispatch_order",),
                                             f"the rules leave a gap: nothing serves arch={arch} dtype={dtype} "
                                             f"mode={mode} k={k} n={gap[0]}..{gap[1]}"
-                                            f"{'' if with_jit else ' without JIT'}")
+                                            f"{'' if with_jit else ' without JIT'}. {COVERAGE_RULE} "
+                                            f"{GAP_FIX_AOT if not with_jit else GAP_FIX_JIT}")
 
 
 def _n_gap(policy: Policy, arch: str, dtype: str, mode: str, k: int, with_jit: bool) -> tuple[int, int] | None:

@@ -24,8 +24,10 @@ from topkgen import dispatch_table
 from topkgen.dispatch_table import Choice
 from topkgen.errors import InputError
 from topkgen.manifest_checks import entries
-from topkgen.policy import DTYPE_SIZES, DispatchError, Selection, kernels_of_rule, select
+from topkgen.explain import Explanation, explain
+from topkgen.policy import DTYPE_SIZES, DispatchError, kernels_of_rule
 from topkgen.render import render
+from topkgen.suggest import did_you_mean
 
 BACKENDS = ("cuda", "emulator")
 STATIC_SHARED_LIMIT = 48 * 1024  # above it, a kernel must opt in to more dynamic shared memory
@@ -33,6 +35,11 @@ STATIC_SHARED_LIMIT = 48 * 1024  # above it, a kernel must opt in to more dynami
 
 class TopKError(InputError, RuntimeError):
     """A shape, array or bundle the runtime cannot serve; the message says which and why."""
+
+
+class NoGpuError(TopKError):
+    """The cuda backend found no usable GPU (no driver, no device): the emulator backend
+    runs the same kernels on the CPU."""
 
 
 def gpu_unavailable() -> str | None:
@@ -94,7 +101,8 @@ class TopK:
         self._backend: _Backend = _EmulatorBackend() if backend == "emulator" else _CudaBackend()
         self.arch = arch if arch is not None else self._backend.current_arch()
         if self.arch not in self.policy.archs:
-            raise TopKError(f"arch: {self.arch!r} is not in the bundle's policy (knows {', '.join(self.policy.archs)})")
+            raise TopKError(f"arch: {self.arch!r} is not in the bundle's policy (knows {', '.join(self.policy.archs)})"
+                            f"{did_you_mean(self.arch, self.policy.archs)}")
         self._specs = {spec.name: spec for rule in self.policy.rules for dtype in self.policy.dtypes
                        for spec in kernels_of_rule(self.policy, rule, self.arch, dtype)}
         self._table, self.in_bundle = dispatch_table.serving_table(self.manifest, self.policy, self.arch)
@@ -122,17 +130,20 @@ class TopK:
             raise TopKError(f"{err}{' (TOPKGEN_DISABLE_JIT is set)' if not jit else ''}") from None
         return choice if self.in_bundle else Choice(choice.kernel, "jit")
 
-    def explain(self, dtype: str, k: int, n: int, deterministic: bool = False) -> Selection:
-        """The kernel that serves a shape and why: the table's choice with the reason
-        `topkgen explain` prints (an arch the bundle lacks is served by JIT)."""
+    def explain(self, dtype: str, k: int, n: int, deterministic: bool = False) -> Explanation:
+        """The kernel that serves a shape and why: the table's choice, whose str() is what
+        `topkgen explain` prints for the bundle's policy (an arch the bundle lacks is
+        served by JIT, and says so)."""
         choice = self.choose(dtype, k, n, deterministic)
-        sel = select(self.policy, self.arch, dtype, k, n, deterministic=deterministic, jit=not jit_disabled())
+        answer = explain(self.policy, self.arch, dtype, k, n, deterministic=deterministic, jit=not jit_disabled())
+        sel = answer.selection
         if sel.kernel.name != choice.kernel:
             raise TopKError(f"the bundle's dispatch table sends {dtype} k={k} n={n} to {choice.kernel} but its "
                             f"policy to {sel.kernel.name}; rebuild the bundle")
         if sel.source != choice.source:
-            sel = replace(sel, source=choice.source, reason=f"{sel.reason}; the bundle has no {self.arch} kernel: JIT")
-        return sel
+            sel = replace(sel, source=choice.source, reason=f"{sel.reason}; the bundle has no {self.arch} kernel: jit")
+            answer = replace(answer, selection=sel)
+        return answer
 
     # ------------------------------------------------------------------ running
     def __call__(self, x: Any, k: int, *, largest: bool = True, deterministic: bool = False,
@@ -264,7 +275,7 @@ class _CudaBackend(_Backend):
             self.device = Device()
             self.device.set_current()
         except Exception as err:  # no driver, no GPU
-            raise TopKError(f"backend 'cuda': no usable GPU ({err})") from None
+            raise NoGpuError(f"backend 'cuda': no usable GPU ({err})") from None
 
     def current_arch(self) -> str:
         major, minor = self.device.compute_capability

@@ -1,0 +1,198 @@
+"""The CLI as a first-time user meets it: help that is whole and in workflow order, help on
+every option with its valid values, the epilog's examples, exit codes and environment,
+--version, `python -m topkgen`, shell completion, did-you-mean, aliases, colour and -j."""
+
+from __future__ import annotations
+
+import json
+import os
+import pty
+import re
+import subprocess
+import sys
+
+import click
+import pytest
+from click.testing import CliRunner
+
+from topkgen import cli as cli_module, console
+
+from .conftest import ROOT
+
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+ENV.pop("NO_COLOR", None)
+
+
+def topkgen(*args, env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "topkgen", *map(str, args)], capture_output=True, text=True,
+                          env=env or ENV, **kwargs)
+
+
+def on_terminal(*args, env: dict | None = None) -> tuple[int, str]:
+    """Run topkgen with stdout and stderr on a pseudo-terminal: (exit status, what it showed)."""
+    leader, follower = pty.openpty()
+    proc = subprocess.Popen([sys.executable, "-m", "topkgen", *map(str, args)], stdout=follower, stderr=follower,
+                            env=env or ENV)
+    os.close(follower)
+    chunks = []
+    while True:
+        try:
+            chunk = os.read(leader, 65536)
+        except OSError:
+            break
+        if not chunk:
+            break
+        chunks.append(chunk)
+    os.close(leader)
+    return proc.wait(), b"".join(chunks).decode()
+
+
+def _commands(group: click.Group, prefix: str = "") -> dict[str, click.Command]:
+    found = {}
+    for name, command in group.commands.items():
+        found[prefix + name] = command
+        if isinstance(command, click.Group):
+            found.update(_commands(command, f"{prefix}{name} "))
+    return found
+
+
+# ----------------------------------------------------------------------------- help
+
+def test_help_lists_every_command_in_workflow_order_with_its_whole_summary():
+    out = CliRunner().invoke(cli_module.main, ["--help"], terminal_width=80).output
+    listed = re.search(r"\nCommands:\n(.*?)\n\n", out, re.S).group(1).splitlines()
+    names = [line.split()[0] for line in listed]
+    assert names == ["plan", "explain", "build", "show", "diff", "run", "merge", "cache"]
+    for line in listed:
+        name, summary = line.split(None, 1)
+        assert summary == cli_module.main.commands[name].short_help, line  # never cut ("...")
+    assert "run" in out.split("Options:")[0]  # the description names every workflow step
+
+
+def test_every_option_of_every_command_has_help():
+    for path, command in _commands(cli_module.main).items():
+        for param in command.params:
+            if isinstance(param, click.Option) and param.name != "help":
+                assert param.help, f"topkgen {path} {param.opts[0]} has no help text"
+        summary = command.get_short_help_str(limit=200)
+        assert summary and not summary.endswith("..."), path
+
+
+def test_option_help_names_the_valid_values():
+    out = CliRunner().invoke(cli_module.main, ["explain", "--help"], terminal_width=200).output
+    arch_line = next(line for line in out.splitlines() if line.strip().startswith("--arch"))
+    assert "sm_90, sm_100" in arch_line  # the packaged default policy's archs
+    assert "--dtype [float32|bfloat16|float16]" in out and "fp32, bf16, fp16" in out
+    assert "[1<=x<=1024; required]" in out  # --k
+    build = CliRunner().invoke(cli_module.main, ["build", "--help"], terminal_width=200).output
+    assert f"({console.available_cpus()} here)" in build and "sm_90, sm_100" in build
+
+
+def test_the_epilog_gives_examples_exit_codes_and_every_topkgen_variable():
+    out = CliRunner().invoke(cli_module.main, ["--help"], terminal_width=80).output
+    used = set()
+    for path in (ROOT / "topkgen").rglob("*.py"):
+        used |= set(re.findall(r"TOPKGEN_[A-Z_]+[A-Z]", path.read_text()))
+    assert used >= {"TOPKGEN_CACHE_DIR", "TOPKGEN_DEBUG"}
+    epilog = out.split("Examples:")[1]
+    for name in sorted(used) + ["NO_COLOR"]:
+        assert name in epilog, f"{name} is read by topkgen but not in topkgen --help"
+    for code, meaning in (("0", "success"), ("1", "a build failed"), ("2", "bad usage or input"),
+                          ("70", "an internal error")):
+        assert re.search(rf"\n +{code} +{meaning}", epilog), code
+    assert "topkgen build --out out" in epilog and "_TOPKGEN_COMPLETE=bash_source topkgen" in epilog
+
+
+def test_version_names_topkgen_nvrtc_and_cuda_core():
+    from importlib import metadata
+
+    from topkgen import __version__
+    from topkgen.compile import nvrtc_version
+
+    proc = topkgen("--version")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[0] == f"topkgen {__version__}"
+    assert lines[1] == f"NVRTC {nvrtc_version()} (nvidia-cuda-nvrtc {metadata.version('nvidia-cuda-nvrtc')})"
+    assert f"cuda-core {metadata.version('cuda-core')}" in lines[2]
+
+
+def test_python_m_topkgen_is_the_cli_and_completion_works():
+    proc = topkgen("--help")
+    assert proc.returncode == 0 and proc.stdout.startswith("Usage: topkgen [OPTIONS] COMMAND")
+
+    def complete(words: str) -> list[str]:
+        env = {**ENV, "_TOPKGEN_COMPLETE": "bash_complete", "COMP_WORDS": words,
+               "COMP_CWORD": str(len(words.split()) - (0 if words.endswith(" ") else 1))}
+        out = topkgen(env=env).stdout
+        return [line.split(",", 1)[1] for line in out.splitlines()]
+
+    assert complete("topkgen bu") == ["build"]
+    assert complete("topkgen explain --arch sm") == ["sm_90", "sm_100"]
+    assert complete("topkgen explain --dtype b") == ["bfloat16"]
+    script = topkgen(env={**ENV, "_TOPKGEN_COMPLETE": "bash_source"}).stdout
+    assert "complete " in script and "_TOPKGEN_COMPLETE" in script
+
+
+# ----------------------------------------------------------------------------- forgiving input
+
+def test_mistyped_names_get_a_suggestion(cli):
+    result = CliRunner(mix_stderr=False).invoke(cli_module.main, ["bulid"])
+    assert result.exit_code == 2 and "No such command 'bulid'. Did you mean 'build'?" in result.stderr
+    result = CliRunner(mix_stderr=False).invoke(cli_module.main, ["cache", "verfy"])
+    assert result.exit_code == 2 and "Did you mean 'verify'?" in result.stderr
+    result = cli("plan", "--arch", "sm90")
+    assert result.exit_code == 2
+    assert result.stderr == ("topkgen: error: --arch sm90: not in the packaged default policy (known: sm_90, "
+                             "sm_100); did you mean sm_90?\n")
+    result = cli("explain", "--arch", "sm_10", "--dtype", "float32", "--k", 1, "--n", 8)
+    assert result.exit_code == 2 and "did you mean sm_100?" in result.stderr
+    result = CliRunner(mix_stderr=False).invoke(cli_module.main, ["explain", "--arch", "sm_90", "--dtype", "flaot32",
+                                                                   "--k", "1", "--n", "8"])
+    assert result.exit_code == 2 and "did you mean float32?" in result.stderr
+    result = CliRunner(mix_stderr=False).invoke(cli_module.main, ["explain", "--arch", "sm_90", "--dtype", "float64",
+                                                                   "--k", "1", "--n", "8"])
+    assert result.exit_code == 2 and "did you mean" not in result.stderr  # not float16
+
+
+def test_dtype_aliases_and_comma_separated_archs(cli):
+    def explain(dtype: str) -> dict:
+        result = cli("explain", "--arch", "sm_90", "--dtype", dtype, "--k", 40, "--n", 700, "--format", "json")
+        assert result.exit_code == 0, result.stderr
+        return json.loads(result.stdout)
+
+    for alias, name in (("fp32", "float32"), ("bf16", "bfloat16"), ("fp16", "float16"), ("BF16", "bfloat16")):
+        assert explain(alias) == explain(name) and explain(alias)["request"]["dtype"] == name
+    both = json.loads(cli("plan", "--arch", "sm_90,sm_100", "--format", "json").stdout)
+    assert both["archs"] == ["sm_90", "sm_100"] and both["totals"]["all"] == 58
+    again = json.loads(cli("plan", "--arch", "sm_100", "--arch", "sm_90, sm_100", "--format", "json").stdout)
+    assert again["archs"] == ["sm_100", "sm_90"]
+
+
+# ----------------------------------------------------------------------------- colour, -j
+
+def test_colour_on_terminals_only_unless_asked():
+    bad = ("plan", "--arch", "sm_80")
+    status, shown = on_terminal(*bad)
+    assert status == 2 and "\x1b[31m" in shown and "topkgen: error:" in shown
+    status, shown = on_terminal(*bad, env={**ENV, "NO_COLOR": "1"})
+    assert status == 2 and "\x1b[" not in shown
+    status, shown = on_terminal("--color", "never", *bad)
+    assert status == 2 and "\x1b[" not in shown
+    piped = topkgen(*bad)
+    assert piped.returncode == 2 and piped.stderr.startswith("topkgen: error: --arch sm_80")
+    forced = topkgen("--color", "always", *bad, env={**ENV, "NO_COLOR": "1"})
+    assert forced.returncode == 2 and forced.stderr.startswith("\x1b[31m\x1b[1mtopkgen: error:")
+
+
+def test_jobs_default_to_the_cpus_the_process_may_use():
+    assert console.available_cpus() == len(os.sched_getaffinity(0))
+    one_cpu = subprocess.run([sys.executable, "-m", "topkgen", "build", "--help"], capture_output=True, text=True,
+                             env=ENV, preexec_fn=lambda: os.sched_setaffinity(0, {0}))
+    assert "this process may use (1 here)" in " ".join(one_cpu.stdout.split())
+
+
+@pytest.mark.parametrize("seconds, text", [(0.412, "0.41 s"), (12.34, "12.3 s"), (125.0, "2 min 05 s")])
+def test_times_and_sizes_read_as_people_write_them(seconds, text):
+    assert console.seconds(seconds) == text
+    assert [console.size(n) for n in (512, 36 * 1024, 2_000_000)] == ["512 B", "36.0 KiB", "1.9 MiB"]

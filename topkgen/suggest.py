@@ -1,0 +1,45 @@
+"""Did-you-mean for mistyped names (commands, archs, dtypes), standard library only.
+
+Why the digits rule: names here differ mostly by their numbers (sm_90 / sm_100, float16 /
+float32), which string similarity alone weighs little: `sm90` must suggest sm_90, and
+`float64` must suggest nothing rather than float16.
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from typing import Iterable
+
+DTYPE_ALIASES = {"fp32": "float32", "f32": "float32", "bf16": "bfloat16", "fp16": "float16", "f16": "float16",
+                 "half": "float16"}
+
+
+def _digits(text: str) -> str:
+    return "".join(re.findall(r"[0-9]", text))
+
+
+def closest(word: str, choices: Iterable[str]) -> str | None:
+    """The choice `word` most likely meant, or None when none is close."""
+    choices = list(choices)
+    typed = word.strip().lower().replace("-", "_")
+    digits = _digits(typed)
+    if digits:
+        same = [c for c in choices if _digits(c) == digits]
+        if len(same) == 1:
+            return same[0]
+        choices = [c for c in choices if _digits(c).startswith(digits)]
+    found = difflib.get_close_matches(typed, choices, n=1, cutoff=0.7)
+    return found[0] if found else None
+
+
+def did_you_mean(word: str, choices: Iterable[str]) -> str:
+    """`; did you mean sm_90?` to append to an error message, or ''."""
+    found = closest(word, choices)
+    return f"; did you mean {found}?" if found else ""
+
+
+def dtype(name: str) -> str:
+    """A dtype name with the usual short spellings accepted: fp32, bf16, fp16, f32, f16, half."""
+    lowered = name.strip().lower()
+    return DTYPE_ALIASES.get(lowered, lowered)
