@@ -374,12 +374,17 @@ def _overlapping_launches_in_child(queue) -> None:
     queue.put(results)
 
 
-def test_a_fault_while_another_modules_launch_ends_is_reported():
+def test_a_fault_after_an_overlapping_launch_of_another_module_ended_is_reported():
+    # In a child process: a fault the handlers miss kills the process.
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
     child = ctx.Process(target=_overlapping_launches_in_child, args=(queue,))
     child.start()
     child.join(180)
+    if child.is_alive():
+        child.kill()
+        child.join()
+        pytest.fail("the overlapping launches did not finish within 180 s")
     assert child.exitcode == 0, f"the process died (exit code {child.exitcode}): a fault escaped the emulator"
     results = queue.get(timeout=5)
     assert results["first"] == "finished"

@@ -278,11 +278,12 @@ struct Launch {
 // the block and jump buffer that another module's run_blocks set on the faulting thread
 // (t_block, t_fault_jmp), and the count of launches in flight and the actions to restore when
 // the last one ends must be one (process_signals). These are defined in assembly below with
-// explicit STB_GNU_UNIQUE binding, the one way to keep them shared under -fno-gnu-unique.
-// A handler from one module thus reads Block, Thread, Launch and Region objects of another:
-// all modules of a process are compiled from this very header (its text is in the cache key),
-// and these structures must not depend on TK_COUNTERS or other defines. The watchdog needs
-// nothing shared: its deadline is the Launch's, its poll count the Block's.
+// explicit STB_GNU_UNIQUE binding, the one way to keep them shared under -fno-gnu-unique (it
+// also keeps every module loaded for good, so the copy in use never goes away). A handler
+// from one module thus reads Block, Thread, Launch and Region objects of another: all modules
+// of a process are compiled from this very header (its text is in the cache key), and these
+// structures must not depend on TK_COUNTERS or other defines. The watchdog needs nothing
+// more: it reads t_block, and the deadline and poll count are the Launch's and the Block's.
 struct ProcessSignals {
   int lock;                 // a spin lock, held while handlers are installed or removed
   int users;                // launches in flight in the process, all modules together
