@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import multiprocessing as mp
 import os
+import re
 from pathlib import Path
 
 import ml_dtypes
@@ -246,6 +247,149 @@ def test_faults_leave_the_module_usable(bugs):
     out = np.zeros(64, np.float32)
     bugs.launch("with_barrier", 1, 64, [out])
     assert out[0] == 2
+
+
+# ----------------------------------------------------------------------------- several modules in one process
+# Every module is a CUDA module of its own: its kernels and its static shared memory belong to it
+# alone, however many modules the process loaded before it (the runtime loads one per kernel).
+# Both modules instantiate one template with static shared memory, as the top-k kernels do.
+_MODULE_SOURCE = """
+template <int N> __device__ int neighbour_without_barrier(int t) {
+  __shared__ int s[N];
+  s[t] = t + 1;
+  // __syncthreads() missing here
+  return s[(t + 1) % N];
+}
+
+extern "C" __global__ void NAME_fill(int* out) { out[threadIdx.x] = VALUE; }
+
+extern "C" __global__ void NAME_race(int* out) {
+  __shared__ int s[64];
+  s[threadIdx.x] = threadIdx.x + 1;
+  // __syncthreads() missing here
+  out[threadIdx.x] = s[(threadIdx.x + 1) % 64];
+}
+
+extern "C" __global__ void NAME_race_in_template(int* out) {
+  out[threadIdx.x] = neighbour_without_barrier<64>(threadIdx.x);
+}
+
+extern "C" __global__ void NAME_oob(const float* x, float* y, int read) {
+  if (read) y[threadIdx.x] = x[threadIdx.x + 5000];
+  else y[threadIdx.x + 5000] = x[threadIdx.x];
+}
+
+// flags: the address of a host array the test sets while the launch is in flight.
+extern "C" __global__ void NAME_hold(unsigned long long flags, int slot, const float* x, float* y, int fault) {
+  volatile int* f = reinterpret_cast<volatile int*>(flags);
+  f[slot] = 1;                                // in flight
+  while (f[slot + 1] == 0) __nanosleep(100);  // until the test lets it go on
+  if (fault) y[threadIdx.x] = x[threadIdx.x + 5000];
+}
+"""
+
+
+def _two_modules():
+    return [compile_source(_MODULE_SOURCE.replace("NAME", name).replace("VALUE", str(value)), name=name)
+            for name, value in (("first", 1), ("second", 2))]
+
+
+@pytest.fixture(scope="module")
+def two_modules():
+    return _two_modules()
+
+
+def _oob(module, read: bool) -> None:
+    module.launch(f"{module.name}_oob", 1, 32, [np.zeros(64, np.float32), np.zeros(32, np.float32), np.int32(read)])
+
+
+def test_each_module_lists_and_launches_only_its_own_kernels(two_modules):
+    for module, value in zip(two_modules, (1, 2)):
+        assert sorted(module.kernels) == [f"{module.name}_{k}" for k in ("fill", "hold", "oob", "race",
+                                                                        "race_in_template")]
+        out = np.zeros(32, np.int32)
+        module.launch(f"{module.name}_fill", 1, 32, [out])
+        assert (out == value).all()
+
+
+@pytest.mark.parametrize("kernel", ("race", "race_in_template"))
+def test_missing_barrier_in_static_shared_memory_of_every_module(two_modules, kernel):
+    # Each launch must start from poisoned (-1) static shared memory: in thread order every
+    # thread but the last reads its neighbour's slot before the neighbour writes it. Memory
+    # left behind by the previous launch would hold the right answer and hide the bug.
+    for module in two_modules + two_modules:
+        for seed in SEEDS:
+            out = np.zeros(64, np.int32)
+            module.launch(f"{module.name}_{kernel}", 1, 64, [out], schedule_seed=seed)
+            assert (out == -1).any(), (module.name, seed)
+            if seed is None:
+                np.testing.assert_array_equal(out, np.r_[np.full(63, -1), 1])
+
+
+def test_faults_in_either_module_name_their_kernel(two_modules):
+    first, second = two_modules
+    with pytest.raises(EmulationError, match=r"out-of-bounds global read of argument #0 \(float32\[64\]\) "
+                                             r"\(256 bytes\) at byte offset 20000 at kernel 'second_oob'"):
+        _oob(second, read=True)
+    with pytest.raises(EmulationError, match=r"out-of-bounds global write of argument #1 \(float32\[32\]\) "
+                                             r"\(128 bytes\) at byte offset 20000 at kernel 'first_oob'"):
+        _oob(first, read=False)
+    out = np.zeros(32, np.int32)
+    second.launch("second_fill", 1, 32, [out])
+    assert (out == 2).all()
+
+
+def _overlapping_launches_in_child(queue) -> None:
+    import threading
+    import time
+
+    first, second = _two_modules()
+    flags = np.zeros(4, np.int32)
+    results: dict[str, str] = {}
+
+    def hold(module, slot: int, fault: bool) -> None:
+        try:
+            module.launch(f"{module.name}_hold", 1, 1, [np.uint64(flags.ctypes.data), np.int32(slot),
+                                                        np.zeros(64, np.float32), np.zeros(1, np.float32),
+                                                        np.int32(fault)], timeout=60)
+            results[module.name] = "finished"
+        except EmulationError as e:
+            results[module.name] = str(e)
+
+    def wait_for(slot: int) -> None:
+        deadline = time.monotonic() + 60
+        while not flags[slot] and time.monotonic() < deadline:
+            time.sleep(0.001)
+
+    threads = [threading.Thread(target=hold, args=(first, 0, False)),
+               threading.Thread(target=hold, args=(second, 2, True))]
+    threads[0].start()
+    wait_for(0)          # the first module's launch is in flight: its signal handlers are installed
+    threads[1].start()
+    wait_for(2)          # the second module's launch is in flight too
+    flags[1] = 1         # the first launch ends while the second goes on
+    threads[0].join()
+    flags[3] = 1         # the second faults, caught by the handlers the first module installed
+    threads[1].join()
+    queue.put(results)
+
+
+def test_a_fault_after_an_overlapping_launch_of_another_module_ended_is_reported():
+    # In a child process: a fault the handlers miss kills the process.
+    ctx = mp.get_context("spawn")
+    queue = ctx.Queue()
+    child = ctx.Process(target=_overlapping_launches_in_child, args=(queue,))
+    child.start()
+    child.join(180)
+    if child.is_alive():
+        child.kill()
+        child.join()
+        pytest.fail("the overlapping launches did not finish within 180 s")
+    assert child.exitcode == 0, f"the process died (exit code {child.exitcode}): a fault escaped the emulator"
+    results = queue.get(timeout=5)
+    assert results["first"] == "finished"
+    assert re.search(r"out-of-bounds global read of argument #2 \(float32\[64\]\) .* at kernel 'second_hold'",
+                     results["second"]), results["second"]
 
 
 # ----------------------------------------------------------------------------- compile cache

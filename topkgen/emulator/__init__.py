@@ -36,8 +36,10 @@ from topkgen.paths import atomic_write, cache_root, cuda_include_dir
 
 INCLUDE_DIR = Path(__file__).resolve().parent / "include"
 # The alignment sanitizer in trap mode makes a misaligned access trap as it faults on a GPU.
+# -fno-gnu-unique keeps each module's kernel registry and static shared memory its own (the
+# header explains which few objects it still shares across the process, and why).
 CXX_FLAGS = ("-std=c++17", "-O2", "-fPIC", "-shared", "-pthread", "-w", "-fno-strict-aliasing",
-             "-fsanitize=alignment", "-fsanitize-undefined-trap-on-error")
+             "-fsanitize=alignment", "-fsanitize-undefined-trap-on-error", "-fno-gnu-unique")
 DEFAULT_TIMEOUT_S = 120.0
 MAX_THREADS_PER_BLOCK = 1024
 
@@ -178,7 +180,8 @@ class Module:
 
     def __init__(self, path: Path, name: str) -> None:
         self.path, self.name = path, name
-        lib = ctypes.CDLL(str(path))
+        # RTLD_LOCAL: the module's symbols must bind to its own definitions, never another module's.
+        lib = ctypes.CDLL(str(path), mode=os.RTLD_LOCAL)
         for fn, res in (("tk_kernel_signature", ctypes.c_char_p), ("tk_kernel_display", ctypes.c_char_p),
                         ("tk_kernel_symbol", ctypes.c_char_p), ("tk_region_alloc", ctypes.c_void_p),
                         ("tk_region_data", ctypes.c_void_p), ("tk_region_check", ctypes.c_int),

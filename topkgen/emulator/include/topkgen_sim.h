@@ -261,9 +261,63 @@ struct Launch {
   PhaseStats phases[kMaxPhases] = {};
 };
 
-inline thread_local Block* t_block = nullptr;
-inline thread_local sigjmp_buf* t_fault_jmp = nullptr;
-inline thread_local uint32_t t_poll = 0;
+// ------------------------------------------------------------------ module and process state
+// Every CUDA source becomes one shared object, loaded with RTLD_LOCAL; a process loads many
+// (the runtime one per kernel). What belongs to each module and what to the process:
+//
+// Per module, as a CUDA module's own globals: the kernel registry, the TLS span and TLS touch
+// that poison static __shared__ memory at each block's start (module_tls, t_tls_touch), and
+// every static __shared__ array, those of template and inline functions that several modules
+// instantiate too. GCC gives such objects (vague linkage) STB_GNU_UNIQUE binding, which the
+// dynamic linker unifies across the whole process even under RTLD_LOCAL: a later module would
+// list the first one's kernels and poison the first one's memory. Modules are therefore
+// compiled with -fno-gnu-unique (emulator/__init__.py), and each binds to its own copies.
+//
+// Per process: the fault handlers. Only one set is installed while launches of several
+// modules overlap (from several host threads), so the handler one module installed must find
+// the block and jump buffer that another module's run_blocks set on the faulting thread
+// (t_block, t_fault_jmp), and the count of launches in flight and the actions to restore when
+// the last one ends must be one (process_signals). These are defined in assembly below with
+// explicit STB_GNU_UNIQUE binding, the one way to keep them shared under -fno-gnu-unique (it
+// also keeps every module loaded for good, so the copy in use never goes away). A handler
+// from one module thus reads Block, Thread, Launch and Region objects of another: all modules
+// of a process are compiled from this very header (its text is in the cache key), and these
+// structures must not depend on TK_COUNTERS or other defines. The watchdog needs nothing
+// more: it reads t_block, and the deadline and poll count are the Launch's and the Block's.
+struct ProcessSignals {
+  int lock;                 // a spin lock, held while handlers are installed or removed
+  int users;                // launches in flight in the process, all modules together
+  struct sigaction old[3];  // SIGSEGV, SIGBUS and SIGILL as they were before the first launch
+};
+static_assert(std::is_trivial_v<ProcessSignals> && sizeof(ProcessSignals) <= 1024 && alignof(ProcessSignals) <= 64,
+              "tk_process_signals starts as 1024 zero bytes (below)");
+extern __thread Block* t_block asm("tk_process_t_block");
+extern __thread sigjmp_buf* t_fault_jmp asm("tk_process_t_fault_jmp");
+extern ProcessSignals process_signals asm("tk_process_signals");
+asm(R"(
+  .pushsection .tbss.tk_process,"awT",@nobits
+  .balign 8
+  .globl tk_process_t_block
+  .type tk_process_t_block, @gnu_unique_object
+  .size tk_process_t_block, 8
+tk_process_t_block:
+  .zero 8
+  .globl tk_process_t_fault_jmp
+  .type tk_process_t_fault_jmp, @gnu_unique_object
+  .size tk_process_t_fault_jmp, 8
+tk_process_t_fault_jmp:
+  .zero 8
+  .popsection
+  .pushsection .bss.tk_process,"aw",@nobits
+  .balign 64
+  .globl tk_process_signals
+  .type tk_process_signals, @gnu_unique_object
+  .size tk_process_signals, 1024
+tk_process_signals:
+  .zero 1024
+  .popsection
+)");
+inline thread_local uint32_t t_tls_touch = 0;  // per module: see poison_static_shared
 
 // ------------------------------------------------------------------ context switching
 #if defined(__x86_64__)
@@ -780,22 +834,14 @@ inline int region_check(const Region* r) {
 }
 
 // ------------------------------------------------------------------ fault handling
-inline std::mutex& signal_mu() {
-  static std::mutex m;
-  return m;
-}
-inline int& signal_users() {
-  static int n = 0;
-  return n;
-}
-inline struct sigaction* old_actions() {
-  static struct sigaction a[3];
-  return a;
-}
-inline std::vector<Launch*>& live_launches() {
-  static std::vector<Launch*> v;
-  return v;
-}
+// Held while the process's handlers are installed or removed (process_signals starts zeroed:
+// no constructor runs for it).
+struct SignalLock {
+  SignalLock() {
+    while (__atomic_exchange_n(&process_signals.lock, 1, __ATOMIC_ACQUIRE)) std::this_thread::yield();
+  }
+  ~SignalLock() { __atomic_store_n(&process_signals.lock, 0, __ATOMIC_RELEASE); }
+};
 
 inline std::string describe_address(Launch* L, Block* b, uintptr_t a, bool write) {
   const char* rw = write ? "write" : "read";
@@ -839,28 +885,28 @@ inline void on_fault(int sig, siginfo_t* info, void* uctx) {
     siglongjmp(*t_fault_jmp, 1);
   }
   // Not ours: restore the previous handler and let the fault happen again.
-  sigaction(sig, &old_actions()[sig == SIGSEGV ? 0 : sig == SIGBUS ? 1 : 2], nullptr);
+  sigaction(sig, &process_signals.old[sig == SIGSEGV ? 0 : sig == SIGBUS ? 1 : 2], nullptr);
 }
 
 inline void install_handlers() {
-  std::lock_guard<std::mutex> g(signal_mu());
-  if (signal_users()++ > 0) return;
+  SignalLock lock;
+  if (process_signals.users++ > 0) return;
   struct sigaction sa;
   memset(&sa, 0, sizeof sa);
   sa.sa_sigaction = on_fault;
   sa.sa_flags = SA_SIGINFO | SA_ONSTACK;
   sigemptyset(&sa.sa_mask);
-  sigaction(SIGSEGV, &sa, &old_actions()[0]);
-  sigaction(SIGBUS, &sa, &old_actions()[1]);
-  sigaction(SIGILL, &sa, &old_actions()[2]);
+  sigaction(SIGSEGV, &sa, &process_signals.old[0]);
+  sigaction(SIGBUS, &sa, &process_signals.old[1]);
+  sigaction(SIGILL, &sa, &process_signals.old[2]);
 }
 
 inline void remove_handlers() {
-  std::lock_guard<std::mutex> g(signal_mu());
-  if (--signal_users() > 0) return;
-  sigaction(SIGSEGV, &old_actions()[0], nullptr);
-  sigaction(SIGBUS, &old_actions()[1], nullptr);
-  sigaction(SIGILL, &old_actions()[2], nullptr);
+  SignalLock lock;
+  if (--process_signals.users > 0) return;
+  sigaction(SIGSEGV, &process_signals.old[0], nullptr);
+  sigaction(SIGBUS, &process_signals.old[1], nullptr);
+  sigaction(SIGILL, &process_signals.old[2], nullptr);
 }
 
 // ------------------------------------------------------------------ block execution
@@ -939,11 +985,11 @@ inline const TlsSpan& module_tls() {
 inline void poison_static_shared() {
   const TlsSpan& t = module_tls();
   void* block = nullptr;
-  t_poll = 0;  // touch the TLS block so that it exists
+  t_tls_touch = 0;  // touch the module's TLS block so that it exists on this thread
   if (t.handle && t.size && dlinfo(t.handle, RTLD_DI_TLS_DATA, &block) == 0 && block) memset(block, 0xFF, t.size);
   t_block = nullptr;
   t_fault_jmp = nullptr;
-  t_poll = 0;
+  t_tls_touch = 0;
 }
 
 inline void fiber_main() {
