@@ -68,10 +68,11 @@ namespace tk {
 constexpr int kWarp = 32;
 
 enum class State : uint8_t { Runnable, Barrier, Warp, Done };
-enum WarpOp : uint8_t { kShflIdx, kShflUp, kShflDown, kShflXor, kBallot, kAny, kAll, kSyncWarp };
+enum WarpOp : uint8_t { kShflIdx, kShflUp, kShflDown, kShflXor, kBallot, kAny, kAll, kSyncWarp, kMatchAny, kMatchAll };
 static const char* const kWarpOpNames[] = {"__shfl_sync", "__shfl_up_sync", "__shfl_down_sync",
                                            "__shfl_xor_sync", "__ballot_sync", "__any_sync",
-                                           "__all_sync", "__syncwarp"};
+                                           "__all_sync", "__syncwarp", "__match_any_sync",
+                                           "__match_all_sync"};
 
 struct Thread {
   void* sp = nullptr;
@@ -410,6 +411,12 @@ struct Scheduler {
         t->result = ballot != 0;
       } else if (op == kAll) {
         t->result = ballot == group;
+      } else if (op == kMatchAny || op == kMatchAll) {
+        // The lanes of the group whose value equals this lane's (all of them, or none for match_all).
+        unsigned same = 0;
+        for (unsigned m = 0; m < kWarp; ++m)
+          if ((group >> m & 1) && base[m].value == t->value) same |= 1u << m;
+        t->result = op == kMatchAny ? same : (same == group ? group : 0);
       } else {
         t->result = 0;
       }
@@ -886,6 +893,20 @@ inline unsigned __ballot_sync(unsigned mask, int pred) {
 }
 inline int __any_sync(unsigned mask, int pred) { return int(::tk::warp_collective(::tk::kAny, mask, pred != 0, 0, 32)); }
 inline int __all_sync(unsigned mask, int pred) { return int(::tk::warp_collective(::tk::kAll, mask, pred != 0, 0, 32)); }
+// Lanes of `mask` holding the same value as the caller (32- or 64-bit values, compared bitwise).
+template <class T>
+inline unsigned __match_any_sync(unsigned mask, T value) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "__match_any_sync takes 32- or 64-bit values");
+  return unsigned(::tk::warp_collective(::tk::kMatchAny, mask, ::tk::to_bits(value), 0, 32));
+}
+// `mask` when every lane of it holds the caller's value (and *pred = 1), else 0 (and *pred = 0).
+template <class T>
+inline unsigned __match_all_sync(unsigned mask, T value, int* pred) {
+  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "__match_all_sync takes 32- or 64-bit values");
+  const unsigned r = unsigned(::tk::warp_collective(::tk::kMatchAll, mask, ::tk::to_bits(value), 0, 32));
+  *pred = r != 0;
+  return r;
+}
 // The lanes of the warp that had not returned when the warp last synchronised (a barrier or
 // a warp collective): threads run one after another between those points.
 inline unsigned __activemask() {
