@@ -23,7 +23,7 @@ from typing import Callable, Iterator
 
 from topkgen import __version__
 from topkgen.compile import CompiledKernel, compile_kernel, nvrtc_version
-from topkgen.policy import KernelSpec, Policy, plan, rule_record
+from topkgen.policy import SHARED_BYTES_PER_BLOCK, KernelSpec, Policy, plan, rule_record
 from topkgen.render import params, render
 from topkgen.schema import SchemaViolation, format_path, load_schema, validate
 
@@ -55,12 +55,16 @@ def over_budget(spec: KernelSpec, compiled: CompiledKernel) -> str | None:
         problems.append(f"{r.registers} registers > budget {spec.max_registers}")
     if not spec.spills_allowed and (r.spill_stores or r.spill_loads):
         problems.append(f"spills {r.spill_stores} bytes stored / {r.spill_loads} loaded, budget allows none")
+    shared = r.static_shared_bytes + spec.dynamic_shared_bytes
+    if shared > SHARED_BYTES_PER_BLOCK.get(spec.arch, shared):
+        problems.append(f"{r.static_shared_bytes} bytes of static and {spec.dynamic_shared_bytes} of dynamic shared "
+                        f"memory exceed {spec.arch}'s {SHARED_BYTES_PER_BLOCK[spec.arch]} per block")
     return f"kernel {spec.name} is over its resource budget: {'; '.join(problems)}" if problems else None
 
 
 def kernel_entry(spec: KernelSpec, compiled: CompiledKernel, source: str) -> dict:
     entry = spec.record()
-    entry["launch"] = {**entry["launch"], "grid": GRID_RULE, "dynamic_shared_bytes": 0}
+    entry["launch"] = {**entry["launch"], "grid": GRID_RULE}
     entry.update({
         "symbol": compiled.symbol,
         "cubin": f"{spec.arch}/{spec.name}.cubin",

@@ -23,6 +23,8 @@ from topkgen.policy import DTYPE_SIZES, DispatchError, KernelSpec, Selection, se
 from topkgen.render import render
 
 BACKENDS = ("cuda", "emulator")
+# Dynamic shared memory a launch may ask for without raising the kernel's attribute first.
+DEFAULT_DYNAMIC_SHARED_BYTES = 48 * 1024
 
 
 class TopKError(RuntimeError):
@@ -180,7 +182,8 @@ class _EmulatorBackend(_Backend):
         indices = np.empty((view.rows, k), dtype=np.int64)
         if view.rows:  # an empty batch launches nothing
             kernel.launch(spec.name, _grid(spec, view.rows), spec.threads,
-                          [x, values, indices, np.int32(view.rows), np.int32(view.n), np.int32(k), np.int32(largest)])
+                          [x, values, indices, np.int32(view.rows), np.int32(view.n), np.int32(k), np.int32(largest)],
+                          shared_bytes=spec.dynamic_shared_bytes)
         shape = (*view.shape[:-1], k)
         if out is not None:
             out_values, out_indices = out
@@ -235,7 +238,22 @@ class _CudaBackend(_Backend):
     def load_aot(self, spec: KernelSpec, cubin: bytes, symbol: str, source: str) -> Any:
         ObjectCode = _cuda_core().ObjectCode
 
-        return ObjectCode.from_cubin(cubin, symbol_mapping={spec.name: symbol}).get_kernel(spec.name)
+        kernel = ObjectCode.from_cubin(cubin, symbol_mapping={spec.name: symbol}).get_kernel(spec.name)
+        if spec.dynamic_shared_bytes > DEFAULT_DYNAMIC_SHARED_BYTES:
+            self._allow_dynamic_shared(kernel, spec)
+        return kernel
+
+    def _allow_dynamic_shared(self, kernel: Any, spec: KernelSpec) -> None:
+        """Above 48 KB a kernel's dynamic shared memory must be allowed before a launch asks for it."""
+        from cuda.bindings import driver
+
+        attribute = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+        handle = getattr(kernel, "handle", None) or kernel._handle  # cuda.core >= 1.0 / before
+        (err,) = driver.cuKernelSetAttribute(attribute, spec.dynamic_shared_bytes, handle, self.device.device_id)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            raise TopKError(f"kernel {spec.name}: this GPU cannot give it {spec.dynamic_shared_bytes} bytes of "
+                            f"dynamic shared memory ({err.name}); lower the policy's shared_row_bytes for "
+                            f"{spec.arch}")
 
     def load_jit(self, spec: KernelSpec, source: str) -> Any:
         from topkgen.compile import compile_kernel
@@ -259,7 +277,7 @@ class _CudaBackend(_Backend):
         values, indices = out
         v_ptr, i_ptr = _device_ptr(values, shape), _device_ptr(indices, shape)
         cuda_stream = self._stream(stream, view.array)
-        config = LaunchConfig(grid=_grid(spec, view.rows), block=spec.threads)
+        config = LaunchConfig(grid=_grid(spec, view.rows), block=spec.threads, shmem_size=spec.dynamic_shared_bytes)
         if view.rows == 0:  # an empty batch launches nothing
             return values, indices
         # cuda.core passes Python ints as pointers and numpy scalars with their C types.
