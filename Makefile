@@ -6,7 +6,7 @@ STAMP  := $(VENV)/.installed
 OUT    ?= out
 JOBS   ?= 2
 
-.PHONY: build build-legacy test install bench bench-plan bench-emulator bench-build bench-diff gpu-check clean
+.PHONY: build build-legacy test install bench bench-plan bench-emulator bench-build bench-diff bench-kernels gpu-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -29,7 +29,7 @@ build-legacy: $(STAMP)
 test: $(STAMP)
 	TOPKGEN_CACHE_DIR=$(CURDIR)/.cache $(BIN)/python -m pytest -q -n $(JOBS)
 
-bench: bench-plan bench-diff bench-emulator bench-build
+bench: bench-plan bench-diff bench-emulator bench-build bench-kernels
 
 bench-plan: $(STAMP)
 	$(BIN)/python benchmarks/bench_cli.py plan
@@ -45,6 +45,12 @@ bench-emulator: $(STAMP)
 
 bench-build: $(STAMP)
 	$(BIN)/python benchmarks/bench_build.py
+
+# Traffic of every dispatched kernel, counted on the emulator, with an H200 model estimate;
+# compared with KERNELS_BASELINE (the kernels before issue 13) when that file exists.
+KERNELS_BASELINE ?= benchmarks/results/bench_kernels_before.json
+bench-kernels: $(STAMP)
+	$(BIN)/python benchmarks/bench_kernels.py $(if $(wildcard $(KERNELS_BASELINE)),--baseline $(KERNELS_BASELINE))
 
 # The device checks (build, GPU tests, compute-sanitizer, benchmark against torch.topk).
 # On the accelerator machine run it with its own python: `python3 scripts/gpu_check.py`.

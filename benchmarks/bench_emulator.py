@@ -1,9 +1,12 @@
-"""Emulator costs: one fiber switch, one __syncthreads of a 1,024-thread block, and a
-256-thread block running four barrier phases over 65,536 elements."""
+"""Emulator costs: one fiber switch, one __syncthreads of a 1,024-thread block, a 256-thread
+block running four barrier phases over 65,536 elements, and what the traffic counters cost
+on real top-k kernels: hooks compiled out (TK_COUNTERS=0), compiled in but off, and on."""
 
 from __future__ import annotations
 
+import statistics
 import sys
+import time
 from pathlib import Path
 
 import numpy as np
@@ -56,6 +59,52 @@ def main() -> None:
     print(f"fiber switch (in or out):              {per_switch * 1e9:8.1f} ns")
     print(f"__shfl_xor_sync, one warp:             {(shfl - base32) / rounds * 1e6:8.2f} us")
     print(f"256 threads, 4 barrier phases, 64 Ki:  {phases * 1e3:8.2f} ms")
+    counter_costs()
+
+
+REPEAT = 21
+
+
+def interleaved_medians(fns) -> list[float]:
+    """Runs the functions in turn, REPEAT rounds after one warm-up round, so that a busy
+    machine slows each of them alike."""
+    samples: list[list[float]] = [[] for _ in fns]
+    for round_ in range(REPEAT + 1):
+        for fn, times in zip(fns, samples):
+            start = time.perf_counter()
+            fn()
+            if round_:
+                times.append(time.perf_counter() - start)
+    return [statistics.median(t) for t in samples]
+
+
+def counter_costs() -> None:
+    """Medians of the same launches, side by side, for each way of building the module."""
+    import ml_dtypes
+
+    from topkgen import policy as pol
+    from topkgen.render import render
+
+    policy = pol.load()
+    print(f"traffic counters, median of {REPEAT} interleaved launches (random normal rows):")
+    print(f"  {'kernel':<40}{'rows':>5}{'compiled out':>14}{'off':>10}{'on':>10}{'off/out':>9}{'on/off':>8}")
+    for dtype, k, n, rows in (("float32", 256, 131072, 4), ("bfloat16", 64, 16384, 16), ("float32", 16, 1024, 256)):
+        spec = pol.select(policy, "sm_90", dtype, k, n).kernel
+        source = render(spec)
+        plain = compile_source(source, name=spec.name, defines=("TK_COUNTERS=0",))
+        counted = compile_source(source, name=spec.name)
+        x = np.random.default_rng(0).standard_normal((rows, n)).astype(
+            np.float32 if dtype == "float32" else ml_dtypes.bfloat16)
+        args = [x, np.zeros((rows, k), x.dtype), np.zeros((rows, k), np.int64), np.int32(rows), np.int32(n),
+                np.int32(k), np.int32(1)]
+        grid = (rows + spec.rows_per_block - 1) // spec.rows_per_block
+
+        def run(module, counters):
+            return lambda: module.launch(spec.name, grid, spec.threads, args, workers=1, counters=counters)
+
+        out, off, on = interleaved_medians([run(plain, False), run(counted, False), run(counted, True)])
+        print(f"  {spec.name:<40}{rows:>5}{out * 1e3:>11.2f} ms{off * 1e3:>7.2f} ms{on * 1e3:>7.2f} ms"
+              f"{off / out:>8.2f}x{on / off:>7.2f}x")
 
 
 if __name__ == "__main__":

@@ -7,6 +7,8 @@
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
 
+{% include "topk_memory.cuh" %}
+
 namespace topk {
 
 typedef unsigned long long u64;
@@ -32,11 +34,6 @@ struct KeyTraits<__half> {
   static constexpr unsigned kSign = 0x8000u, kExp = 0x7c00u, kAll = 0xffffu;
   static constexpr int kBits = 16;
 };
-
-// Global memory is read only through these, so that every input byte a kernel reads is
-// visible in one place (read-only data path on the GPU).
-template <typename T>
-__device__ __forceinline__ T load_input(const T* p) { return __ldg(p); }
 
 // The selection key: the k largest keys are the answer, in both directions. Floats are made
 // radix-orderable by flipping (negatives invert every bit, non-negatives set the sign bit),
@@ -189,6 +186,7 @@ __device__ __forceinline__ void find_digit(const int* hist, int bins, int remain
 // A row seen as a scalar head up to the first 16-byte boundary, a body of 128-bit vectors
 // and a scalar tail; the same view reads the row in global memory or its copy in shared
 // memory (which keeps the row's alignment phase). Loads never leave the row.
+// tests/test_index_arithmetic.py drives it at the end of rows of 2^31 - 1 elements.
 //   BODY_VECTORS: 0 = as many vectors as the row needs (runtime N); > 0 = at most this many
 //                 vectors per thread.
 //   TAIL_STEPS:   0 = runtime tail loop; > 0 = a fixed number of guarded scalar iterations.
@@ -211,18 +209,32 @@ struct RowView {
 
   template <bool SHARED, typename U>
   __device__ __forceinline__ U read(const U* q) const {
-    return SHARED ? *q : load_input(q);
+    return SHARED ? *q : load_global_nc(q);
   }
 
-  // Calls f(q, first, count) for every piece of the row this thread holds: `count` elements
-  // (V for a vector, 1 for a scalar, 0 for nothing; see piece_element) at consecutive
-  // indices from `first`. Every thread makes the same number of calls, in index order of the
-  // block's pieces, so f may use warp collectives and barriers.
+  __device__ __forceinline__ int body_steps(int nvec) const {
+    return BODY_VECTORS > 0 ? (BODY_VECTORS + UNROLL - 1) / UNROLL : (nvec + THREADS * UNROLL - 1) / (THREADS * UNROLL);
+  }
+  __device__ __forceinline__ int tail_steps(int tail) const {
+    return TAIL_STEPS > 0 ? TAIL_STEPS : (tail + THREADS - 1) / THREADS;
+  }
+
+  // Steps of for_each: the head (step 0), the body (UNROLL vectors per thread a step), the tail.
+  __device__ __forceinline__ int steps() const {
+    const int h = head(), nvec = (n - h) / V;
+    return 1 + body_steps(nvec) + tail_steps(n - h - nvec * V);
+  }
+
+  // Calls f(q, first, count) for every piece of the row this thread holds in steps
+  // [first_step, end_step): `count` elements (V for a vector, 1 for a scalar, 0 for nothing;
+  // see piece_element) at consecutive indices from `first`. Every thread makes the same
+  // number of calls, in index order of the block's pieces, so f may use warp collectives and
+  // barriers. Indices are formed only inside the row, so no int overflows for any n.
   template <bool SHARED, typename F>
-  __device__ __forceinline__ void for_each(F&& f) const {
+  __device__ __forceinline__ void for_each(F&& f, int first_step = 0, int end_step = 0x7fffffff) const {
     const int t = int(threadIdx.x);
     const int h = head();
-    {
+    if (first_step <= 0 && end_step > 0) {
       // Defined even where nothing is read, so that no stale value stays alive in a register.
       uint4 q = make_uint4(0u, 0u, 0u, 0u);
       const bool on = t < h;
@@ -230,14 +242,13 @@ struct RowView {
       f(q, t, on ? 1 : 0);
     }
     const int nvec = (n - h) / V;
-    const int body_steps = BODY_VECTORS > 0 ? (BODY_VECTORS + UNROLL - 1) / UNROLL
-                                            : (nvec + THREADS * UNROLL - 1) / (THREADS * UNROLL);
+    const int body = body_steps(nvec);
     const uint4* vectors = reinterpret_cast<const uint4*>(p + h);
-    for (int s = 0; s < body_steps; ++s) {
+    for (int s = max(first_step - 1, 0); s < min(end_step - 1, body); ++s) {
       uint4 q[UNROLL];
 #pragma unroll
       for (int u = 0; u < UNROLL; ++u) {
-        const int v = (s * UNROLL + u) * THREADS + t;
+        const int v = (s * UNROLL + u) * THREADS + t;  // < nvec + THREADS * UNROLL
         q[u] = v < nvec ? read<SHARED>(vectors + v) : make_uint4(0u, 0u, 0u, 0u);
       }
 #pragma unroll
@@ -247,10 +258,10 @@ struct RowView {
       }
     }
     const int tail_start = h + nvec * V;
-    const int tail_steps = TAIL_STEPS > 0 ? TAIL_STEPS : (n - tail_start + THREADS - 1) / THREADS;
-    for (int s = 0; s < tail_steps; ++s) {
+    const int tail = tail_steps(n - tail_start);
+    for (int s = max(first_step - 1 - body, 0); s < min(end_step - 1 - body, tail); ++s) {
       uint4 q = make_uint4(0u, 0u, 0u, 0u);
-      const int i = s * THREADS + t;
+      const int i = s * THREADS + t;  // position in the tail
       const bool on = i < n - tail_start;
       if (on) q.x = read<SHARED>(p + tail_start + i);
       f(q, on ? tail_start + i : 0, on ? 1 : 0);
@@ -366,6 +377,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, T* __restric
     state = RadixState{0u, 0u, k, n, kGlobalRow};
   }
   for (int pass = 0; pass < PASSES; ++pass) {
+    counter_phase(pass == 0 ? "histogram, first pass" : "histogram, later passes");
     const int shift = digit_shift(KEY_BITS, pass);
     const int bins = 1 << (KEY_BITS - pass * kDigitBits - shift);
     for (int i = t; i < bins; i += THREADS) hist[i] = 0;
@@ -456,6 +468,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, T* __restric
   // the ties needed. Deterministic mode takes the lowest-indexed ties, which needs the keys
   // in index order: when only some ties are taken, a buffer (arrival order) is not used and
   // the row is read in order instead.
+  counter_phase("gather");
   const unsigned prefix = state.prefix, mask = state.mask;
   const int ties = state.remaining;
   const int above = k - ties;
@@ -510,14 +523,15 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, T* __restric
 
   // Sort and write. Values are rebuilt from the keys; only NaNs (one key for every payload)
   // are read again, from the copy when the row is resident.
+  counter_phase("sort and output");
   const unsigned long long out_base = (unsigned long long)row * (unsigned long long)k;
   auto emit = [&](int i, u64 entry) {
     const int index = unpack_index(entry);
     bool is_nan;
     Bits bits = key_bits<T>(unpack_key(entry), largest, is_nan);
-    if (is_nan) bits = resident ? copy[index] : load_input(row_bits + index);
-    reinterpret_cast<Bits*>(values)[out_base + i] = bits;
-    indices[out_base + i] = index;
+    if (is_nan) bits = resident ? copy[index] : load_global_nc(row_bits + index);
+    store_global(reinterpret_cast<Bits*>(values) + out_base + i, bits);
+    store_global(indices + out_base + i, (long long)index);
   };
   if constexpr (KR <= 64) {
     constexpr int E = KR > 32 ? 2 : 1;
@@ -554,7 +568,7 @@ __device__ __forceinline__ void warp_topk_row(const T* __restrict__ row, T* __re
 #pragma unroll
   for (int j = 0; j < PER; ++j) {
     const int i = j * 32 + lane;
-    v[j] = i < n ? pack(select_key<T>(load_input(bits + i), largest), i) : 0ull;
+    v[j] = i < n ? pack(select_key<T>(load_global_nc(bits + i), largest), i) : 0ull;
   }
   u64 mine = 0ull;
   for (int r = 0; r < k; ++r) {
@@ -574,9 +588,9 @@ __device__ __forceinline__ void warp_topk_row(const T* __restrict__ row, T* __re
     const int index = unpack_index(mine);
     bool is_nan;
     Bits b = key_bits<T>(unpack_key(mine), largest, is_nan);
-    if (is_nan) b = load_input(bits + index);
-    reinterpret_cast<Bits*>(values)[lane] = b;
-    indices[lane] = index;
+    if (is_nan) b = load_global_nc(bits + index);
+    store_global(reinterpret_cast<Bits*>(values) + lane, b);
+    store_global(indices + lane, (long long)index);
   }
 }
 

@@ -84,6 +84,12 @@ def context(spec: KernelSpec) -> dict[str, object]:
     return ctx
 
 
+def device_library() -> str:
+    """The device code every kernel includes (topk_common.cuh and what it includes), for
+    tests and tools that call its functions from kernels of their own."""
+    return _environment().get_template("topk_common.cuh").render()
+
+
 def render(spec: KernelSpec) -> str:
     """The CUDA source of one kernel. The same text goes to NVRTC and to the emulator."""
     template = {"register": "register_select.cu.j2", "radix": "radix_select.cu.j2"}[spec.family]

@@ -7,6 +7,10 @@ global or dynamic shared accesses, a launch that outlives the watchdog) raise
 EmulationError naming the kernel, block and thread or lane; so do misaligned accesses
 (a 16-byte vector load off a 16-byte boundary), which x86 would tolerate and a GPU does not.
 
+`launch(..., counters=True)` returns the launch's traffic counters (emulator/counters.py):
+bytes through the kernels' global-memory helpers, atomics, shared-memory bank lanes per warp
+atomic instruction, barriers, shuffles and votes, in total and per phase.
+
 Limits: kernels must not spin-wait on another CTA (reported as a watchdog timeout);
 __activemask() returns the lanes that had not returned when the warp last synchronised; reads that stay inside
 the few bytes of guard zone beside a buffer are not detected (writes there are).
@@ -27,6 +31,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from topkgen.emulator.counters import Counters, PhaseStats, from_phases
 from topkgen.paths import atomic_write, cache_root, cuda_include_dir
 
 INCLUDE_DIR = Path(__file__).resolve().parent / "include"
@@ -119,13 +124,17 @@ def _cache_key(unit: str, cxx: str) -> str:
 _loaded: dict[str, "Module"] = {}
 
 
-def compile_source(source: str, *, name: str = "kernel") -> "Module":
+def compile_source(source: str, *, name: str = "kernel", defines: Sequence[str] = ()) -> "Module":
     """Compile CUDA C++ source for the emulator. The shared object is cached on disk by the
     hash of the translation unit, compiler and header; concurrent processes are safe (each
-    compiles to a private file and renames it into place)."""
+    compiles to a private file and renames it into place). defines: NAME=INTEGER macros set
+    before the SIMT header (TK_COUNTERS=0 compiles the counting hooks out)."""
     if not re.fullmatch(r"[A-Za-z_][\w.-]{0,99}", name):
         raise EmulationError(f"name: {name!r} is not a plain file name")
-    unit = _prepare(source, name)
+    for define in defines:
+        if not re.fullmatch(r"[A-Za-z_]\w{0,63}=-?[0-9]{1,9}", define):
+            raise EmulationError(f"defines: {define!r} is not NAME=INTEGER")
+    unit = "".join(f"#define {d.replace('=', ' ', 1)}\n" for d in defines) + _prepare(source, name)
     cxx = _compiler()
     key = _cache_key(unit, cxx)
     if key in _loaded:
@@ -173,7 +182,8 @@ class Module:
         for fn, res in (("tk_kernel_signature", ctypes.c_char_p), ("tk_kernel_display", ctypes.c_char_p),
                         ("tk_kernel_symbol", ctypes.c_char_p), ("tk_region_alloc", ctypes.c_void_p),
                         ("tk_region_data", ctypes.c_void_p), ("tk_region_check", ctypes.c_int),
-                        ("tk_launch", ctypes.c_int), ("tk_kernel_count", ctypes.c_int)):
+                        ("tk_launch", ctypes.c_int), ("tk_kernel_count", ctypes.c_int),
+                        ("tk_max_phases", ctypes.c_int)):
             getattr(lib, fn).restype = res
         lib.tk_region_alloc.argtypes = [ctypes.c_size_t]
         for fn in ("tk_region_data", "tk_region_check", "tk_region_free"):
@@ -182,7 +192,8 @@ class Module:
                                   ctypes.POINTER(ctypes.c_void_p), ctypes.POINTER(ctypes.c_void_p),
                                   ctypes.POINTER(ctypes.c_char_p), ctypes.c_int, ctypes.c_size_t, ctypes.c_int,
                                   ctypes.c_ulonglong, ctypes.c_double, ctypes.c_int, ctypes.c_char_p,
-                                  ctypes.c_size_t]
+                                  ctypes.c_size_t, ctypes.c_int, ctypes.POINTER(PhaseStats),
+                                  ctypes.POINTER(ctypes.c_int)]
         self._lib = lib
         self.kernels: dict[str, KernelInfo] = {}
         for i in range(lib.tk_kernel_count()):
@@ -193,10 +204,12 @@ class Module:
 
     def launch(self, symbol: str, grid: int | Sequence[int], block: int | Sequence[int], args: Sequence[Any], *,
                shared_bytes: int = 0, schedule_seed: int | None = None,
-               timeout: float = DEFAULT_TIMEOUT_S, workers: int | None = None) -> None:
+               timeout: float = DEFAULT_TIMEOUT_S, workers: int | None = None,
+               counters: bool = False) -> Counters | None:
         """Run a kernel. Arrays are passed as device pointers (writes land in them); numpy
         scalars carry their C type. schedule_seed shuffles the order in which threads run
-        between barriers; None runs them in thread order."""
+        between barriers; None runs them in thread order. counters=True returns the launch's
+        traffic counters (the same under every schedule seed and worker count)."""
         kernel = self.kernels.get(symbol)
         if kernel is None:
             known = ", ".join(sorted({k.symbol for k in self.kernels.values()})) or "none"
@@ -237,10 +250,13 @@ class Module:
             region_ptrs = (ctypes.c_void_p * max(1, len(regions)))(*[r for r, _, _ in regions])
             region_names = (ctypes.c_char_p * max(1, len(regions)))(*names)
             err = ctypes.create_string_buffer(2048)
+            phases = (PhaseStats * lib.tk_max_phases())()
+            nphases = ctypes.c_int(0)
             status = lib.tk_launch(kernel.index, (ctypes.c_uint * 3)(*grid3), (ctypes.c_uint * 3)(*block3), argv,
                                    region_ptrs, region_names, len(regions), shared_bytes,
                                    int(schedule_seed is not None), (schedule_seed or 0) & (2**64 - 1),
-                                   timeout, workers or os.cpu_count() or 1, err, len(err))
+                                   timeout, workers or os.cpu_count() or 1, err, len(err), int(counters),
+                                   phases, ctypes.byref(nphases))
             if status != 0:
                 raise EmulationError(err.value.decode(errors="replace"))
             for region, i, arr in regions:
@@ -254,6 +270,7 @@ class Module:
                 if arr.flags.writeable and arr.nbytes:
                     view = np.ctypeslib.as_array((ctypes.c_ubyte * arr.nbytes).from_address(lib.tk_region_data(region)))
                     arr[...] = view.view(arr.dtype).reshape(arr.shape)
+            return from_phases(list(phases[:nphases.value])) if counters else None
         finally:
             for region, _, _ in regions:
                 lib.tk_region_free(region)

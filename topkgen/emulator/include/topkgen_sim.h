@@ -13,7 +13,18 @@
 // misaligned vector accesses (the alignment sanitizer in trap mode),
 // out-of-range dynamic shared memory, stack overflow, and launches that outlive the
 // watchdog.
+//
+// Traffic counters (a launch with counting on; see count_* below): bytes loaded and stored
+// through the kernels' global-memory helpers (templates/topk_memory.cuh), global and shared
+// atomics, shared-memory bank lanes per warp atomic instruction, block barriers, warp
+// shuffles and votes, in total and per phase a kernel marks. Counting off costs one test of
+// a pointer per counted operation; TK_COUNTERS=0 compiles the hooks out altogether.
 #pragma once
+
+#define TOPKGEN_EMULATOR 1
+#ifndef TK_COUNTERS
+#define TK_COUNTERS 1
+#endif
 
 #include <cuda_fp16.h>
 #include <cuda_bf16.h>
@@ -68,11 +79,11 @@ namespace tk {
 constexpr int kWarp = 32;
 
 enum class State : uint8_t { Runnable, Barrier, Warp, Done };
-enum WarpOp : uint8_t { kShflIdx, kShflUp, kShflDown, kShflXor, kBallot, kAny, kAll, kSyncWarp, kMatchAny, kMatchAll };
+enum WarpOp : uint8_t { kShflIdx, kShflUp, kShflDown, kShflXor, kBallot, kAny, kAll, kMatchAny, kMatchAll, kSyncWarp };
 static const char* const kWarpOpNames[] = {"__shfl_sync", "__shfl_up_sync", "__shfl_down_sync",
                                            "__shfl_xor_sync", "__ballot_sync", "__any_sync",
-                                           "__all_sync", "__syncwarp", "__match_any_sync",
-                                           "__match_all_sync"};
+                                           "__all_sync", "__match_any_sync", "__match_all_sync",
+                                           "__syncwarp"};
 
 struct Thread {
   void* sp = nullptr;
@@ -86,6 +97,14 @@ struct Thread {
   unsigned mask = 0;
   uint64_t value = 0, result = 0;
   int arg = 0, width = kWarp;
+  // traffic counters: synchronisation points passed, current phase, and how often this
+  // thread reached each atomic call site since its last synchronisation point
+  uint32_t sync_epoch = 0;
+  uint8_t phase = 0, nsites = 0;
+  struct SiteCount {
+    const char* file;
+    uint32_t line, epoch, count;
+  } sites[16];
 };
 
 using Invoker = void (*)(void* fn, void** args);
@@ -117,6 +136,8 @@ struct Block {
   uint64_t rng = 0;
   bool aborted = false;
   unsigned exited_at_sync[32] = {};  // per warp: lanes that had returned when it last synchronised
+  struct BlockCounters* counters = nullptr;  // null unless the launch counts
+  uint32_t polls = 0;                        // watchdog calls: the clock is read every 1024th
 };
 
 struct Region {  // a guarded allocation: [guard page][front zone | data | back zone][guard page]
@@ -128,6 +149,96 @@ struct Region {  // a guarded allocation: [guard page][front zone | data | back 
   unsigned char* zone_hi;  // end of the back zone (start of the high guard page)
   const char* what;        // filled in by the launch: "argument #2", "dynamic shared memory"
   int index;
+};
+
+
+// ------------------------------------------------------------------ traffic counters
+// What one launch moved and how, per phase (a label the kernel sets with counter_phase;
+// phase 0 is unlabelled). The C layout is read by the Python side (emulator/counters.py).
+constexpr int kMaxPhases = 16;
+constexpr int kMaxAtomicSites = 16;
+
+struct PhaseStats {
+  const char* label;
+  uint64_t global_load_bytes, global_store_bytes, global_atomics, shared_atomics, shared_atomic_instructions,
+      bank_lanes_sum, bank_lanes_max, barriers, shuffles, votes;
+};
+
+inline void add_stats(PhaseStats& into, const PhaseStats& s) {
+  into.global_load_bytes += s.global_load_bytes;
+  into.global_store_bytes += s.global_store_bytes;
+  into.global_atomics += s.global_atomics;
+  into.shared_atomics += s.shared_atomics;
+  into.shared_atomic_instructions += s.shared_atomic_instructions;
+  into.bank_lanes_sum += s.bank_lanes_sum;
+  into.bank_lanes_max = std::max(into.bank_lanes_max, s.bank_lanes_max);
+  into.barriers += s.barriers;
+  into.shuffles += s.shuffles;
+  into.votes += s.votes;
+}
+
+// One warp-wide shared atomic instruction as the emulator reconstructs it: how many lanes
+// hit each of the 32 banks. Threads of a warp run one after another, so the lanes of one
+// instruction are found by key: the call site, the thread's count of synchronisation
+// points passed (barriers and warp collectives it took part in), and how often the thread
+// reached that site since then. In converged code (every lane reaches the site equally
+// often between two synchronisation points) that is exactly the hardware's grouping;
+// where lanes skip the site in some loop iterations, their k-th arrivals are grouped
+// together, as if the warp had packed them into one instruction.
+struct AtomicInstruction {
+  uint8_t lanes[32];
+  uint8_t phase;
+};
+struct OpenSite {  // the instructions of one call site in one synchronisation epoch
+  const char* file;
+  uint32_t line, epoch;
+  std::vector<AtomicInstruction> instructions;
+};
+
+struct BlockCounters {
+  int nphases = 1;
+  PhaseStats phases[kMaxPhases] = {};
+  std::vector<OpenSite> open[32];  // per warp; entries [0, nopen[w]) are live, the rest keep capacity
+  unsigned nopen[32] = {};
+
+  void reset() {
+    nphases = 1;
+    for (PhaseStats& p : phases) p = PhaseStats{};
+    phases[0].label = "";
+    for (unsigned& n : nopen) n = 0;
+  }
+
+  OpenSite& site_of(unsigned warp, const char* file, uint32_t line, uint32_t epoch) {
+    std::vector<OpenSite>& list = open[warp];
+    for (unsigned i = 0; i < nopen[warp]; ++i)
+      if (list[i].line == line && list[i].file == file && list[i].epoch == epoch) return list[i];
+    if (nopen[warp] == list.size()) list.emplace_back();
+    OpenSite& o = list[nopen[warp]++];
+    o.file = file;
+    o.line = line;
+    o.epoch = epoch;
+    o.instructions.clear();
+    return o;
+  }
+
+  // The warp's open instructions are complete: fold them into the phase counts.
+  void close_warp(unsigned warp) {
+    for (unsigned i = 0; i < nopen[warp]; ++i) {
+      for (const AtomicInstruction& ins : open[warp][i].instructions) {
+        uint64_t most = *std::max_element(ins.lanes, ins.lanes + 32);
+        if (!most) continue;
+        PhaseStats& st = phases[ins.phase];
+        ++st.shared_atomic_instructions;
+        st.bank_lanes_sum += most;
+        st.bank_lanes_max = std::max(st.bank_lanes_max, most);
+      }
+    }
+    nopen[warp] = 0;
+  }
+
+  void close_all() {
+    for (unsigned w = 0; w < 32; ++w) close_warp(w);
+  }
 };
 
 struct Launch {
@@ -144,6 +255,11 @@ struct Launch {
   std::string error;
   std::vector<Region*> regions;
   std::atomic<uint64_t> next_block{0};
+  // traffic counters, merged from every block at its end (by phase label)
+  bool counting = false;
+  std::mutex stats_mu;
+  int nphases = 0;
+  PhaseStats phases[kMaxPhases] = {};
 };
 
 inline thread_local Block* t_block = nullptr;
@@ -227,10 +343,10 @@ inline void yield_to_scheduler() {
   __builtin_unreachable();
 }
 
-inline void poll_watchdog() {
-  if ((++t_poll & 1023u) != 0) return;
+// Returns the calling thread's block (one thread-local access serves the caller too).
+inline Block* poll_watchdog() {
   Block* b = t_block;
-  if (!b) return;
+  if (!b || (++b->polls & 1023u) != 0) return b;
   if (b->launch->failed.load(std::memory_order_relaxed))
     thread_fault("");  // another block failed: stop
   if (std::chrono::steady_clock::now() > b->launch->deadline) {
@@ -239,6 +355,78 @@ inline void poll_watchdog() {
     thread_fault("watchdog: the launch ran longer than " + std::string(buf) + " s at " +
                  where(b, b->cur) + " (a spin-wait on another CTA never ends here)");
   }
+  return b;
+}
+
+// ------------------------------------------------------------------ counting hooks
+#if TK_COUNTERS
+inline BlockCounters* counting() { return t_block->counters; }
+#else
+constexpr BlockCounters* counting() { return nullptr; }
+#endif
+
+inline void count_global_load(size_t bytes) {
+  if (BlockCounters* c = counting()) c->phases[t_block->cur->phase].global_load_bytes += bytes;
+}
+
+inline void count_global_store(size_t bytes) {
+  if (BlockCounters* c = counting()) c->phases[t_block->cur->phase].global_store_bytes += bytes;
+}
+
+// How often this thread reached a call site since its last synchronisation point (0 the first time).
+inline uint32_t site_occurrence(Thread* t, const char* file, uint32_t line) {
+  Thread::SiteCount* stale = nullptr;
+  for (unsigned i = 0; i < t->nsites; ++i) {
+    Thread::SiteCount& e = t->sites[i];
+    if (e.line == line && e.file == file) {
+      if (e.epoch != t->sync_epoch) e = {file, line, t->sync_epoch, 0};
+      return e.count++;
+    }
+    if (e.epoch != t->sync_epoch) stale = &e;
+  }
+  if (!stale) {
+    if (t->nsites == kMaxAtomicSites)
+      thread_fault("traffic counters: more than " + std::to_string(kMaxAtomicSites) +
+                   " atomic call sites between two synchronisation points at " + where(t_block, t));
+    stale = &t->sites[t->nsites++];
+  }
+  *stale = {file, line, t->sync_epoch, 1};
+  return 0;
+}
+
+inline void note_atomic(BlockCounters* c, const void* p, const char* file, unsigned line) {
+  Block* b = t_block;
+  Thread* t = b->cur;
+  PhaseStats& st = c->phases[t->phase];
+  // Global memory is the buffers passed to the launch; every other address an atomic may
+  // take is shared memory (static __shared__ arrays live in thread-local storage).
+  uintptr_t a = uintptr_t(p);
+  for (const Region* r : b->launch->regions) {
+    if (a - uintptr_t(r->data) < r->nbytes) {
+      ++st.global_atomics;
+      return;
+    }
+  }
+  ++st.shared_atomics;
+  uint32_t occurrence = site_occurrence(t, file, line);
+  std::vector<AtomicInstruction>& list = c->site_of(t->warp, file, line, t->sync_epoch).instructions;
+  if (list.size() <= occurrence) list.resize(occurrence + 1, AtomicInstruction{{}, t->phase});
+  ++list[occurrence].lanes[(a >> 2) & 31];  // banks are 4 bytes wide; a 64-bit atomic counts its low word
+}
+
+// The calling thread's counts go to `label` from here on (labels are compared as text).
+inline void counter_phase(const char* label) {
+  BlockCounters* c = counting();
+  if (!c) return;
+  int i = 0;
+  while (i < c->nphases && c->phases[i].label != label && strcmp(c->phases[i].label, label) != 0) ++i;
+  if (i == c->nphases) {
+    if (i == kMaxPhases)
+      thread_fault("traffic counters: more than " + std::to_string(kMaxPhases - 1) + " phase labels at " +
+                   where(t_block, t_block->cur));
+    c->phases[c->nphases++].label = label;
+  }
+  t_block->cur->phase = uint8_t(i);
 }
 
 // ------------------------------------------------------------------ barriers
@@ -412,10 +600,9 @@ struct Scheduler {
       } else if (op == kAll) {
         t->result = ballot == group;
       } else if (op == kMatchAny || op == kMatchAll) {
-        // The lanes of the group whose value equals this lane's (all of them, or none for match_all).
         unsigned same = 0;
-        for (unsigned m = 0; m < kWarp; ++m)
-          if ((group >> m & 1) && base[m].value == t->value) same |= 1u << m;
+        for (unsigned o = 0; o < kWarp; ++o)
+          if ((group >> o & 1) && base[o].value == t->value) same |= 1u << o;
         t->result = op == kMatchAny ? same : (same == group ? group : 0);
       } else {
         t->result = 0;
@@ -424,8 +611,15 @@ struct Scheduler {
     for (unsigned l = 0; l < kWarp; ++l)
       if (group >> l & 1) {
         base[l].state = State::Runnable;
+        ++base[l].sync_epoch;
         next.push_back(w * kWarp + l);
       }
+    if (BlockCounters* c = b->counters) {
+      PhaseStats& st = c->phases[base[__builtin_ctz(group)].phase];
+      if (op <= kShflXor) ++st.shuffles;
+      else if (op != kSyncWarp) ++st.votes;
+      if (group == (warp_lanes(w) & ~b->exited_at_sync[w])) c->close_warp(w);  // the whole warp met
+    }
     return true;
   }
 
@@ -486,7 +680,12 @@ struct Scheduler {
     for (unsigned i = 0; i < b->nthreads; ++i) {
       b->threads[i].bar_result = result;
       b->threads[i].state = State::Runnable;
+      ++b->threads[i].sync_epoch;
       next.push_back(i);
+    }
+    if (BlockCounters* c = b->counters) {
+      ++c->phases[b->threads[first_bar].phase].barriers;
+      c->close_all();
     }
     return true;
   }
@@ -757,8 +956,28 @@ inline void fiber_main() {
   __builtin_trap();
 }
 
+// A block's counts join the launch's, phase by phase (by label).
+inline void merge_counters(Launch* L, Block* b, const BlockCounters& c) {
+  std::lock_guard<std::mutex> g(L->stats_mu);
+  for (int i = 0; i < c.nphases; ++i) {
+    const PhaseStats& s = c.phases[i];
+    int j = 0;
+    while (j < L->nphases && strcmp(L->phases[j].label, s.label) != 0) ++j;
+    if (j == L->nphases) {
+      if (j == kMaxPhases) {
+        fail(b, "traffic counters: the blocks of this launch use more than " + std::to_string(kMaxPhases) +
+                    " phase labels, at " + where(b, nullptr));
+        return;
+      }
+      L->phases[L->nphases++].label = s.label;
+    }
+    add_stats(L->phases[j], s);
+  }
+}
+
 inline void run_blocks(Launch* L, uint64_t nblocks) {
   Worker w;
+  BlockCounters counters;
   unsigned nthreads = L->block.x * L->block.y * L->block.z;
   if (!w.prepare(nthreads, L->shared_bytes)) {
     std::lock_guard<std::mutex> g(L->err_mu);
@@ -798,6 +1017,10 @@ inline void run_blocks(Launch* L, uint64_t nblocks) {
       t.sp = w.initial_sp(i);
     }
     poison_static_shared();
+    if (L->counting) {
+      counters.reset();
+      b.counters = &counters;
+    }
     if (w.shared) memset(w.shared->data, 0xFF, w.shared->nbytes);
     sigjmp_buf jb;
     t_block = &b;
@@ -815,6 +1038,10 @@ inline void run_blocks(Launch* L, uint64_t nblocks) {
                      " the " + std::to_string(L->shared_bytes) + " bytes, found in the guard zone after " +
                      where(&b, nullptr));
       }
+    }
+    if (b.counters && !b.aborted) {
+      counters.close_all();
+      merge_counters(L, &b, counters);
     }
     if (b.aborted) break;
   }
@@ -893,19 +1120,15 @@ inline unsigned __ballot_sync(unsigned mask, int pred) {
 }
 inline int __any_sync(unsigned mask, int pred) { return int(::tk::warp_collective(::tk::kAny, mask, pred != 0, 0, 32)); }
 inline int __all_sync(unsigned mask, int pred) { return int(::tk::warp_collective(::tk::kAll, mask, pred != 0, 0, 32)); }
-// Lanes of `mask` holding the same value as the caller (32- or 64-bit values, compared bitwise).
 template <class T>
 inline unsigned __match_any_sync(unsigned mask, T value) {
-  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "__match_any_sync takes 32- or 64-bit values");
   return unsigned(::tk::warp_collective(::tk::kMatchAny, mask, ::tk::to_bits(value), 0, 32));
 }
-// `mask` when every lane of it holds the caller's value (and *pred = 1), else 0 (and *pred = 0).
 template <class T>
 inline unsigned __match_all_sync(unsigned mask, T value, int* pred) {
-  static_assert(sizeof(T) == 4 || sizeof(T) == 8, "__match_all_sync takes 32- or 64-bit values");
-  const unsigned r = unsigned(::tk::warp_collective(::tk::kMatchAll, mask, ::tk::to_bits(value), 0, 32));
-  *pred = r != 0;
-  return r;
+  unsigned all = unsigned(::tk::warp_collective(::tk::kMatchAll, mask, ::tk::to_bits(value), 0, 32));
+  *pred = all != 0;
+  return all;
 }
 // The lanes of the warp that had not returned when the warp last synchronised (a barrier or
 // a warp collective): threads run one after another between those points.
@@ -927,27 +1150,35 @@ inline void __threadfence() { ::tk::poll_watchdog(); __atomic_thread_fence(__ATO
 inline void __threadfence_block() { ::tk::poll_watchdog(); __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 inline void __threadfence_system() { ::tk::poll_watchdog(); __atomic_thread_fence(__ATOMIC_SEQ_CST); }
 
+// Every atomic takes its call site (file and line, filled in by the compiler) for the
+// traffic counters, which group the lanes of a warp into instructions by site. Two atomics
+// on one line share a site; their arrivals alternate, so each lane's k-th arrival is still
+// the same instruction as every other lane's.
+#define TK_SITE const char* tk_file = __builtin_FILE(), unsigned tk_line = __builtin_LINE()
+#define TK_ATOMIC_ENTRY(p)                                                       \
+  if (::tk::Block* tk_b = ::tk::poll_watchdog(); TK_COUNTERS && tk_b->counters) \
+  ::tk::note_atomic(tk_b->counters, p, tk_file, tk_line)
 #define TK_ATOMIC_INT(T)                                                                                       \
-  inline T atomicAdd(T* p, T v) { ::tk::poll_watchdog(); return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); } \
-  inline T atomicSub(T* p, T v) { ::tk::poll_watchdog(); return __atomic_fetch_sub(p, v, __ATOMIC_SEQ_CST); } \
-  inline T atomicOr(T* p, T v) { ::tk::poll_watchdog(); return __atomic_fetch_or(p, v, __ATOMIC_SEQ_CST); }   \
-  inline T atomicAnd(T* p, T v) { ::tk::poll_watchdog(); return __atomic_fetch_and(p, v, __ATOMIC_SEQ_CST); } \
-  inline T atomicXor(T* p, T v) { ::tk::poll_watchdog(); return __atomic_fetch_xor(p, v, __ATOMIC_SEQ_CST); } \
-  inline T atomicExch(T* p, T v) { ::tk::poll_watchdog(); return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); } \
-  inline T atomicCAS(T* p, T cmp, T v) {                                                                       \
-    ::tk::poll_watchdog();                                                                                     \
+  inline T atomicAdd(T* p, T v, TK_SITE) { TK_ATOMIC_ENTRY(p); return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); } \
+  inline T atomicSub(T* p, T v, TK_SITE) { TK_ATOMIC_ENTRY(p); return __atomic_fetch_sub(p, v, __ATOMIC_SEQ_CST); } \
+  inline T atomicOr(T* p, T v, TK_SITE) { TK_ATOMIC_ENTRY(p); return __atomic_fetch_or(p, v, __ATOMIC_SEQ_CST); }   \
+  inline T atomicAnd(T* p, T v, TK_SITE) { TK_ATOMIC_ENTRY(p); return __atomic_fetch_and(p, v, __ATOMIC_SEQ_CST); } \
+  inline T atomicXor(T* p, T v, TK_SITE) { TK_ATOMIC_ENTRY(p); return __atomic_fetch_xor(p, v, __ATOMIC_SEQ_CST); } \
+  inline T atomicExch(T* p, T v, TK_SITE) { TK_ATOMIC_ENTRY(p); return __atomic_exchange_n(p, v, __ATOMIC_SEQ_CST); } \
+  inline T atomicCAS(T* p, T cmp, T v, TK_SITE) {                                                              \
+    TK_ATOMIC_ENTRY(p);                                                                                        \
     __atomic_compare_exchange_n(p, &cmp, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);                        \
     return cmp;                                                                                                \
   }                                                                                                            \
-  inline T atomicMax(T* p, T v) {                                                                              \
-    ::tk::poll_watchdog();                                                                                     \
+  inline T atomicMax(T* p, T v, TK_SITE) {                                                                     \
+    TK_ATOMIC_ENTRY(p);                                                                                        \
     T old = __atomic_load_n(p, __ATOMIC_SEQ_CST);                                                              \
     while (old < v && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {   \
     }                                                                                                          \
     return old;                                                                                                \
   }                                                                                                            \
-  inline T atomicMin(T* p, T v) {                                                                              \
-    ::tk::poll_watchdog();                                                                                     \
+  inline T atomicMin(T* p, T v, TK_SITE) {                                                                     \
+    TK_ATOMIC_ENTRY(p);                                                                                        \
     T old = __atomic_load_n(p, __ATOMIC_SEQ_CST);                                                              \
     while (old > v && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {   \
     }                                                                                                          \
@@ -959,15 +1190,14 @@ TK_ATOMIC_INT(unsigned long long)
 TK_ATOMIC_INT(long long)
 #undef TK_ATOMIC_INT
 
-inline unsigned short atomicCAS(unsigned short* p, unsigned short cmp, unsigned short v) {
-  ::tk::poll_watchdog();
+inline unsigned short atomicCAS(unsigned short* p, unsigned short cmp, unsigned short v, TK_SITE) {
+  TK_ATOMIC_ENTRY(p);
   __atomic_compare_exchange_n(p, &cmp, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
   return cmp;
 }
 
 template <class F, class U>
 inline F tk_atomic_float_add(F* p, F v) {
-  ::tk::poll_watchdog();
   U* q = reinterpret_cast<U*>(p);
   U old = __atomic_load_n(q, __ATOMIC_SEQ_CST), want;
   do {
@@ -980,10 +1210,16 @@ inline F tk_atomic_float_add(F* p, F v) {
   memcpy(&r, &old, sizeof r);
   return r;
 }
-inline float atomicAdd(float* p, float v) { return tk_atomic_float_add<float, uint32_t>(p, v); }
-inline double atomicAdd(double* p, double v) { return tk_atomic_float_add<double, uint64_t>(p, v); }
-inline float atomicExch(float* p, float v) {
-  ::tk::poll_watchdog();
+inline float atomicAdd(float* p, float v, TK_SITE) {
+  TK_ATOMIC_ENTRY(p);
+  return tk_atomic_float_add<float, uint32_t>(p, v);
+}
+inline double atomicAdd(double* p, double v, TK_SITE) {
+  TK_ATOMIC_ENTRY(p);
+  return tk_atomic_float_add<double, uint64_t>(p, v);
+}
+inline float atomicExch(float* p, float v, TK_SITE) {
+  TK_ATOMIC_ENTRY(p);
   uint32_t u, o;
   memcpy(&u, &v, 4);
   o = __atomic_exchange_n(reinterpret_cast<uint32_t*>(p), u, __ATOMIC_SEQ_CST);
@@ -991,6 +1227,8 @@ inline float atomicExch(float* p, float v) {
   memcpy(&r, &o, 4);
   return r;
 }
+#undef TK_ATOMIC_ENTRY
+#undef TK_SITE
 
 // ------------------------------------------------------------------ integer and bit intrinsics
 inline int __popc(unsigned x) { return __builtin_popcount(x); }
@@ -1052,6 +1290,8 @@ extern "C" {
 
 __attribute__((visibility("default"))) int tk_kernel_count() { return int(::tk::registry().size()); }
 
+__attribute__((visibility("default"))) int tk_max_phases() { return ::tk::kMaxPhases; }
+
 __attribute__((visibility("default"))) const char* tk_kernel_signature(int i) { return ::tk::registry()[i].signature; }
 
 __attribute__((visibility("default"))) const char* tk_kernel_display(int i) { return ::tk::registry()[i].display; }
@@ -1071,12 +1311,18 @@ __attribute__((visibility("default"))) void tk_region_free(void* r) { ::tk::regi
 
 // args: like cuLaunchKernel's kernelParams, one pointer to each argument's value.
 // regions/region_names: the guarded buffers passed as pointer arguments, to name faults.
+// counting: collect traffic counters into phases[0, *nphases) (room for kMaxPhases).
 __attribute__((visibility("default"))) int tk_launch(int kernel, const unsigned* grid, const unsigned* block,
                                                      void** args, void** regions, const char** region_names,
                                                      int nregions, size_t shared_bytes, int shuffle,
                                                      unsigned long long seed, double timeout_s, int workers,
-                                                     char* err, size_t errlen) {
+                                                     char* err, size_t errlen, int counting,
+                                                     ::tk::PhaseStats* phases, int* nphases) {
   using namespace ::tk;
+  if (counting && !TK_COUNTERS) {
+    snprintf(err, errlen, "traffic counters: this module was compiled with TK_COUNTERS=0");
+    return 1;
+  }
   Launch L;
   L.kernel = &registry()[kernel];
   L.grid = uint3{grid[0], grid[1], grid[2]};
@@ -1086,6 +1332,7 @@ __attribute__((visibility("default"))) int tk_launch(int kernel, const unsigned*
   L.shuffle = shuffle != 0;
   L.seed = seed;
   L.timeout_s = timeout_s;
+  L.counting = counting != 0;
   L.deadline = std::chrono::steady_clock::now() +
                std::chrono::microseconds(static_cast<long long>(timeout_s * 1e6));
   for (int i = 0; i < nregions; ++i) {
@@ -1108,6 +1355,9 @@ __attribute__((visibility("default"))) int tk_launch(int kernel, const unsigned*
     snprintf(err, errlen, "%s", L.error.c_str());
     return 1;
   }
+  // phases: room for kMaxPhases entries, filled when the launch counted
+  for (int i = 0; i < L.nphases; ++i) phases[i] = L.phases[i];
+  *nphases = L.nphases;
   return 0;
 }
 

@@ -1,0 +1,224 @@
+"""`make bench-kernels`: what each kernel the default policy dispatches moves, counted on the
+CPU emulator (exact), per kernel family and shape, for four kinds of data; and a first-order
+H200 time estimate fed by those counts (a model, labelled as such, not a measurement).
+
+Shapes: the seed grid (N 2048-16384, K 64-256), LLM sampling rows (N 131072 and 262144,
+K 16-1024) and rows of 131072 with K 256 and 1024, float32 and bfloat16, and the register
+ladder's rung. The emulator runs a few rows of each (the counts are per row); the model
+takes the batch a shape set stands for. Columns:
+  reads/elem    global bytes loaded / input bytes (the k output values re-read included)
+  atom/elem     shared atomics (lanes) per input element, all passes
+  lanes p1      bank lanes of the first-pass histogram: mean and max over warp atomic
+                instructions (the phase a kernel labels "histogram, first pass"; the whole
+                launch when it labels none)
+  bar/row       __syncthreads per row
+  model us      H200 estimate for the set's batch (benchmarks/h200_model.py)
+--json FILE saves the rows; --baseline FILE (such a file) adds the ratios against it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(ROOT))
+
+from h200_model import KernelFacts, ctas_per_sm, estimate_seconds  # noqa: E402
+
+ARCH = "sm_90"
+FIRST_PASS = "histogram, first pass"
+DATA = ("normal", "uniform", "all-equal", "90% -inf")
+# (set, what it stands for, batch the model assumes, rows emulated, [(dtype, n, k)])
+SETS = (
+    ("seed grid", 4096, 4, [(d, n, k) for d in ("float32", "bfloat16")
+                            for n, k in ((2048, 64), (8192, 128), (16384, 256))]),
+    ("LLM sampling", 64, 2, [("float32", 131072, 16), ("float32", 262144, 256), ("float32", 262144, 1024),
+                             ("bfloat16", 131072, 16), ("bfloat16", 262144, 256)]),
+    ("rows of 131072", 1024, 2, [(d, 131072, k) for d in ("float32", "bfloat16") for k in (256, 1024)]),
+    ("register ladder", 4096, 8, [(d, 1024, 16) for d in ("float32", "bfloat16")]),
+)
+
+
+@dataclass(frozen=True)
+class Row:
+    set: str
+    model_rows: int
+    dtype: str
+    n: int
+    k: int
+    data: str
+    family: str
+    kernel: str
+    reads_per_element: float
+    atomics_per_element: float
+    first_pass_lanes_mean: float
+    first_pass_lanes_max: int
+    barriers_per_row: float
+    model_us: float | None
+    model_bound: str
+
+    def key(self) -> str:
+        return f"{self.set}|{self.dtype}|{self.n}|{self.k}|{self.data}"
+
+
+def make_data(kind: str, dtype: str, rows: int, n: int, seed: int) -> np.ndarray:
+    import ml_dtypes
+
+    rng = np.random.default_rng(seed)
+    if kind == "normal":
+        x = rng.standard_normal((rows, n))
+    elif kind == "uniform":
+        x = rng.random((rows, n))
+    elif kind == "all-equal":
+        x = np.full((rows, n), 0.75)
+    else:  # masked logits: 90% -inf, the rest normal
+        x = np.where(rng.random((rows, n)) < 0.9, -np.inf, rng.standard_normal((rows, n)))
+    return x.astype(np.float32 if dtype == "float32" else ml_dtypes.bfloat16)
+
+
+class Kernels:
+    """Emulator modules and ptxas resources of the kernels the policy selects, built once."""
+
+    def __init__(self) -> None:
+        from topkgen import policy
+
+        self.policy = policy.load()
+        self._modules: dict[str, object] = {}
+        self._ctas: dict[str, int] = {}
+
+    def select(self, dtype: str, k: int, n: int):
+        from topkgen import policy
+
+        return policy.select(self.policy, ARCH, dtype, k, n).kernel
+
+    def module(self, spec):
+        from topkgen.emulator import compile_source
+        from topkgen.render import render
+
+        if spec.name not in self._modules:
+            self._modules[spec.name] = compile_source(render(spec), name=spec.name)
+        return self._modules[spec.name]
+
+    def ctas_per_sm(self, spec) -> int:
+        from topkgen.compile import compile_kernel
+        from topkgen.render import render
+
+        if spec.name not in self._ctas:
+            r = compile_kernel(render(spec), spec.name, spec.arch).resources
+            self._ctas[spec.name] = ctas_per_sm(spec.threads, r.registers, r.static_shared_bytes,
+                                                getattr(spec, "dynamic_shared_bytes", 0) or 0)
+        return self._ctas[spec.name]
+
+
+def measure(kernels: Kernels, set_name: str, model_rows: int, rows: int, dtype: str, n: int, k: int,
+            kind: str) -> Row:
+    from topkgen import reference
+
+    spec = kernels.select(dtype, k, n)
+    x = make_data(kind, dtype, rows, n, seed=n + k + DATA.index(kind))
+    values, indices = np.zeros((rows, k), x.dtype), np.zeros((rows, k), np.int64)
+    grid = (rows + spec.rows_per_block - 1) // spec.rows_per_block
+    c = kernels.module(spec).launch(spec.name, grid, spec.threads, [x, values, indices, np.int32(rows), np.int32(n),
+                                                                    np.int32(k), np.int32(1)], counters=True)
+    expect, _ = reference.topk(x, k, largest=True)
+    if not np.array_equal(reference.select_keys(values, True), reference.select_keys(expect, True)):
+        raise SystemExit(f"bench-kernels: {spec.name} returned a wrong top-{k} on {kind} rows of {n}")
+    first = c.phases.get(FIRST_PASS, c)
+    elements = rows * n
+    wavefronts = first.shared_atomic_instructions * first.bank_lanes_mean / elements
+    facts = KernelFacts(threads=spec.threads, ctas_per_sm=kernels.ctas_per_sm(spec),
+                        bytes_in_flight=spec.threads * 16 * (getattr(spec, "loads_in_flight", 1) or 1),
+                        reads_per_element=c.global_load_bytes / x.nbytes, atomic_wavefronts_per_element=wavefronts,
+                        barriers_per_row=c.barriers / rows)
+    # The model describes kernels that stream a row with one CTA; the register ladder is
+    # bound by its O(k N / 32) selection rounds, which the model does not count.
+    seconds, bound = estimate_seconds(model_rows, n, k, x.itemsize, facts) if spec.family == "radix" else (None, "")
+    return Row(set_name, model_rows, dtype, n, k, kind, spec.family, spec.name, facts.reads_per_element,
+               c.shared_atomics / elements, first.bank_lanes_mean, first.bank_lanes_max, facts.barriers_per_row,
+               None if seconds is None else seconds * 1e6, bound)
+
+
+def _model(row: Row) -> str:
+    return "n/a" if row.model_us is None else f"{row.model_us:.0f} ({row.model_bound})"
+
+
+def print_tables(rows: list[Row], baseline: dict[str, dict] | None) -> None:
+    for family in dict.fromkeys(r.family for r in rows):
+        for set_name in dict.fromkeys(r.set for r in rows if r.family == family):
+            group = [r for r in rows if r.family == family and r.set == set_name]
+            print(f"\n### {family} kernels, {set_name} (model: {group[0].model_rows} rows)\n")
+            head = ("| dtype | N | K | data | kernel | reads/elem | atom/elem | lanes p1 mean/max | bar/row "
+                    "| model us (H200) |")
+            if baseline is not None:
+                head += " reads vs base | lanes p1 max vs base | model vs base |"
+            print(head)
+            print("|" + "---|" * (head.count("|") - 1))
+            for r in group:
+                line = (f"| {r.dtype} | {r.n} | {r.k} | {r.data} | {r.kernel} | {r.reads_per_element:.3f} "
+                        f"| {r.atomics_per_element:.3f} | {r.first_pass_lanes_mean:.1f} / {r.first_pass_lanes_max} "
+                        f"| {r.barriers_per_row:.1f} | {_model(r)} |")
+                if baseline is not None:
+                    line += _versus(r, baseline.get(r.key()))
+                print(line)
+
+
+def _versus(r: Row, base: dict | None) -> str:
+    if base is None:
+        return " new | new | new |"
+
+    def ratio(now: float | None, before: float | None) -> str:
+        if now is None or not before:
+            return "n/a"
+        return f"{before:.3g} -> {now:.3g} ({now / before:.2f}x)"
+
+    return (f" {ratio(r.reads_per_element, base['reads_per_element'])} | {base['first_pass_lanes_max']} -> "
+            f"{r.first_pass_lanes_max} | {ratio(r.model_us, base['model_us'])} |")
+
+
+def load_baseline(path: str) -> dict[str, dict] | str:
+    """The rows of an earlier run by key, or why the file cannot serve as one."""
+    try:
+        data = json.loads(Path(path).read_text())
+        return {Row(**row).key(): row for row in data["rows"]}
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return f"--baseline {path}: not a bench-kernels JSON file ({err})"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="bench_kernels.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--json", metavar="FILE", help="write the rows as JSON (a baseline for later runs)")
+    parser.add_argument("--baseline", metavar="FILE", help="a JSON file of an earlier run to compare with")
+    parser.add_argument("--sets", metavar="NAMES", help="comma-separated shape sets (default: all): "
+                        + ", ".join(s[0] for s in SETS))
+    args = parser.parse_args(argv)
+    wanted = [s for s in SETS if args.sets is None or s[0] in args.sets.split(",")]
+    if not wanted:
+        parser.error(f"--sets: none of {args.sets!r} is a shape set ({', '.join(s[0] for s in SETS)})")
+    baseline = load_baseline(args.baseline) if args.baseline else None
+    if isinstance(baseline, str):
+        parser.error(baseline)
+    if args.json and Path(args.json).is_dir():
+        parser.error(f"--json: {args.json} is a directory")
+    started = time.perf_counter()
+    kernels = Kernels()
+    rows = [measure(kernels, name, model_rows, emulated, dtype, n, k, kind)
+            for name, model_rows, emulated, shapes in wanted for dtype, n, k in shapes for kind in DATA]
+    print(f"bench-kernels: {ARCH} kernels of the default policy, counted on the emulator; "
+          f"the model column is an H200 estimate, not a measurement")
+    print_tables(rows, baseline)
+    if args.json:
+        Path(args.json).write_text(json.dumps({"arch": ARCH, "rows": [asdict(r) for r in rows]}, indent=1) + "\n")
+    print(f"\n{len(rows)} launches in {time.perf_counter() - started:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,79 @@
+"""Traffic counters of one emulator launch: what a kernel moved through global memory and
+how its shared atomics, barriers and warp collectives would load a GPU.
+
+The counts are exact for what they count: global loads and stores that go through the
+kernels' memory helpers (templates/topk_memory.cuh; a raw pointer access is not counted),
+every atomic, every completed `__syncthreads` and warp collective. Bank figures need a
+notion of "one warp instruction", which threads run as fibers do not have; the emulator
+groups the lanes of a warp by call site, by the number of synchronisation points (barriers
+and warp collectives) each lane has passed, and by how often the lane reached the site
+since then. That is the hardware's grouping for converged code; where lanes skip a site in
+some loop iterations, their k-th arrivals are grouped as if packed into one instruction.
+"""
+
+from __future__ import annotations
+
+import ctypes
+from dataclasses import dataclass, field, fields
+from typing import Mapping
+
+
+class PhaseStats(ctypes.Structure):
+    """Mirror of tk::PhaseStats in include/topkgen_sim.h."""
+
+    _fields_ = [("label", ctypes.c_char_p)] + [(name, ctypes.c_uint64) for name in (
+        "global_load_bytes", "global_store_bytes", "global_atomics", "shared_atomics",
+        "shared_atomic_instructions", "bank_lanes_sum", "bank_lanes_max", "barriers", "shuffles", "votes")]
+
+
+@dataclass(frozen=True)
+class Counters:
+    """Counts of one launch, summed over its CTAs.
+
+    shared_atomics counts lanes (one per thread that executed an atomic on shared memory);
+    shared_atomic_instructions counts warp instructions. bank_lanes_max / bank_lanes_mean:
+    the most lanes of one warp instruction that hit one 4-byte bank (lanes on the same
+    address count: a GPU serialises those too), the worst instruction and the mean over
+    instructions. barriers: completed `__syncthreads`, per CTA, summed. shuffles and votes:
+    warp instructions (ballot, any, all, match count as votes). phases: the same counts per
+    label a kernel set with `topk::counter_phase` (unlabelled work is under "")."""
+
+    global_load_bytes: int = 0
+    global_store_bytes: int = 0
+    global_atomics: int = 0
+    shared_atomics: int = 0
+    shared_atomic_instructions: int = 0
+    bank_lanes_max: int = 0
+    bank_lanes_mean: float = 0.0
+    barriers: int = 0
+    shuffles: int = 0
+    votes: int = 0
+    phases: Mapping[str, "Counters"] = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "phases"}
+        out["phases"] = {label: c.as_dict() for label, c in self.phases.items()}
+        return out
+
+
+def _one(stats: list[PhaseStats]) -> Counters:
+    total = {name: sum(getattr(s, name) for s in stats) for name, _ in PhaseStats._fields_[1:]}
+    instructions = total["shared_atomic_instructions"]
+    return Counters(
+        global_load_bytes=total["global_load_bytes"], global_store_bytes=total["global_store_bytes"],
+        global_atomics=total["global_atomics"], shared_atomics=total["shared_atomics"],
+        shared_atomic_instructions=instructions,
+        bank_lanes_max=max((s.bank_lanes_max for s in stats), default=0),
+        bank_lanes_mean=total["bank_lanes_sum"] / instructions if instructions else 0.0,
+        barriers=total["barriers"], shuffles=total["shuffles"], votes=total["votes"])
+
+
+def from_phases(stats: list[PhaseStats]) -> Counters:
+    """The launch's counts: totals over every phase, and each phase that counted anything."""
+    phases = {}
+    for s in stats:
+        one = _one([s])
+        if one != Counters():
+            phases[s.label.decode()] = one
+    total = _one(stats)
+    return Counters(**{f.name: getattr(total, f.name) for f in fields(total) if f.name != "phases"}, phases=phases)
