@@ -139,7 +139,6 @@ __device__ __forceinline__ int warp_append(int* counter, bool take) {
 // their lowest lane, so an atomic instruction touches each bin at most once: no same-address
 // serialisation (all-equal rows) and only distinct bins can share a bank. All lanes call it.
 __device__ __forceinline__ void hist_add(int* hist, unsigned digit, bool take) {
-  if (!__any_sync(kFullMask, take)) return;
   const unsigned peers = __match_any_sync(kFullMask, take ? digit : ~0u);
   if (take && lane_id() == __ffs(int(peers)) - 1) atomicAdd(&hist[digit], __popc(peers));
 }
@@ -332,15 +331,16 @@ struct RadixState {
 };
 
 // Radix select, one CTA per row, reading the input once where it can:
-// - a row of at most SMEM_BYTES is copied to dynamic shared memory by the first pass and
+// - a row of at most SMEM_BYTES is copied to dynamic shared memory by the first pass, and
 //   every later pass, the gather and NaN outputs read the copy;
-// - a longer row keeps dynamic shared memory for candidates: the first pass whose bucket
-//   fits there reads the row again and collects the bucket (keys above it go straight to
-//   the output candidates), and later passes read the candidates only. A bucket that never
-//   fits is filtered from the row in each pass (the fallback).
+// - a longer row keeps dynamic shared memory for candidates: the first later pass whose
+//   bucket (with the k - remaining keys above it) fits there reads the row again and
+//   collects them, and the passes after it and the gather read the candidates only. A bucket
+//   that never fits is filtered from the row in each pass (the fallback).
 // Passes take 11-bit digits MSB-first and stop early once the k-th key is resolved (its
 // bucket holds exactly the keys still to take, or a single key). Deterministic mode takes
 // the ties with the lowest indices (an ordered scan of the row); fast mode any of them.
+// Row access goes through RowView alone, so a part of a row is served the same way.
 template <typename T, int KR, int THREADS, bool DETERMINISTIC, int BODY_VECTORS, int TAIL_STEPS, int EXACT_N,
           int SMEM_BYTES, int UNROLL>
 __device__ __forceinline__ void radix_topk(const T* __restrict__ x, T* __restrict__ values,
@@ -389,15 +389,33 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, T* __restric
     const unsigned prefix = state.prefix, mask = state.mask;
     const int source = state.source;
     unsigned lo = ~0u, hi = 0u;
-    // Counts one key if it matches the prefix; returns whether it did.
-    auto count = [&](unsigned key, bool valid) {
-      const bool take = valid && (key & mask) == prefix;
-      hist_add(hist, (key >> shift) & unsigned(bins - 1), take);
-      if (take) {
-        lo = min(lo, key);
-        hi = max(hi, key);
+    // The keys of a piece at or above the prefix (bits j < got), and those matching it; the
+    // span of the matching ones.
+    auto classify = [&](const uint4& q, int got, unsigned& at_or_above) {
+      unsigned matching = 0u;
+      at_or_above = 0u;
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const unsigned key = select_key<T>(piece_element<Bits>(q, j), largest);
+        if (j < got && (key & mask) >= prefix) at_or_above |= 1u << j;
+        if (j < got && (key & mask) == prefix) {
+          matching |= 1u << j;
+          lo = min(lo, key);
+          hi = max(hi, key);
+        }
       }
-      return take;
+      return matching;
+    };
+    // Counts a piece's matching keys; a warp none of whose lanes has one skips it at one vote.
+    auto count = [&](const uint4& q, int, int got) {
+      unsigned at_or_above;
+      const unsigned matching = classify(q, got, at_or_above);
+      if (!__any_sync(kFullMask, matching != 0u)) return;
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const unsigned key = select_key<T>(piece_element<Bits>(q, j), largest);
+        hist_add(hist, (key >> shift) & unsigned(bins - 1), (matching >> j) & 1u);
+      }
     };
     // Collect the keys at or above the prefix (the bucket and the k - remaining above it).
     const bool collect = SMEM_BYTES > 0 && source == kGlobalRow && pass > 0 &&
@@ -409,36 +427,36 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, T* __restric
         } else if (got == 1) {
           copy[first] = Bits(q.x);
         }
-#pragma unroll
-        for (int j = 0; j < V; ++j) count(select_key<T>(piece_element<Bits>(q, j), largest), j < got);
+        count(q, first, got);
       });
     } else if (collect) {
       global_row.template for_each<false>([&](const uint4& q, int first, int got) {
+        unsigned keep;
+        const unsigned matching = classify(q, got, keep);
+        if (!__any_sync(kFullMask, keep != 0u)) return;
 #pragma unroll
         for (int j = 0; j < V; ++j) {
           const unsigned key = select_key<T>(piece_element<Bits>(q, j), largest);
-          count(key, j < got);
-          const bool keep = j < got && (key & mask) >= prefix;
-          const int slot = warp_append(&counters[2], keep);
-          if (keep) buffer[slot] = pack(key, first + j);
+          hist_add(hist, (key >> shift) & unsigned(bins - 1), (matching >> j) & 1u);
+          const int slot = warp_append(&counters[2], (keep >> j) & 1u);
+          if (slot >= 0) buffer[slot] = pack(key, first + j);
         }
       });
     } else if (source == kGlobalRow) {
-      global_row.template for_each<false>([&](const uint4& q, int, int got) {
-#pragma unroll
-        for (int j = 0; j < V; ++j) count(select_key<T>(piece_element<Bits>(q, j), largest), j < got);
-      });
+      global_row.template for_each<false>(count);
     } else if (SMEM_BYTES > 0 && source == kSharedRow) {
       const View shared_row(copy, n);
-      shared_row.template for_each<true>([&](const uint4& q, int, int got) {
-#pragma unroll
-        for (int j = 0; j < V; ++j) count(select_key<T>(piece_element<Bits>(q, j), largest), j < got);
-      });
+      shared_row.template for_each<true>(count);
     } else if (SMEM_BYTES > 0) {
       const int filled = counters[2];
       for (int base = 0; base < filled; base += THREADS) {
-        const bool valid = base + t < filled;
-        count(valid ? unpack_key(buffer[base + t]) : 0u, valid);
+        const unsigned key = base + t < filled ? unpack_key(buffer[base + t]) : 0u;
+        const bool take = base + t < filled && (key & mask) == prefix;
+        if (take) {
+          lo = min(lo, key);
+          hi = max(hi, key);
+        }
+        if (__any_sync(kFullMask, take)) hist_add(hist, (key >> shift) & unsigned(bins - 1), take);
       }
     }
 #pragma unroll
@@ -476,18 +494,24 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, T* __restric
   const int source = state.source == kBuffer && ordered ? int(kGlobalRow) : state.source;
   int ties_before = 0;
   auto gather = [&](const uint4& q, int first, int got) {
-    unsigned tie_bits = 0u;  // ordered mode: which of this piece's keys are ties
+    unsigned above_bits = 0u, tie_bits = 0u;
 #pragma unroll
     for (int j = 0; j < V; ++j) {
-      const unsigned key = select_key<T>(piece_element<Bits>(q, j), largest);
-      const int out = warp_append(&counters[0], j < got && (key & mask) > prefix);
-      if (out >= 0) cand[out] = pack(key, first + j);
-      const bool tie = j < got && (key & mask) == prefix;
-      if (ordered) {
-        tie_bits |= unsigned(tie) << j;
-      } else {
-        const int slot = warp_append(&counters[1], tie);
-        if (tie && slot < ties) cand[above + slot] = pack(key, first + j);
+      const unsigned key = select_key<T>(piece_element<Bits>(q, j), largest) & mask;
+      if (j < got && key > prefix) above_bits |= 1u << j;
+      if (j < got && key == prefix) tie_bits |= 1u << j;
+    }
+    // A warp none of whose lanes has a candidate in this piece skips it at one vote.
+    if (__any_sync(kFullMask, (above_bits | (ordered ? 0u : tie_bits)) != 0u)) {
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const unsigned key = select_key<T>(piece_element<Bits>(q, j), largest);
+        const int out = warp_append(&counters[0], (above_bits >> j) & 1u);
+        if (out >= 0) cand[out] = pack(key, first + j);
+        if (!ordered) {
+          const int slot = warp_append(&counters[1], (tie_bits >> j) & 1u);
+          if (slot >= 0 && slot < ties) cand[above + slot] = pack(key, first + j);
+        }
       }
     }
     if (ordered && ties_before < ties) {  // block-uniform; ordered implies the whole key is known
@@ -506,12 +530,11 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, T* __restric
     for (int base = 0; base < filled; base += THREADS) {
       const bool valid = base + t < filled;
       const u64 entry = valid ? buffer[base + t] : 0ull;
-      const unsigned key = unpack_key(entry);
-      const int out = warp_append(&counters[0], valid && (key & mask) > prefix);
+      const unsigned key = unpack_key(entry) & mask;
+      const int out = warp_append(&counters[0], valid && key > prefix);
       if (out >= 0) cand[out] = entry;
-      const bool tie = valid && (key & mask) == prefix;
-      const int slot = warp_append(&counters[1], tie);
-      if (tie && slot < ties) cand[above + slot] = entry;
+      const int slot = warp_append(&counters[1], valid && key == prefix);
+      if (slot >= 0 && slot < ties) cand[above + slot] = entry;
     }
   } else if (SMEM_BYTES > 0 && source == kSharedRow) {
     const View shared_row(copy, n);

@@ -22,7 +22,7 @@ DEFAULT_POLICY_IN_REPO = "policies/topk.yaml"
 DEFAULT_KS = (1, 16, 32, 64, 100, 128, 256, 512, 1024)
 DEFAULT_NS = (64, 256, 1000, 1024, 2048, 4096, 8192, 16384, 32768, 131072)
 PARAM_FIELDS = ("family", "rule", "dtype", "k", "k_min", "n_window", "mode", "work", "work_rung", "launch",
-                "vector_tail")
+                "vector_tail", "loads_in_flight")
 BUILT_FIELDS = ("resources", "size_bytes")
 
 
