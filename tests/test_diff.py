@@ -35,8 +35,9 @@ CHANGED = (DEFAULT_POLICY.read_text()
            .replace("  - reg_exact_k32_n256\n", "")
            .replace(DEFAULT_POLICY.read_text()[DEFAULT_POLICY.read_text().index("  - name: reg_exact_k32_n256"):
                                                DEFAULT_POLICY.read_text().index("  - name: reg_exact_k16_n1024_sm100")], "")
-           .replace("      1024: 2\n  sm_100:", "      1024: 1\n  sm_100:"))
-assert "1024: 1" in CHANGED
+           .replace("    min_ctas_per_sm:          # launch bounds by K rung\n      1024: 2",
+                    "    min_ctas_per_sm:          # launch bounds by K rung\n      1024: 1", 1))
+assert "K rung\n      1024: 1" in CHANGED
 
 
 @pytest.fixture
