@@ -52,7 +52,8 @@ KERNELS_BASELINE ?= benchmarks/results/bench_kernels_before.json
 bench-kernels: $(STAMP)
 	$(BIN)/python benchmarks/bench_kernels.py $(if $(wildcard $(KERNELS_BASELINE)),--baseline $(KERNELS_BASELINE))
 
-# The device checks (build, GPU tests, compute-sanitizer, benchmark against torch.topk).
-# On the accelerator machine run it with its own python: `python3 scripts/gpu_check.py`.
+# The device checks (build, GPU tests, compute-sanitizer, kernel timings against torch.topk,
+# ncu DRAM bytes). On the accelerator machine run it with its own python:
+# `PYTHONPATH=. python3 scripts/gpu_check.py --results DIR`.
 gpu-check: $(STAMP)
 	$(BIN)/python scripts/gpu_check.py

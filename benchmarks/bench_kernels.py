@@ -32,19 +32,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
 
 from h200_model import KernelFacts, ctas_per_sm, estimate_seconds  # noqa: E402
+from shapes import DATA_KINDS, SETS, make_rows, select_sets  # noqa: E402
 
 ARCH = "sm_90"
 FIRST_PASS = "histogram, first pass"
-DATA = ("normal", "uniform", "all-equal", "90% -inf")
-# (set, what it stands for, batch the model assumes, rows emulated, [(dtype, n, k)])
-SETS = (
-    ("seed grid", 4096, 4, [(d, n, k) for d in ("float32", "bfloat16")
-                            for n, k in ((2048, 64), (8192, 128), (16384, 256))]),
-    ("LLM sampling", 64, 2, [("float32", 131072, 16), ("float32", 262144, 256), ("float32", 262144, 1024),
-                             ("bfloat16", 131072, 16), ("bfloat16", 262144, 256)]),
-    ("rows of 131072", 1024, 2, [(d, 131072, k) for d in ("float32", "bfloat16") for k in (256, 1024)]),
-    ("register ladder", 4096, 8, [(d, 1024, 16) for d in ("float32", "bfloat16")]),
-)
 
 
 @dataclass(frozen=True)
@@ -67,21 +58,6 @@ class Row:
 
     def key(self) -> str:
         return f"{self.set}|{self.dtype}|{self.n}|{self.k}|{self.data}"
-
-
-def make_data(kind: str, dtype: str, rows: int, n: int, seed: int) -> np.ndarray:
-    import ml_dtypes
-
-    rng = np.random.default_rng(seed)
-    if kind == "normal":
-        x = rng.standard_normal((rows, n))
-    elif kind == "uniform":
-        x = rng.random((rows, n))
-    elif kind == "all-equal":
-        x = np.full((rows, n), 0.75)
-    else:  # masked logits: 90% -inf, the rest normal
-        x = np.where(rng.random((rows, n)) < 0.9, -np.inf, rng.standard_normal((rows, n)))
-    return x.astype(np.float32 if dtype == "float32" else ml_dtypes.bfloat16)
 
 
 class Kernels:
@@ -122,8 +98,11 @@ def measure(kernels: Kernels, set_name: str, model_rows: int, rows: int, dtype: 
             kind: str) -> Row:
     from topkgen import reference
 
+    import ml_dtypes
+
     spec = kernels.select(dtype, k, n)
-    x = make_data(kind, dtype, rows, n, seed=n + k + DATA.index(kind))
+    x = make_rows(kind, rows, n, seed=n + k + DATA_KINDS.index(kind)).astype(
+        np.float32 if dtype == "float32" else ml_dtypes.bfloat16)
     values, indices = np.zeros((rows, k), x.dtype), np.zeros((rows, k), np.int64)
     grid = (rows + spec.rows_per_block - 1) // spec.rows_per_block
     c = kernels.module(spec).launch(spec.name, grid, spec.threads, [x, values, indices, np.int32(rows), np.int32(n),
@@ -198,11 +177,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", metavar="FILE", help="write the rows as JSON (a baseline for later runs)")
     parser.add_argument("--baseline", metavar="FILE", help="a JSON file of an earlier run to compare with")
     parser.add_argument("--sets", metavar="NAMES", help="comma-separated shape sets (default: all): "
-                        + ", ".join(s[0] for s in SETS))
+                        + ", ".join(s.name for s in SETS))
     args = parser.parse_args(argv)
-    wanted = [s for s in SETS if args.sets is None or s[0] in args.sets.split(",")]
-    if not wanted:
-        parser.error(f"--sets: none of {args.sets!r} is a shape set ({', '.join(s[0] for s in SETS)})")
+    try:
+        wanted = select_sets(args.sets)
+    except ValueError as err:
+        parser.error(f"--sets: {err}")
     baseline = load_baseline(args.baseline) if args.baseline else None
     if isinstance(baseline, str):
         parser.error(baseline)
@@ -210,8 +190,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--json: {args.json} is a directory")
     started = time.perf_counter()
     kernels = Kernels()
-    rows = [measure(kernels, name, model_rows, emulated, dtype, n, k, kind)
-            for name, model_rows, emulated, shapes in wanted for dtype, n, k in shapes for kind in DATA]
+    rows = [measure(kernels, s.name, s.model_rows, s.emulated_rows, dtype, n, k, kind)
+            for s in wanted for dtype, n, k in s.shapes for kind in DATA_KINDS]
     print(f"bench-kernels: {ARCH} kernels of the default policy, counted on the emulator; "
           f"the model column is an H200 estimate, not a measurement")
     print_tables(rows, baseline)

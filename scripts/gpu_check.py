@@ -1,33 +1,129 @@
-"""`make gpu-check`: the device checks, as one script for the accelerator machine.
+"""`make gpu-check`: the device checks, as one prepared script for the accelerator machine.
 
 1. build the default bundle for the GPU's arch;
 2. run the GPU tests (tests/test_gpu.py);
 3. run compute-sanitizer (memcheck, racecheck) on one kernel of each family;
-4. benchmark against torch.topk with CUDA events over rows {1, 132, 1024, 4096} x
-   n {256, 1024, 2048, 8192, 32768, 131072, 262144} x k {16, 64, 256, 1024} (k <= n),
-   float32 and bfloat16: median time, speedup over torch.topk, and the fraction of the
-   H200's 4.8 TB/s that reading the input reaches.
-Without a GPU it says so, builds for sm_90 and collects the GPU tests, and exits 0.
+4. time the kernels alone, against torch.topk (and flashinfer.top_k where importable), on
+   the shapes of benchmarks/shapes.py (those of `make bench-kernels`, the seed grid at 132
+   and 4096 rows) and its four data kinds. With nvbench's Python package (cuda-bench):
+   cold runs (L2 flushed), a noise threshold, throttled samples dropped. Without it: CUDA
+   events around the launch alone, while a spin kernel holds the GPU so that the Python
+   dispatch stays outside the window, with an L2 flush before every sample, until the
+   noise threshold; batches whose SM clock fell below 90% of the highest seen are dropped.
+   Raw samples go to RESULTS/gpu_check_samples.json;
+5. `ncu` DRAM bytes per row of each shape (normal data), where ncu exists and is allowed.
+Everything stops within --budget-s. Without a GPU it says so, builds for sm_90, collects the
+GPU tests, lists the cases it would time, and exits 0.
 """
 
 from __future__ import annotations
 
+import argparse
+import csv
+import io
+import json
 import os
 import shutil
 import statistics
 import subprocess
 import sys
 import time
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-OUT = Path(os.environ.get("GPU_CHECK_OUT", ROOT / "out-gpu-check"))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+sys.path.insert(0, str(ROOT))
+
+from shapes import DATA_KINDS, select_sets  # noqa: E402
+
 PEAK_BYTES_PER_S = 4.8e12
-ROWS = (1, 132, 1024, 4096)
-NS = (256, 1024, 2048, 8192, 32768, 131072, 262144)
-KS = (16, 64, 256, 1024)
+IMPLS = ("topkgen", "torch", "flashinfer")
+STAGES = ("tests", "sanitizer", "bench", "ncu")
 SANITIZER_SHAPES = (("register", "float32", 16, 1000), ("radix", "float32", 64, 300000),
                     ("radix", "bfloat16", 200, 1500))
+SPIN_SOURCE = """extern "C" __global__ void topkgen_spin(unsigned long long cycles) {
+  const long long start = clock64();
+  while (clock64() - start < (long long)cycles) {}
+}
+"""
+SPIN_CYCLES = 1_000_000  # ~0.5 ms at 2 GHz: longer than the Python dispatch of one launch
+NCU_METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
+
+
+@dataclass(frozen=True)
+class Case:
+    set: str
+    rows: int
+    dtype: str
+    n: int
+    k: int
+    data: str
+
+    @property
+    def id(self) -> str:
+        kind = {"90% -inf": "masked"}.get(self.data, self.data)
+        return f"{self.dtype}-{self.rows}x{self.n}-k{self.k}-{kind}"
+
+    @property
+    def input_bytes(self) -> int:
+        return self.rows * self.n * (4 if self.dtype == "float32" else 2)
+
+
+@dataclass
+class Timing:
+    """The samples of one (case, implementation), in microseconds."""
+
+    method: str
+    samples: list[float] = field(default_factory=list)
+    dropped: int = 0
+    note: str = ""
+
+    @property
+    def median(self) -> float | None:
+        return statistics.median(self.samples) if self.samples else None
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="gpu_check.py", description=__doc__.splitlines()[0])
+    parser.add_argument("--out", default=os.environ.get("GPU_CHECK_OUT", str(ROOT / "out-gpu-check")),
+                        help="bundle directory (default out-gpu-check, or $GPU_CHECK_OUT)")
+    parser.add_argument("--results", help="where samples and tables go (default OUT/results)")
+    parser.add_argument("--budget-s", type=float, default=540.0, help="stop every stage by then (default 540)")
+    parser.add_argument("--timer", choices=("auto", "nvbench", "events"), default="auto",
+                        help="auto: nvbench (cuda-bench) when importable, else CUDA events")
+    parser.add_argument("--sets", help="comma-separated shape sets of benchmarks/shapes.py (default all)")
+    parser.add_argument("--data", help=f"comma-separated data kinds (default all: {', '.join(DATA_KINDS)})")
+    parser.add_argument("--skip", default="", help=f"comma-separated stages to skip: {', '.join(STAGES)}")
+    parser.add_argument("--max-noise", type=float, default=1.0, help="relative noise to stop at, in %% (default 1)")
+    parser.add_argument("--list", action="store_true", help="list the cases it would time and exit")
+    parser.add_argument("--ncu-child", help=argparse.SUPPRESS)  # a case list to run once each, under ncu
+    args = parser.parse_args(argv)
+    try:
+        args.cases = cases(args.sets, args.data)
+    except ValueError as err:
+        parser.error(str(err))
+    skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    if skip - set(STAGES):
+        parser.error(f"--skip: unknown stage {sorted(skip - set(STAGES))[0]!r} (stages: {', '.join(STAGES)})")
+    args.skip = skip
+    if not 0 < args.max_noise <= 100 or args.budget_s <= 0:
+        parser.error("--max-noise must be in (0, 100] and --budget-s positive")
+    args.results = Path(args.results) if args.results else Path(args.out) / "results"
+    return args
+
+
+def cases(set_names: str | None = None, data_names: str | None = None) -> list[Case]:
+    kinds = DATA_KINDS if data_names is None else tuple(d.strip() for d in data_names.split(","))
+    unknown = [d for d in kinds if d not in DATA_KINDS]
+    if unknown:
+        raise ValueError(f"--data: unknown data kind {unknown[0]!r} (kinds: {', '.join(DATA_KINDS)})")
+    try:
+        sets = select_sets(set_names)
+    except ValueError as err:
+        raise ValueError(f"--sets: {err}") from None
+    return [Case(s.name, rows, dtype, n, k, kind) for s in sets for rows in s.gpu_rows
+            for dtype, n, k in s.shapes for kind in kinds]
 
 
 def step(title: str) -> None:
@@ -39,37 +135,79 @@ def run(cmd: list[str], **kw) -> int:
     return subprocess.run(cmd, cwd=ROOT, **kw).returncode
 
 
-def main() -> int:
-    sys.path.insert(0, str(ROOT))
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    if args.list:
+        for case in args.cases:
+            print(f"{case.set:<16} {case.id}")
+        print(f"{len(args.cases)} cases x {len(IMPLS)} implementations")
+        return 0
+    if args.ncu_child:
+        return ncu_child(args)
     from topkgen.runtime import gpu_unavailable
 
-    reason = gpu_unavailable()
     topkgen = [sys.executable, "-m", "topkgen.cli"]
+    reason = gpu_unavailable()
     if reason is not None:
-        print(f"no GPU: {reason}. Running the CPU-side parts only (build for sm_90, collect the GPU tests).")
+        print(f"no GPU: {reason}. Running the CPU-side parts only (build for sm_90, collect the GPU tests, "
+              f"list the cases).")
         step("build (sm_90)")
-        status = run([*topkgen, "build", "--arch", "sm_90", "--out", str(OUT)])
+        status = run([*topkgen, "build", "--arch", "sm_90", "--out", args.out])
         step("GPU tests: collection only")
         status |= run([sys.executable, "-m", "pytest", "-q", "--collect-only", "tests/test_gpu.py"])
+        print(f"\nwould time {len(args.cases)} cases x {len(IMPLS)} implementations ({timer_name(args.timer)})")
         return status
+    started = time.monotonic()
+    deadline = started + args.budget_s
     from topkgen.runtime import _CudaBackend
 
     arch = _CudaBackend().current_arch()
-    started = time.time()
     step(f"build ({arch})")
-    if run([*topkgen, "build", "--arch", arch, "--out", str(OUT)]) != 0:
+    if run([*topkgen, "build", "--arch", arch, "--out", args.out, "-j", str(os.cpu_count() or 2)]) != 0:
         return 1
-    step("GPU tests")
-    failed = run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_gpu.py"]) != 0
-    step("compute-sanitizer")
-    failed |= sanitize(arch)
-    step("benchmark against torch.topk")
-    benchmark()
-    print(f"\ngpu-check finished in {time.time() - started:.0f} s{' with FAILURES' if failed else ''}")
+    failed = False
+    if "tests" not in args.skip:
+        step("GPU tests")
+        failed |= run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_gpu.py"]) != 0
+    if "sanitizer" not in args.skip:
+        step("compute-sanitizer")
+        failed |= sanitize(args.out, deadline)
+    args.results.mkdir(parents=True, exist_ok=True)
+    timings: dict[tuple[str, str], Timing] = {}
+    if "bench" not in args.skip:
+        step(f"kernel timings ({timer_name(args.timer)})")
+        ncu_reserve = 0 if "ncu" in args.skip else 90
+        timings, mismatches = benchmark(args, deadline - ncu_reserve)
+        failed |= bool(mismatches)
+    dram = {}
+    if "ncu" not in args.skip:
+        step("ncu: DRAM bytes per row")
+        dram = ncu_dram_per_row(args, deadline)
+    table = format_table(args.cases, timings, dram)
+    print("\n" + table)
+    (args.results / "gpu_check_table.md").write_text(table + "\n")
+    print(f"\ngpu-check finished in {time.monotonic() - started:.0f} s{' with FAILURES' if failed else ''}")
     return 1 if failed else 0
 
 
-def sanitize(arch: str) -> bool:
+def timer_name(choice: str) -> str:
+    if choice == "events":
+        return "CUDA events"
+    if nvbench_module() is not None:
+        return "nvbench (cuda-bench)"
+    return "CUDA events (cuda-bench is not importable)" if choice == "auto" else "nvbench, which is not importable"
+
+
+def nvbench_module():
+    for name in ("cuda.bench", "cuda.nvbench"):
+        try:
+            return __import__(name, fromlist=["register"])
+        except ImportError:
+            continue
+    return None
+
+
+def sanitize(bundle: str, deadline: float) -> bool:
     tool = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
     if not Path(tool).exists():
         print("compute-sanitizer not found: skipped")
@@ -78,57 +216,338 @@ def sanitize(arch: str) -> bool:
     for family, dtype, k, n in SANITIZER_SHAPES:
         code = (f"import sys; sys.path.insert(0, {str(ROOT)!r});"
                 "import torch; from topkgen.runtime import TopK;"
-                f"op = TopK({str(OUT)!r}, backend='cuda');"
+                f"op = TopK({bundle!r}, backend='cuda');"
                 f"t = {{'float32': torch.float32, 'bfloat16': torch.bfloat16}}[{dtype!r}];"
                 f"x = torch.randn(3, {n}, device='cuda').to(t);"
                 f"print(op.explain({dtype!r}, {k}, {n}).kernel.name);"
                 f"v, i = op(x, {k}); v2, i2 = op(x, {k}, deterministic=True); torch.cuda.synchronize()")
         for check in ("memcheck", "racecheck"):
+            if time.monotonic() > deadline:
+                print("time budget spent: the remaining sanitizer runs are skipped")
+                return failed
             rc = run([tool, "--tool", check, "--error-exitcode", "3", sys.executable, "-c", code])
             print(f"{check} {family} {dtype} k={k} n={n}: {'clean' if rc == 0 else f'FAILED (exit {rc})'}")
             failed |= rc != 0
     return failed
 
 
-def benchmark() -> None:
+# ----------------------------------------------------------------------------- inputs and launches
+
+def torch_dtype(torch, name: str):
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16}[name]
+
+
+def make_input(torch, case: Case):
+    """The case's rows on the GPU, drawn there (same kinds as benchmarks/shapes.make_rows)."""
+    g = torch.Generator(device="cuda").manual_seed(case.n + case.k + DATA_KINDS.index(case.data))
+    shape = (case.rows, case.n)
+    if case.data == "normal":
+        x = torch.randn(shape, generator=g, device="cuda")
+    elif case.data == "uniform":
+        x = torch.rand(shape, generator=g, device="cuda")
+    elif case.data == "all-equal":
+        x = torch.full(shape, 0.75, device="cuda")
+    else:
+        x = torch.randn(shape, generator=g, device="cuda")
+        x[torch.rand(shape, generator=g, device="cuda") < 0.9] = float("-inf")
+    return x.to(torch_dtype(torch, case.dtype))
+
+
+def launchers(torch, op, case: Case, x) -> dict:
+    """impl -> enqueue(stream_handle), each issuing that implementation's work on the stream."""
+    values = torch.empty((case.rows, case.k), dtype=x.dtype, device="cuda")
+    indices = torch.empty((case.rows, case.k), dtype=torch.int64, device="cuda")
+
+    def ours(handle: int) -> None:
+        op(x, case.k, out=(values, indices), stream=handle)
+
+    def theirs(handle: int) -> None:
+        with torch.cuda.stream(torch.cuda.ExternalStream(handle)):
+            torch.topk(x, case.k, dim=-1)
+
+    out = {"topkgen": ours, "torch": theirs}
+    try:
+        import flashinfer
+
+        def flash(handle: int) -> None:
+            with torch.cuda.stream(torch.cuda.ExternalStream(handle)):
+                flashinfer.top_k(x, case.k, sorted=True)
+
+        out["flashinfer"] = flash
+    except ImportError:
+        pass
+    return out
+
+
+def same_values(torch, op, case: Case, x) -> bool:
+    values, _ = op(x, case.k)
+    expect, _ = torch.topk(x, case.k, dim=-1)
+    return bool(torch.equal(values, expect))
+
+
+# ----------------------------------------------------------------------------- timing
+
+def benchmark(args: argparse.Namespace, deadline: float) -> tuple[dict[tuple[str, str], Timing], list[str]]:
     import torch
 
     from topkgen.runtime import TopK
 
-    op = TopK(OUT, backend="cuda")
-    print(f"{'dtype':<9}{'rows':>6}{'n':>8}{'k':>6}  {'kernel':<40}{'src':>4}{'topkgen us':>12}{'torch us':>10}"
-          f"{'speedup':>9}{'of 4.8TB/s':>11}")
-    for dtype, tdt in (("float32", torch.float32), ("bfloat16", torch.bfloat16)):
-        for rows in ROWS:
-            for n in NS:
-                x = torch.randn(rows, n, device="cuda").to(tdt)
-                for k in KS:
-                    if k > n:
-                        continue
-                    sel = op.explain(dtype, k, n)
-                    ours = _median_ms(lambda: op(x, k))
-                    theirs = _median_ms(lambda: torch.topk(x, k, dim=-1))
-                    fraction = rows * n * x.element_size() / (ours / 1e3) / PEAK_BYTES_PER_S
-                    print(f"{dtype:<9}{rows:>6}{n:>8}{k:>6}  {sel.kernel.name:<40}{sel.source:>4}"
-                          f"{ours * 1e3:>12.1f}{theirs * 1e3:>10.1f}{theirs / ours:>8.2f}x{fraction:>10.1%}",
-                          flush=True)
-                del x
+    op = TopK(args.out, backend="cuda")
+    use_nvbench = args.timer == "nvbench" or (args.timer == "auto" and nvbench_module() is not None)
+    if args.timer == "nvbench" and nvbench_module() is None:
+        print("cuda-bench is not importable: falling back to CUDA events")
+        use_nvbench = False
+    mismatches = []
+    for case in args.cases:  # correctness first: a wrong kernel's time means nothing
+        if not same_values(torch, op, case, make_input(torch, case)):
+            mismatches.append(case.id)
+            print(f"MISMATCH against torch.topk: {case.id}")
+    timings = (time_nvbench(args, torch, op, deadline) if use_nvbench
+               else time_events(args, torch, op, deadline))
+    raw = {f"{cid}|{impl}": asdict(t) for (cid, impl), t in timings.items()}
+    (args.results / "gpu_check_samples.json").write_text(json.dumps(
+        {"unit": "us", "cases": [asdict(c) | {"id": c.id} for c in args.cases], "timings": raw,
+         "mismatches": mismatches}, indent=1) + "\n")
+    return timings, mismatches
 
 
-def _median_ms(fn, repeat: int = 15) -> float:
+class Spinner:
+    """A one-thread kernel that spins for SPIN_CYCLES, so that the GPU is busy while Python
+    enqueues the timed work behind it."""
+
+    def __init__(self, arch: str) -> None:
+        import numpy as np
+
+        from topkgen.compile import compile_kernel
+        from topkgen.runtime import _cuda_core
+
+        self.core = _cuda_core()
+        compiled = compile_kernel(SPIN_SOURCE, "topkgen_spin", arch)
+        self.kernel = self.core.ObjectCode.from_cubin(compiled.cubin, symbol_mapping={
+            "topkgen_spin": compiled.symbol}).get_kernel("topkgen_spin")
+        self.config = self.core.LaunchConfig(grid=1, block=1)
+        self.cycles = np.uint64(SPIN_CYCLES)
+
+    def __call__(self, handle: int) -> None:
+        self.core.launch(self.core.Stream.from_handle(handle), self.config, self.kernel, self.cycles)
+
+
+def relative_error(samples: list[float]) -> float:
+    """Standard error of the mean over the mean: the noise the stopping rule looks at."""
+    if len(samples) < 2:
+        return float("inf")
+    return statistics.stdev(samples) / len(samples) ** 0.5 / statistics.mean(samples)
+
+
+def sm_clock_mhz(torch) -> float | None:
+    try:
+        return float(torch.cuda.clock_rate())
+    except Exception:  # no NVML: no throttle detection
+        return None
+
+
+def time_events(args, torch, op, deadline: float, min_samples: int = 20, max_samples: int = 200,
+                max_seconds: float = 1.5) -> dict[tuple[str, str], Timing]:
+    from topkgen.runtime import _CudaBackend
+
+    spin = Spinner(_CudaBackend().current_arch())
+    l2 = torch.cuda.get_device_properties(0).L2_cache_size
+    flush = torch.empty(2 * l2, dtype=torch.uint8, device="cuda")
+    stream = torch.cuda.Stream()
+    timings: dict[tuple[str, str], Timing] = {}
+    for case in args.cases:
+        x = make_input(torch, case)
+        for impl, enqueue in launchers(torch, op, case, x).items():
+            if time.monotonic() > deadline:
+                timings[(case.id, impl)] = Timing("events", note="time budget spent")
+                continue
+            timing = Timing("events")
+            started, top_clock = time.monotonic(), 0.0
+            while True:
+                pairs = []
+                with torch.cuda.stream(stream):
+                    for _ in range(10):
+                        flush.zero_()
+                        spin(stream.cuda_stream)
+                        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                        begin.record(stream)
+                        enqueue(stream.cuda_stream)
+                        end.record(stream)
+                        pairs.append((begin, end))
+                stream.synchronize()
+                batch = [begin.elapsed_time(end) * 1e3 for begin, end in pairs]
+                clock = sm_clock_mhz(torch)
+                top_clock = max(top_clock, clock or 0.0)
+                if clock is not None and clock < 0.9 * top_clock:
+                    timing.dropped += len(batch)  # throttled
+                else:
+                    timing.samples += batch
+                n = len(timing.samples)
+                if n >= max_samples or time.monotonic() - started > max_seconds or (
+                        n >= min_samples and relative_error(timing.samples) < args.max_noise / 100):
+                    break
+            timings[(case.id, impl)] = timing
+        del x
+    return timings
+
+
+def time_nvbench(args, torch, op, deadline: float) -> dict[tuple[str, str], Timing]:
+    bench = nvbench_module()
+    by_id = {c.id: c for c in args.cases}
+    current: dict[str, object] = {}
+
+    def topk_bench(state) -> None:
+        case, impl = by_id[state.get_string("case")], state.get_string("impl")
+        if time.monotonic() > deadline:
+            state.skip("time budget spent")
+            return
+        if current.get("id") != case.id:  # one input at a time on the GPU
+            current.clear()
+            current["x"] = make_input(torch, case)
+            current["id"] = case.id
+        enqueue = launchers(torch, op, case, current["x"]).get(impl)
+        if enqueue is None:
+            state.skip(f"{impl} is not importable")
+            return
+        state.add_global_memory_reads(case.input_bytes)
+        state.set_throttle_threshold(0.75)
+        state.exec(lambda launch: enqueue(launch.get_stream().addressof()), batched=False)
+
+    b = bench.register(topk_bench)
+    b.add_string_axis("case", [c.id for c in args.cases])
+    b.add_string_axis("impl", list(IMPLS))
+    path = args.results / "nvbench.json"
+    bench.run_all_benchmarks(["gpu_check", "--jsonbin", str(path), "--max-noise", str(args.max_noise),
+                              "--min-time", "0.05", "--timeout", "2"])
+    return read_nvbench(path)
+
+
+def read_nvbench(path: Path) -> dict[tuple[str, str], Timing]:
+    """Timings from nvbench's JSON and its sample sidecar files (seconds, float32)."""
+    import numpy as np
+
+    doc = json.loads(path.read_text())
+    out: dict[tuple[str, str], Timing] = {}
+    for bench in doc.get("benchmarks", []):
+        for state in bench.get("states", []):
+            axes = {a["name"]: a["value"] for a in state.get("axis_values", [])}
+            key = (axes.get("case"), axes.get("impl"))
+            if state.get("is_skipped"):
+                out[key] = Timing("nvbench", note=state.get("skip_reason", "skipped"))
+                continue
+            timing = Timing("nvbench")
+            summaries = {s.get("tag"): {d["name"]: d["value"] for d in s.get("data", [])}
+                         for s in state.get("summaries", [])}
+            bulk = summaries.get("nv/json/bin:nv/cold/sample_times", {})
+            if "filename" in bulk:  # relative to the JSON file's folder unless absolute
+                times = np.fromfile(path.parent / bulk["filename"], dtype="<f4", count=int(bulk["size"]))
+                timing.samples = [float(t) * 1e6 for t in times]
+            else:
+                for tag in ("nv/cold/time/gpu/median", "nv/cold/time/gpu/mean"):
+                    if tag in summaries:
+                        timing.samples = [float(summaries[tag]["value"]) * 1e6]
+                        timing.note = f"{tag.rsplit('/', 1)[1]} only (no sample file)"
+                        break
+            out[key] = timing
+    return out
+
+
+# ----------------------------------------------------------------------------- ncu
+
+def ncu_tool() -> str | None:
+    found = shutil.which("ncu")
+    if found:
+        return found
+    return "/usr/local/cuda/bin/ncu" if Path("/usr/local/cuda/bin/ncu").exists() else None
+
+
+def ncu_cases(all_cases: list[Case]) -> list[Case]:
+    """One case per shape and batch: normal data."""
+    return [c for c in all_cases if c.data == "normal"]
+
+
+def ncu_dram_per_row(args, deadline: float) -> dict[str, tuple[float, float]]:
+    tool = ncu_tool()
+    if tool is None:
+        print("ncu not found: skipped")
+        return {}
+    chosen = ncu_cases(args.cases)
+    listing = args.results / "ncu_cases.json"
+    listing.write_text(json.dumps([asdict(c) for c in chosen]))
+    log = args.results / "ncu.csv"
+    cmd = [tool, "--clock-control", "none", "--metrics", ",".join(NCU_METRICS), "--csv", "--log-file", str(log),
+           "--kernel-name", "regex:^topk_", sys.executable, str(Path(__file__).resolve()), "--out", args.out,
+           "--ncu-child", str(listing)]
+    try:
+        rc = run(cmd, timeout=max(10.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        print("ncu ran out of the time budget: no DRAM figures")
+        return {}
+    if rc != 0 or not log.exists():
+        print(f"ncu failed or was refused (exit {rc}): no DRAM figures")
+        return {}
+    per_launch = parse_ncu_csv(log.read_text())
+    if len(per_launch) != len(chosen):
+        print(f"ncu reported {len(per_launch)} topk launches for {len(chosen)} cases: no DRAM figures")
+        return {}
+    return {c.id: (read / c.rows, write / c.rows) for c, (read, write) in zip(chosen, per_launch)}
+
+
+def ncu_child(args) -> int:
+    """Runs each listed case once through the runtime: the launches ncu profiles, in order."""
     import torch
 
-    for _ in range(3):
-        fn()
-    times = []
-    for _ in range(repeat):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        fn()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    return statistics.median(times)
+    from topkgen.runtime import TopK
+
+    op = TopK(args.out, backend="cuda")
+    for item in json.loads(Path(args.ncu_child).read_text()):
+        case = Case(**item)
+        x = make_input(torch, case)
+        op(x, case.k)
+        torch.cuda.synchronize()
+    return 0
+
+
+_UNITS = {"byte": 1, "Kbyte": 1e3, "Mbyte": 1e6, "Gbyte": 1e9, "KB": 1e3, "MB": 1e6, "GB": 1e9}
+
+
+def parse_ncu_csv(text: str) -> list[tuple[float, float]]:
+    """(DRAM bytes read, written) per profiled launch, in launch order, from `ncu --csv`."""
+    lines = [line for line in text.splitlines() if line.startswith('"')]
+    launches: dict[int, dict[str, float]] = {}
+    for row in csv.DictReader(io.StringIO("\n".join(lines))):
+        if row.get("Metric Name") not in NCU_METRICS:
+            continue
+        value = float(row["Metric Value"].replace(",", "")) * _UNITS.get(row.get("Metric Unit", "byte"), 1)
+        launches.setdefault(int(row["ID"]), {})[row["Metric Name"]] = value
+    return [(m.get(NCU_METRICS[0], 0.0), m.get(NCU_METRICS[1], 0.0)) for _, m in sorted(launches.items())]
+
+
+# ----------------------------------------------------------------------------- table
+
+def format_table(all_cases: list[Case], timings: dict[tuple[str, str], Timing],
+                 dram: dict[str, tuple[float, float]]) -> str:
+    """Medians side by side per case: topkgen, torch.topk, flashinfer.top_k, the speedup over
+    torch, the fraction of 4.8 TB/s that reading the input once reaches, and ncu's DRAM bytes
+    read per row against the row's size."""
+    head = ("| set | dtype | rows | N | K | data | topkgen us | torch us | flashinfer us | vs torch "
+            "| of 4.8 TB/s | samples (dropped) | DRAM read/row (x row) |")
+    lines = [head, "|" + "---|" * (head.count("|") - 1)]
+    for c in all_cases:
+        ours, torch_t, flash = (timings.get((c.id, impl)) for impl in IMPLS)
+
+        def us(t: Timing | None) -> str:
+            return f"{t.median:.1f}" if t is not None and t.median is not None else "n/a"
+
+        speedup = (f"{torch_t.median / ours.median:.2f}x" if ours and torch_t and ours.median and torch_t.median
+                   else "n/a")
+        peak = f"{c.input_bytes / (ours.median * 1e-6) / PEAK_BYTES_PER_S:.1%}" if ours and ours.median else "n/a"
+        counts = f"{len(ours.samples)} ({ours.dropped})" if ours else "n/a"
+        row_bytes = c.input_bytes / c.rows
+        read = f"{dram[c.id][0]:.0f} ({dram[c.id][0] / row_bytes:.2f}x)" if c.id in dram else "n/a"
+        lines.append(f"| {c.set} | {c.dtype} | {c.rows} | {c.n} | {c.k} | {c.data} | {us(ours)} | {us(torch_t)} "
+                     f"| {us(flash)} | {speedup} | {peak} | {counts} | {read} |")
+    return "\n".join(lines)
 
 
 if __name__ == "__main__":

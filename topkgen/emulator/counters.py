@@ -50,11 +50,6 @@ class Counters:
     votes: int = 0
     phases: Mapping[str, "Counters"] = field(default_factory=dict)
 
-    def as_dict(self) -> dict:
-        out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "phases"}
-        out["phases"] = {label: c.as_dict() for label, c in self.phases.items()}
-        return out
-
 
 def _one(stats: list[PhaseStats]) -> Counters:
     total = {name: sum(getattr(s, name) for s in stats) for name, _ in PhaseStats._fields_[1:]}

@@ -151,7 +151,6 @@ struct Region {  // a guarded allocation: [guard page][front zone | data | back 
   int index;
 };
 
-
 // ------------------------------------------------------------------ traffic counters
 // What one launch moved and how, per phase (a label the kernel sets with counter_phase;
 // phase 0 is unlabelled). The C layout is read by the Python side (emulator/counters.py).

@@ -1,0 +1,56 @@
+"""The shapes and data kinds of issue 13, shared by `make bench-kernels` (counted on the
+emulator) and `make gpu-check` (timed on a GPU), so that both speak of the same cases."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+DATA_KINDS = ("normal", "uniform", "all-equal", "90% -inf")
+
+
+@dataclass(frozen=True)
+class ShapeSet:
+    name: str
+    model_rows: int                        # the batch the H200 model assumes
+    emulated_rows: int                     # rows bench-kernels runs (the counts are per row)
+    gpu_rows: tuple[int, ...]              # batches gpu-check times
+    shapes: tuple[tuple[str, int, int], ...]  # (dtype, n, k)
+
+
+SETS = (
+    ShapeSet("seed grid", 4096, 4, (132, 4096),
+             tuple((d, n, k) for d in ("float32", "bfloat16") for n, k in ((2048, 64), (8192, 128), (16384, 256)))),
+    ShapeSet("LLM sampling", 64, 2, (1, 64),
+             (("float32", 131072, 16), ("float32", 262144, 256), ("float32", 262144, 1024),
+              ("bfloat16", 131072, 16), ("bfloat16", 262144, 256))),
+    ShapeSet("rows of 131072", 1024, 2, (1024,),
+             tuple((d, 131072, k) for d in ("float32", "bfloat16") for k in (256, 1024))),
+    ShapeSet("register ladder", 4096, 8, (4096,), (("float32", 1024, 16), ("bfloat16", 1024, 16))),
+)
+
+
+def select_sets(names: str | None) -> list[ShapeSet]:
+    """The sets named in a comma-separated list (all when None); unknown names raise ValueError."""
+    if names is None:
+        return list(SETS)
+    wanted = [name.strip() for name in names.split(",")]
+    unknown = [name for name in wanted if name not in {s.name for s in SETS}]
+    if unknown:
+        raise ValueError(f"unknown shape set {unknown[0]!r} (known: {', '.join(s.name for s in SETS)})")
+    return [s for s in SETS if s.name in wanted]
+
+
+def make_rows(kind: str, rows: int, n: int, seed: int) -> np.ndarray:
+    """float64 rows of one data kind; callers cast to the dtype under test."""
+    rng = np.random.default_rng(seed)
+    if kind == "normal":
+        return rng.standard_normal((rows, n))
+    if kind == "uniform":
+        return rng.random((rows, n))
+    if kind == "all-equal":
+        return np.full((rows, n), 0.75)
+    if kind == "90% -inf":  # masked logits: 90% -inf, the rest normal
+        return np.where(rng.random((rows, n)) < 0.9, -np.inf, rng.standard_normal((rows, n)))
+    raise ValueError(f"unknown data kind {kind!r}")

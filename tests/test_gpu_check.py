@@ -1,0 +1,134 @@
+"""The CPU-side parts of scripts/gpu_check.py: its cases, arguments, tables, the parsers of
+nvbench's and ncu's output, and the path taken where no GPU exists."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture(scope="module")
+def gc():
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_cases_cover_the_bench_shapes_and_the_seed_grid_at_132_and_4096_rows(gc):
+    from shapes import DATA_KINDS, SETS
+
+    cases = gc.cases()
+    assert {c.data for c in cases} == set(DATA_KINDS)
+    for s in SETS:
+        for dtype, n, k in s.shapes:
+            got = {c.rows for c in cases if (c.set, c.dtype, c.n, c.k) == (s.name, dtype, n, k)}
+            assert got == set(s.gpu_rows)
+    seed = {(c.rows, c.n) for c in cases if c.set == "seed grid"}
+    assert {(132, 2048), (4096, 2048), (132, 16384), (4096, 16384)} <= seed
+    assert len({c.id for c in cases}) == len(cases) == 112
+    assert all(c.id.isascii() and " " not in c.id for c in cases)
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--skip", "bench,nope"], "unknown stage 'nope'"),
+    (["--data", "normal,zipf"], "unknown data kind 'zipf'"),
+    (["--sets", "seed grid,huge"], "unknown shape set 'huge'"),
+    (["--max-noise", "0"], "--max-noise"),
+    (["--timer", "stopwatch"], "invalid choice"),
+])
+def test_bad_arguments_exit_2_naming_them(gc, capsys, argv, message):
+    with pytest.raises(SystemExit) as exit_:
+        gc.parse_args(argv)
+    assert exit_.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_arguments_select_cases_and_stages(gc, tmp_path):
+    args = gc.parse_args(["--sets", "rows of 131072", "--data", "normal,90% -inf", "--skip", "ncu,sanitizer",
+                          "--out", str(tmp_path)])
+    assert [c.id for c in args.cases][:2] == ["float32-1024x131072-k256-normal", "float32-1024x131072-k256-masked"]
+    assert len(args.cases) == 8 and args.skip == {"ncu", "sanitizer"}
+    assert args.results == tmp_path / "results"
+
+
+def test_table_puts_medians_side_by_side(gc):
+    case = gc.Case("seed grid", 132, "float32", 2048, 64, "normal")
+    other = gc.Case("seed grid", 132, "bfloat16", 2048, 64, "uniform")
+    timings = {(case.id, "topkgen"): gc.Timing("events", [10.0, 12.0, 11.0], dropped=10),
+               (case.id, "torch"): gc.Timing("events", [33.0, 33.0])}
+    table = gc.format_table([case, other], timings, {case.id: (2048 * 4 * 1.5, 0.0)})
+    lines = table.splitlines()
+    assert lines[0].count("|") == lines[1].count("|") == lines[2].count("|")
+    cells = [c.strip() for c in lines[2].split("|")[1:-1]]
+    assert cells[6:] == ["11.0", "33.0", "n/a", "3.00x", f"{132 * 2048 * 4 / 11e-6 / 4.8e12:.1%}", "3 (10)",
+                         "12288 (1.50x)"]
+    assert [c.strip() for c in lines[3].split("|")[1:-1]][6:] == ["n/a"] * 5 + ["n/a", "n/a"]
+
+
+def test_ncu_csv_gives_dram_bytes_per_launch_in_order(gc):
+    text = "\n".join([
+        "==PROF== Connected to process 123",
+        '"ID","Process ID","Kernel Name","Metric Name","Metric Unit","Metric Value"',
+        '"0","123","topk_radix_dyn_k64_fast_f32_sm_90","dram__bytes_read.sum","Mbyte","1.50"',
+        '"0","123","topk_radix_dyn_k64_fast_f32_sm_90","dram__bytes_write.sum","Kbyte","2.00"',
+        '"1","123","topk_radix_dyn_k64_fast_f32_sm_90","dram__bytes_read.sum","byte","4,096"',
+        '"1","123","topk_radix_dyn_k64_fast_f32_sm_90","dram__bytes_write.sum","byte","0"',
+        "==PROF== Disconnected from process 123",
+    ])
+    assert gc.parse_ncu_csv(text) == [(1.5e6, 2e3), (4096.0, 0.0)]
+
+
+def test_nvbench_json_and_sample_files(gc, tmp_path):
+    (tmp_path / "nvbench.json-bin").mkdir()
+    np.array([1e-5, 2e-5, 3e-5], "<f4").tofile(tmp_path / "nvbench.json-bin" / "0.bin")
+
+    def state(case, impl, summaries, skipped=False):
+        return {"axis_values": [{"name": "case", "type": "string", "value": case},
+                                {"name": "impl", "type": "string", "value": impl}],
+                "summaries": summaries, "is_skipped": skipped, **({"skip_reason": "budget"} if skipped else {})}
+
+    doc = {"benchmarks": [{"states": [
+        state("a", "topkgen", [{"tag": "nv/json/bin:nv/cold/sample_times", "data": [
+            {"name": "filename", "type": "string", "value": "nvbench.json-bin/0.bin"},
+            {"name": "size", "type": "int64", "value": "3"}]}]),
+        state("a", "torch", [{"tag": "nv/cold/time/gpu/mean", "data": [
+            {"name": "value", "type": "float64", "value": "4e-05"}]}]),
+        state("a", "flashinfer", [], skipped=True),
+    ]}]}
+    (tmp_path / "nvbench.json").write_text(json.dumps(doc))
+    got = gc.read_nvbench(tmp_path / "nvbench.json")
+    assert got[("a", "topkgen")].samples == pytest.approx([10.0, 20.0, 30.0])
+    assert got[("a", "topkgen")].median == pytest.approx(20.0)
+    assert got[("a", "torch")].samples == pytest.approx([40.0]) and "mean only" in got[("a", "torch")].note
+    assert got[("a", "flashinfer")].samples == [] and got[("a", "flashinfer")].note == "budget"
+
+
+def test_list_needs_no_gpu(tmp_path):
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--list", "--sets", "register ladder"],
+                          capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.splitlines()[-1] == "8 cases x 3 implementations"
+
+
+def test_without_a_gpu_it_says_so_builds_and_exits_0(tmp_path):
+    from topkgen.runtime import gpu_unavailable
+
+    if gpu_unavailable() is None:
+        pytest.skip("a GPU is present: the no-GPU path is not taken")
+    out = tmp_path / "bundle"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--out", str(out)],
+                          capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.startswith("no GPU: ")
+    assert "would time 112 cases x 3 implementations" in proc.stdout
+    assert json.loads((out / "manifest.json").read_text())["archs"] == ["sm_90"]
