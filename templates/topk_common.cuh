@@ -250,10 +250,13 @@ struct RowView {
         const int v = (s * UNROLL + u) * THREADS + t;  // < nvec + THREADS * UNROLL
         q[u] = v < nvec ? read<SHARED>(vectors + v) : make_uint4(0u, 0u, 0u, 0u);
       }
-#pragma unroll
+      // One copy of f for the step's pieces: they move down the array as it runs.
+#pragma unroll 1
       for (int u = 0; u < UNROLL; ++u) {
         const int v = (s * UNROLL + u) * THREADS + t;
-        f(q[u], v < nvec ? h + v * V : 0, v < nvec ? V : 0);
+        f(q[0], v < nvec ? h + v * V : 0, v < nvec ? V : 0);
+#pragma unroll
+        for (int w = 0; w + 1 < UNROLL; ++w) q[w] = q[w + 1];
       }
     }
     const int tail_start = h + nvec * V;
@@ -411,7 +414,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, T* __restric
       unsigned at_or_above;
       const unsigned matching = classify(q, got, at_or_above);
       if (!__any_sync(kFullMask, matching != 0u)) return;
-#pragma unroll
+#pragma unroll 1  // warp collectives per key: a loop keeps the code small
       for (int j = 0; j < V; ++j) {
         const unsigned key = select_key<T>(piece_element<Bits>(q, j), largest);
         hist_add(hist, (key >> shift) & unsigned(bins - 1), (matching >> j) & 1u);
@@ -434,7 +437,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, T* __restric
         unsigned keep;
         const unsigned matching = classify(q, got, keep);
         if (!__any_sync(kFullMask, keep != 0u)) return;
-#pragma unroll
+#pragma unroll 1  // warp collectives per key: a loop keeps the code small
         for (int j = 0; j < V; ++j) {
           const unsigned key = select_key<T>(piece_element<Bits>(q, j), largest);
           hist_add(hist, (key >> shift) & unsigned(bins - 1), (matching >> j) & 1u);
@@ -503,7 +506,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, T* __restric
     }
     // A warp none of whose lanes has a candidate in this piece skips it at one vote.
     if (__any_sync(kFullMask, (above_bits | (ordered ? 0u : tie_bits)) != 0u)) {
-#pragma unroll
+#pragma unroll 1  // warp collectives per key: a loop keeps the code small
       for (int j = 0; j < V; ++j) {
         const unsigned key = select_key<T>(piece_element<Bits>(q, j), largest);
         const int out = warp_append(&counters[0], (above_bits >> j) & 1u);
