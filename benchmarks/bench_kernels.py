@@ -90,7 +90,7 @@ class Kernels:
         if spec.name not in self._ctas:
             r = compile_kernel(render(spec), spec.name, spec.arch).resources
             self._ctas[spec.name] = ctas_per_sm(spec.threads, r.registers, r.static_shared_bytes,
-                                                getattr(spec, "dynamic_shared_bytes", 0) or 0)
+                                                spec.dynamic_shared_bytes)
         return self._ctas[spec.name]
 
 
@@ -107,7 +107,7 @@ def measure(kernels: Kernels, set_name: str, model_rows: int, rows: int, dtype: 
     grid = (rows + spec.rows_per_block - 1) // spec.rows_per_block
     c = kernels.module(spec).launch(spec.name, grid, spec.threads, [x, values, indices, np.int32(rows), np.int32(n),
                                                                     np.int32(k), np.int32(1)],
-                                    shared_bytes=getattr(spec, "dynamic_shared_bytes", 0), counters=True)
+                                    shared_bytes=spec.dynamic_shared_bytes, counters=True)
     expect, _ = reference.topk(x, k, largest=True)
     if not np.array_equal(reference.select_keys(values, True), reference.select_keys(expect, True)):
         raise SystemExit(f"bench-kernels: {spec.name} returned a wrong top-{k} on {kind} rows of {n}")
@@ -115,7 +115,7 @@ def measure(kernels: Kernels, set_name: str, model_rows: int, rows: int, dtype: 
     elements = rows * n
     wavefronts = first.shared_atomic_instructions * first.bank_lanes_mean / elements
     facts = KernelFacts(threads=spec.threads, ctas_per_sm=kernels.ctas_per_sm(spec),
-                        bytes_in_flight=spec.threads * 16 * (getattr(spec, "loads_in_flight", 1) or 1),
+                        bytes_in_flight=spec.threads * 16 * spec.loads_in_flight,
                         reads_per_element=c.global_load_bytes / x.nbytes, atomic_wavefronts_per_element=wavefronts,
                         barriers_per_row=c.barriers / rows)
     # The model describes kernels that stream a row with one CTA; the register ladder is

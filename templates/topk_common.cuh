@@ -1,6 +1,6 @@
 // Shared device code of every topkgen top-k kernel: key transforms, warp and block
-// primitives, radix digit search, bitonic sort, and the two kernel bodies. Each rendered
-// kernel includes this text once; the guard lets many kernels share one translation unit.
+// primitives, radix digit search, sorts, and the two kernel bodies. Each rendered kernel
+// includes this text once; the guard lets many kernels share one translation unit.
 #ifndef TOPKGEN_TOPK_COMMON_CUH
 #define TOPKGEN_TOPK_COMMON_CUH
 
@@ -47,24 +47,52 @@ __device__ __forceinline__ unsigned select_key(typename KeyTraits<T>::Bits raw, 
   return largest ? key : (~key & Tr::kAll);
 }
 
+// The input bits of a key, so that output values need no second read. Every NaN shares one
+// key, so its payload is not in the key: `is_nan` tells the caller to read that value.
+template <typename T>
+__device__ __forceinline__ typename KeyTraits<T>::Bits key_bits(unsigned key, bool largest, bool& is_nan) {
+  typedef KeyTraits<T> Tr;
+  const unsigned up = largest ? key : (~key & Tr::kAll);
+  is_nan = up == Tr::kAll;
+  return typename Tr::Bits((up & Tr::kSign) ? (up & ~Tr::kSign) : (~up & Tr::kAll));
+}
+
 // One comparison orders by key, then by lower index: (key << 32) | ~index.
 __device__ __forceinline__ u64 pack(unsigned key, int index) {
   return (u64(key) << 32) | u64(~unsigned(index));
 }
+__device__ __forceinline__ unsigned unpack_key(u64 packed) { return unsigned(packed >> 32); }
 __device__ __forceinline__ int unpack_index(u64 packed) { return int(~unsigned(packed & 0xffffffffull)); }
 
-// The 16/sizeof(T) keys of one 128-bit load, lowest address first.
-template <int V, typename Bits>
-__device__ __forceinline__ void unpack_vector(const uint4& q, Bits (&keys)[V]) {
-  const unsigned words[4] = {q.x, q.y, q.z, q.w};
-  constexpr int kPerWord = V / 4, kShift = 32 / kPerWord;
-#pragma unroll
-  for (int i = 0; i < V; ++i) keys[i] = Bits(words[i / kPerWord] >> ((i % kPerWord) * kShift));
+// Element j of a 128-bit piece of a row (lowest address first); a scalar piece holds its one
+// element in q.x.
+template <typename Bits>
+__device__ __forceinline__ Bits piece_element(const uint4& q, int j) {
+  constexpr int kPerWord = 4 / int(sizeof(Bits)), kShift = 32 / kPerWord;
+  const int w = j / kPerWord;
+  const unsigned word = w == 0 ? q.x : w == 1 ? q.y : w == 2 ? q.z : q.w;
+  return Bits(word >> ((j % kPerWord) * kShift));
+}
+
+// ----------------------------------------------------------------------------- warp and block
+
+__device__ __forceinline__ int lane_id() { return int(threadIdx.x & 31u); }
+
+// The warp index, read from the special register where it is used: in the kernels capped at
+// 32 registers (K=1024 at 2 CTAs per SM) a copy hoisted to the kernel's start costs a spill.
+__device__ __forceinline__ int warp_index() {
+#ifdef __CUDA_ARCH__
+  unsigned tid;
+  asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
+  return int(tid >> 5);
+#else
+  return int(threadIdx.x >> 5);
+#endif
 }
 
 // Inclusive prefix sum across the lanes of a full warp.
 __device__ __forceinline__ int warp_inclusive_scan(int value) {
-  const int lane = threadIdx.x & 31;
+  const int lane = lane_id();
 #pragma unroll
   for (int offset = 1; offset < 32; offset <<= 1) {
     const int other = __shfl_up_sync(kFullMask, value, offset);
@@ -74,202 +102,181 @@ __device__ __forceinline__ int warp_inclusive_scan(int value) {
 }
 
 // Exclusive prefix sum over the block, in thread order; also returns the block total.
+// warp_sums holds 33 ints. Warp 0 scans the warp totals, so the cost in registers does not
+// grow with the block size. A warp's lanes meet in its next scan's shuffles before its
+// lane 31 writes again, so calls may follow each other without another barrier.
 template <int THREADS>
 __device__ __forceinline__ int block_exclusive_scan(int value, int* warp_sums, int& total) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5;
+  constexpr int kWarps = THREADS / 32;
+  const int lane = lane_id(), warp = warp_index();
   const int inclusive = warp_inclusive_scan(value);
   if (lane == 31) warp_sums[warp] = inclusive;
   __syncthreads();
-  int before = 0, sum = 0;
-#pragma unroll
-  for (int w = 0; w < THREADS / 32; ++w) {
-    const int s = warp_sums[w];
-    before += w < warp ? s : 0;
-    sum += s;
+  if (warp == 0) {
+    const int sum = lane < kWarps ? warp_sums[lane] : 0;
+    const int running = warp_inclusive_scan(sum);
+    if (lane < kWarps) warp_sums[lane] = running - sum;
+    if (lane == 31) warp_sums[32] = running;
   }
   __syncthreads();
-  total = sum;
-  return before + inclusive - value;
+  total = warp_sums[32];
+  return warp_sums[warp] + inclusive - value;
 }
 
-// The digit d of the current radix pass such that fewer than `remaining` keys of the bucket
-// have a larger digit and at least `remaining` have a digit >= d. Writes d and the number of
-// keys still to take inside digit d's bucket. Threads 0..255 (eight full warps) take part.
-__device__ __forceinline__ void find_digit(const int* hist, int remaining, int* warp_sums, int* result) {
-  const int t = threadIdx.x, lane = t & 31, warp = t >> 5;
-  int count = 0, inclusive = 0;
-  if (t < 256) {
-    count = hist[255 - t];
-    inclusive = warp_inclusive_scan(count);
-    if (lane == 31) warp_sums[warp] = inclusive;
-  }
-  __syncthreads();
-  if (t < 256) {
-    int at_or_above = inclusive;
-    for (int w = 0; w < warp; ++w) at_or_above += warp_sums[w];
-    const int above = at_or_above - count;
-    if (above < remaining && remaining <= at_or_above) {
-      result[0] = 255 - t;
-      result[1] = remaining - above;
+// A slot in an array filled through `counter`, for the lanes that `take`; -1 for the others.
+// One atomic per warp: the lanes of a warp never pile onto the counter. All lanes call it.
+__device__ __forceinline__ int warp_append(int* counter, bool take) {
+  const unsigned ballot = __ballot_sync(kFullMask, take);
+  if (ballot == 0u) return -1;
+  const int leader = __ffs(int(ballot)) - 1;
+  int base = 0;
+  if (lane_id() == leader) base = atomicAdd(counter, __popc(ballot));
+  base = __shfl_sync(kFullMask, base, leader);
+  return take ? base + __popc(ballot & ((1u << lane_id()) - 1u)) : -1;
+}
+
+// hist[digit] += 1 for the lanes that `take`. Lanes with the same digit add once, through
+// their lowest lane, so an atomic instruction touches each bin at most once: no same-address
+// serialisation (all-equal rows) and only distinct bins can share a bank. All lanes call it.
+__device__ __forceinline__ void hist_add(int* hist, unsigned digit, bool take) {
+  const unsigned peers = __match_any_sync(kFullMask, take ? digit : ~0u);
+  if (take && lane_id() == __ffs(int(peers)) - 1) atomicAdd(&hist[digit], __popc(peers));
+}
+
+// ----------------------------------------------------------------------------- radix digits
+
+// MSB-first digits of 11 bits (the last one narrower): 3 passes for 32-bit keys, 2 for 16-bit.
+constexpr int kDigitBits = 11;
+constexpr int kMaxBins = 1 << kDigitBits;
+
+__device__ __forceinline__ int digit_shift(int key_bits, int pass) {
+  return max(key_bits - (pass + 1) * kDigitBits, 0);
+}
+
+// The digit d such that fewer than `remaining` keys have a larger digit and at least
+// `remaining` have a digit >= d, for any block size: each thread owns a run of bins counted
+// from the top. found = {d, keys still to take inside d's bin, keys in d's bin}.
+template <int THREADS>
+__device__ __forceinline__ void find_digit(const int* hist, int bins, int remaining, int* warp_sums, int* found) {
+  const int per = (bins + THREADS - 1) / THREADS;
+  const int top = bins - int(threadIdx.x) * per;  // this thread owns bins [top - per, top)
+  int count = 0;
+  for (int i = 1; i <= per; ++i)
+    if (top - i >= 0) count += hist[top - i];
+  int total;
+  int above = block_exclusive_scan<THREADS>(count, warp_sums, total);
+  if (above < remaining && remaining <= above + count) {
+    for (int i = 1; i <= per; ++i) {
+      const int c = hist[top - i];
+      if (remaining <= above + c) {
+        found[0] = top - i;
+        found[1] = remaining - above;
+        found[2] = c;
+        break;
+      }
+      above += c;
     }
   }
   __syncthreads();
 }
 
+// ----------------------------------------------------------------------------- row access
+
 // A row seen as a scalar head up to the first 16-byte boundary, a body of 128-bit vectors
-// and a scalar tail. Loads never leave the row, whatever its alignment.
-//   BODY_STEPS: 0 = as many vector steps as the row needs (runtime N); > 0 = a fixed bound.
-//   TAIL_STEPS: 0 = runtime tail loop; > 0 = a fixed number of guarded scalar iterations.
-template <typename Bits, int THREADS, int BODY_STEPS, int TAIL_STEPS>
+// and a scalar tail; the same view reads the row in global memory or its copy in shared
+// memory (which keeps the row's alignment phase). Loads never leave the row.
+// tests/test_index_arithmetic.py drives it at the end of rows of 2^31 - 1 elements.
+//   BODY_VECTORS: 0 = as many vectors as the row needs (runtime N); > 0 = at most this many
+//                 vectors per thread.
+//   TAIL_STEPS:   0 = runtime tail loop; > 0 = a fixed number of guarded scalar iterations.
+//   UNROLL:       vectors each thread loads before it uses any (loads in flight).
+// Index arithmetic stays below n, so it holds for every n up to 2^31 - 1.
+template <typename Bits, int THREADS, int BODY_VECTORS, int TAIL_STEPS, int UNROLL>
 struct RowView {
   static constexpr int V = 16 / int(sizeof(Bits));
   const Bits* p;
-  int n, head, nvec, tail_start, body_steps, tail_steps;
+  int n;
 
-  __device__ __forceinline__ RowView(const Bits* row, int n_) : p(row), n(n_) {
-    const int misaligned = int((16u - unsigned(reinterpret_cast<unsigned long long>(row) & 15u)) & 15u);
-    head = min(misaligned / int(sizeof(Bits)), n);
-    nvec = (n - head) / V;
-    tail_start = head + nvec * V;
-    body_steps = BODY_STEPS > 0 ? BODY_STEPS : (nvec + THREADS - 1) / THREADS;
-    tail_steps = TAIL_STEPS > 0 ? TAIL_STEPS : (n - tail_start + THREADS - 1) / THREADS;
+  __device__ __forceinline__ RowView(const Bits* row, int n_) : p(row), n(n_) {}
+
+  // Scalars before the first 16-byte boundary (the layout is recomputed where it is used, so
+  // that a view held across a kernel costs two registers).
+  __device__ __forceinline__ int head() const {
+    const int misaligned = int((16u - unsigned(reinterpret_cast<unsigned long long>(p) & 15u)) & 15u);
+    return min(misaligned / int(sizeof(Bits)), n);
   }
 
-  __device__ __forceinline__ int steps() const { return 1 + body_steps + tail_steps; }
+  template <bool SHARED, typename U>
+  __device__ __forceinline__ U read(const U* q) const {
+    return SHARED ? *q : load_global_nc(q);
+  }
 
-  // This thread's keys of step s (consecutive indices from `first`, which is set when the
-  // count is positive); returns how many. Every index is formed only once it is known to
-  // lie inside the row, so no int overflows for any n up to 2^31 - 1.
-  __device__ __forceinline__ int load(int s, Bits (&keys)[V], int& first) const {
-    const int t = threadIdx.x;
-    if (s == 0) {
-      first = t;
-      if (t < head) {
-        keys[0] = load_global_nc(p + t);
-        return 1;
+  __device__ __forceinline__ int body_steps(int nvec) const {
+    return BODY_VECTORS > 0 ? (BODY_VECTORS + UNROLL - 1) / UNROLL : (nvec + THREADS * UNROLL - 1) / (THREADS * UNROLL);
+  }
+  __device__ __forceinline__ int tail_steps(int tail) const {
+    return TAIL_STEPS > 0 ? TAIL_STEPS : (tail + THREADS - 1) / THREADS;
+  }
+
+  // Steps of for_each: the head (step 0), the body (UNROLL vectors per thread a step), the tail.
+  __device__ __forceinline__ int steps() const {
+    const int h = head(), nvec = (n - h) / V;
+    return 1 + body_steps(nvec) + tail_steps(n - h - nvec * V);
+  }
+
+  // Calls f(q, first, count) for every piece of the row this thread holds in steps
+  // [first_step, end_step): `count` elements (V for a vector, 1 for a scalar, 0 for nothing;
+  // see piece_element) at consecutive indices from `first`. Every thread makes the same
+  // number of calls, in index order of the block's pieces, so f may use warp collectives and
+  // barriers. Indices are formed only inside the row, so no int overflows for any n.
+  template <bool SHARED, typename F>
+  __device__ __forceinline__ void for_each(F&& f, int first_step = 0, int end_step = 0x7fffffff) const {
+    const int t = int(threadIdx.x);
+    const int h = head();
+    if (first_step <= 0 && end_step > 0) {
+      // Defined even where nothing is read, so that no stale value stays alive in a register.
+      uint4 q = make_uint4(0u, 0u, 0u, 0u);
+      const bool on = t < h;
+      if (on) q.x = read<SHARED>(p + t);
+      f(q, t, on ? 1 : 0);
+    }
+    const int nvec = (n - h) / V;
+    const int body = body_steps(nvec);
+    const uint4* vectors = reinterpret_cast<const uint4*>(p + h);
+    for (int s = max(first_step - 1, 0); s < min(end_step - 1, body); ++s) {
+      uint4 q[UNROLL];
+#pragma unroll
+      for (int u = 0; u < UNROLL; ++u) {
+        const int v = (s * UNROLL + u) * THREADS + t;  // < nvec + THREADS * UNROLL
+        q[u] = v < nvec ? read<SHARED>(vectors + v) : make_uint4(0u, 0u, 0u, 0u);
       }
-      return 0;
-    }
-    s -= 1;
-    if (s < body_steps) {
-      const int v = s * THREADS + t;  // < nvec + THREADS
-      if (v < nvec) {
-        first = head + v * V;
-        unpack_vector<V>(load_global_nc(reinterpret_cast<const uint4*>(p + head) + v), keys);
-        return V;
+      // One copy of f for the step's pieces: they move down the array as it runs.
+#pragma unroll 1
+      for (int u = 0; u < UNROLL; ++u) {
+        const int v = (s * UNROLL + u) * THREADS + t;
+        f(q[0], v < nvec ? h + v * V : 0, v < nvec ? V : 0);
+#pragma unroll
+        for (int w = 0; w + 1 < UNROLL; ++w) q[w] = q[w + 1];
       }
-      return 0;
     }
-    s -= body_steps;
-    const int i = s * THREADS + t;  // position in the tail, < tail steps x THREADS
-    if (i < n - tail_start) {
-      first = tail_start + i;
-      keys[0] = load_global_nc(p + first);
-      return 1;
+    const int tail_start = h + nvec * V;
+    const int tail = tail_steps(n - tail_start);
+    for (int s = max(first_step - 1 - body, 0); s < min(end_step - 1 - body, tail); ++s) {
+      uint4 q = make_uint4(0u, 0u, 0u, 0u);
+      const int i = s * THREADS + t;  // position in the tail
+      const bool on = i < n - tail_start;
+      if (on) q.x = read<SHARED>(p + tail_start + i);
+      f(q, on ? tail_start + i : 0, on ? 1 : 0);
     }
-    return 0;
   }
 };
 
-// Radix select, one CTA per row: MSB-first 8-bit digit passes with shared-memory histograms
-// find the k-th key; a gather pass collects the keys above it and the ties needed (by lower
-// index in deterministic mode, in arrival order in fast mode); a bitonic sort orders them.
-template <typename T, int KR, int THREADS, bool DETERMINISTIC, int BODY_STEPS, int TAIL_STEPS, int EXACT_N>
-__device__ __forceinline__ void radix_topk(const T* __restrict__ x, T* __restrict__ values,
-                                           long long* __restrict__ indices, int rows, int n_arg, int k,
-                                           bool largest) {
-  typedef typename KeyTraits<T>::Bits Bits;
-  typedef RowView<Bits, THREADS, BODY_STEPS, TAIL_STEPS> View;
-  constexpr int V = View::V;
-  constexpr int PASSES = KeyTraits<T>::kBits / 8;
-  __shared__ int hist[256];
-  __shared__ int warp_sums[32];
-  __shared__ int digit[2];
-  __shared__ int counters[2];
-  __shared__ u64 cand[KR];
+// ----------------------------------------------------------------------------- sorts
 
-  const int row = blockIdx.x;
-  if (row >= rows) return;
-  const int n = EXACT_N > 0 ? EXACT_N : n_arg;
-  const int t = threadIdx.x;
-  const View view(reinterpret_cast<const Bits*>(x) + (unsigned long long)row * (unsigned long long)n, n);
-  const int steps = view.steps();
-
-  unsigned prefix = 0, prefix_mask = 0;
-  int remaining = k;
-  for (int pass = PASSES - 1; pass >= 0; --pass) {
-    counter_phase(pass == PASSES - 1 ? "histogram, first pass" : "histogram, later passes");
-    for (int i = t; i < 256; i += THREADS) hist[i] = 0;
-    __syncthreads();
-    const int shift = pass * 8;
-    for (int s = 0; s < steps; ++s) {
-      Bits keys[V];
-      int first;
-      const int count = view.load(s, keys, first);
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        if (j < count) {
-          const unsigned key = select_key<T>(keys[j], largest);
-          if ((key & prefix_mask) == prefix) atomicAdd(&hist[(key >> shift) & 255u], 1);
-        }
-      }
-    }
-    __syncthreads();
-    find_digit(hist, remaining, warp_sums, digit);
-    prefix |= unsigned(digit[0]) << shift;
-    prefix_mask |= 0xffu << shift;
-    remaining = digit[1];
-  }
-
-  // Gather: cand[0, k - ties) takes keys above the threshold, cand[k - ties, k) the ties.
-  counter_phase("gather");
-  const unsigned threshold = prefix;
-  const int ties = remaining;
-  const int above = k - ties;
-  int width = 1;
-  while (width < k) width <<= 1;
-  for (int i = t; i < width; i += THREADS) cand[i] = 0ull;
-  if (t == 0) counters[0] = counters[1] = 0;
-  __syncthreads();
-  int ties_before = 0;
-  for (int s = 0; s < steps; ++s) {
-    Bits keys[V];
-    int first;
-    const int count = view.load(s, keys, first);
-    int my_ties = 0;
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      if (j < count) {
-        const unsigned key = select_key<T>(keys[j], largest);
-        if (key > threshold) {
-          cand[atomicAdd(&counters[0], 1)] = pack(key, first + j);
-        } else if (key == threshold) {
-          if (DETERMINISTIC) {
-            ++my_ties;
-          } else {
-            const int slot = atomicAdd(&counters[1], 1);
-            if (slot < ties) cand[above + slot] = pack(key, first + j);
-          }
-        }
-      }
-    }
-    if (DETERMINISTIC && ties_before < ties) {  // block-uniform condition
-      int total;
-      int rank = ties_before + block_exclusive_scan<THREADS>(my_ties, warp_sums, total);
-#pragma unroll
-      for (int j = 0; j < V; ++j) {
-        if (j < count && select_key<T>(keys[j], largest) == threshold) {
-          if (rank < ties) cand[above + rank] = pack(threshold, first + j);
-          ++rank;
-        }
-      }
-      ties_before += total;
-    }
-  }
-  __syncthreads();
-
-  // Bitonic sort of the first `width` candidates, descending (padding zeros sort last).
-  counter_phase("sort");
+// Bitonic sort of the first `width` (a power of two) packed candidates, descending.
+template <int THREADS>
+__device__ __forceinline__ void block_sort(u64* cand, int width) {
+  const int t = int(threadIdx.x);
   for (int size = 2; size <= width; size <<= 1) {
     for (int stride = size >> 1; stride > 0; stride >>= 1) {
       for (int i = t; i < width / 2; i += THREADS) {
@@ -284,26 +291,305 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, T* __restric
       __syncthreads();
     }
   }
+}
 
-  const unsigned long long in_base = (unsigned long long)row * (unsigned long long)n;
+// Bitonic sort of 32 * E packed values held by one warp (E per lane, element e * 32 + lane),
+// descending, with shuffles only: no block barrier for k <= 64.
+template <int E>
+__device__ __forceinline__ void warp_sort(u64 (&v)[E]) {
+  const int lane = lane_id();
+#pragma unroll
+  for (int size = 2; size <= 32 * E; size <<= 1) {
+#pragma unroll
+    for (int stride = size >> 1; stride > 0; stride >>= 1) {
+      if (stride >= 32) {  // partners in the same lane (E == 2, size == 64: descending)
+        const u64 a = v[0], b = v[E - 1];
+        v[0] = a > b ? a : b;
+        v[E - 1] = a > b ? b : a;
+      } else {
+#pragma unroll
+        for (int e = 0; e < E; ++e) {
+          const u64 other = __shfl_xor_sync(kFullMask, v[e], stride);
+          const bool descending = ((e * 32 + lane) & size) == 0, lower = (lane & stride) == 0;
+          v[e] = (lower == descending) == (v[e] > other) ? v[e] : other;
+        }
+      }
+    }
+  }
+}
+
+// ----------------------------------------------------------------------------- radix top-k
+
+// Where a radix pass reads its keys: the row in global memory, the row's copy in dynamic
+// shared memory, or the candidates (packed key and index) collected there.
+enum Source { kGlobalRow = 0, kSharedRow = 1, kBuffer = 2 };
+
+// What the passes know about the k-th key. It lives in shared memory, written by thread 0
+// between barriers, so that no register holds it through the passes' loops.
+struct RadixState {
+  unsigned prefix, mask;  // the k-th key's bits found so far
+  int remaining;          // keys still to take among those matching the prefix
+  int bucket;             // keys matching the prefix
+  int source;             // where the next pass reads
+};
+
+// Radix select, one CTA per row, reading the input once where it can:
+// - a row of at most SMEM_BYTES is copied to dynamic shared memory by the first pass, and
+//   every later pass, the gather and NaN outputs read the copy;
+// - a longer row keeps dynamic shared memory for candidates: the first later pass whose
+//   bucket (with the k - remaining keys above it) fits there reads the row again and
+//   collects them, and the passes after it and the gather read the candidates only. A bucket
+//   that never fits is filtered from the row in each pass (the fallback).
+// Passes take 11-bit digits MSB-first and stop early once the k-th key is resolved (its
+// bucket holds exactly the keys still to take, or a single key). Deterministic mode takes
+// the ties with the lowest indices (an ordered scan of the row); fast mode any of them.
+// Row access goes through RowView alone, so a part of a row is served the same way.
+template <typename T, int KR, int THREADS, bool DETERMINISTIC, int BODY_VECTORS, int TAIL_STEPS, int EXACT_N,
+          int SMEM_BYTES, int UNROLL>
+__device__ __forceinline__ void radix_topk(const T* __restrict__ x, T* __restrict__ values,
+                                           long long* __restrict__ indices, int rows, int n_arg, int k,
+                                           bool largest, unsigned char* dynamic_shared) {
+  typedef typename KeyTraits<T>::Bits Bits;
+  typedef RowView<Bits, THREADS, BODY_VECTORS, TAIL_STEPS, UNROLL> View;
+  constexpr int V = View::V;
+  constexpr int KEY_BITS = KeyTraits<T>::kBits;
+  constexpr int PASSES = (KEY_BITS + kDigitBits - 1) / kDigitBits;
+  constexpr int ROW_CAPACITY = SMEM_BYTES / int(sizeof(Bits));  // keys of a resident row
+  constexpr int BUFFER_CAPACITY = SMEM_BYTES / int(sizeof(u64));  // collected candidates
+  __shared__ int hist[kMaxBins];
+  __shared__ int warp_sums[33];
+  __shared__ int found[3];
+  __shared__ unsigned span[2];  // smallest and largest key a pass counted
+  __shared__ int counters[3];   // output candidates, tie slots, collected candidates
+  __shared__ RadixState state;
+  __shared__ u64 cand[KR];
+
+  const int row = int(blockIdx.x);
+  if (row >= rows) return;
+  const int n = EXACT_N > 0 ? EXACT_N : n_arg;
+  const int t = int(threadIdx.x);
+  const Bits* row_bits = reinterpret_cast<const Bits*>(x) + (unsigned long long)row * (unsigned long long)n;
+  const View global_row(row_bits, n);
+  // The copy keeps the row's alignment phase, so the same vectors are aligned in both.
+  const bool resident = SMEM_BYTES > 0 && n <= ROW_CAPACITY - (V - 1);
+  Bits* copy = reinterpret_cast<Bits*>(dynamic_shared) + (V - global_row.head()) % V;
+  u64* buffer = reinterpret_cast<u64*>(dynamic_shared);
+
+  if (t == 0) {
+    counters[0] = counters[1] = counters[2] = 0;
+    state = RadixState{0u, 0u, k, n, kGlobalRow};
+  }
+  for (int pass = 0; pass < PASSES; ++pass) {
+    counter_phase(pass == 0 ? "histogram, first pass" : "histogram, later passes");
+    const int shift = digit_shift(KEY_BITS, pass);
+    const int bins = 1 << (KEY_BITS - pass * kDigitBits - shift);
+    for (int i = t; i < bins; i += THREADS) hist[i] = 0;
+    if (t == 0) {
+      span[0] = ~0u;
+      span[1] = 0u;
+    }
+    __syncthreads();
+    const unsigned prefix = state.prefix, mask = state.mask;
+    const int source = state.source;
+    unsigned lo = ~0u, hi = 0u;
+    // The keys of a piece at or above the prefix (bits j < got), and those matching it; the
+    // span of the matching ones.
+    auto classify = [&](const uint4& q, int got, unsigned& at_or_above) {
+      unsigned matching = 0u;
+      at_or_above = 0u;
+#pragma unroll
+      for (int j = 0; j < V; ++j) {
+        const unsigned key = select_key<T>(piece_element<Bits>(q, j), largest);
+        if (j < got && (key & mask) >= prefix) at_or_above |= 1u << j;
+        if (j < got && (key & mask) == prefix) {
+          matching |= 1u << j;
+          lo = min(lo, key);
+          hi = max(hi, key);
+        }
+      }
+      return matching;
+    };
+    // Counts a piece's matching keys; a warp none of whose lanes has one skips it at one vote.
+    auto count = [&](const uint4& q, int, int got) {
+      unsigned at_or_above;
+      const unsigned matching = classify(q, got, at_or_above);
+      if (!__any_sync(kFullMask, matching != 0u)) return;
+#pragma unroll 1  // warp collectives per key: a loop keeps the code small
+      for (int j = 0; j < V; ++j) {
+        const unsigned key = select_key<T>(piece_element<Bits>(q, j), largest);
+        hist_add(hist, (key >> shift) & unsigned(bins - 1), (matching >> j) & 1u);
+      }
+    };
+    // Collect the keys at or above the prefix (the bucket and the k - remaining above it).
+    const bool collect = SMEM_BYTES > 0 && source == kGlobalRow && pass > 0 &&
+                         state.bucket <= BUFFER_CAPACITY - (k - state.remaining);
+    if (source == kGlobalRow && pass == 0 && resident) {
+      global_row.template for_each<false>([&](const uint4& q, int first, int got) {
+        if (got == V) {
+          *reinterpret_cast<uint4*>(copy + first) = q;
+        } else if (got == 1) {
+          copy[first] = Bits(q.x);
+        }
+        count(q, first, got);
+      });
+    } else if (collect) {
+      global_row.template for_each<false>([&](const uint4& q, int first, int got) {
+        unsigned keep;
+        const unsigned matching = classify(q, got, keep);
+        if (!__any_sync(kFullMask, keep != 0u)) return;
+#pragma unroll 1  // warp collectives per key: a loop keeps the code small
+        for (int j = 0; j < V; ++j) {
+          const unsigned key = select_key<T>(piece_element<Bits>(q, j), largest);
+          hist_add(hist, (key >> shift) & unsigned(bins - 1), (matching >> j) & 1u);
+          const int slot = warp_append(&counters[2], (keep >> j) & 1u);
+          if (slot >= 0) buffer[slot] = pack(key, first + j);
+        }
+      });
+    } else if (source == kGlobalRow) {
+      global_row.template for_each<false>(count);
+    } else if (SMEM_BYTES > 0 && source == kSharedRow) {
+      const View shared_row(copy, n);
+      shared_row.template for_each<true>(count);
+    } else if (SMEM_BYTES > 0) {
+      const int filled = counters[2];
+      for (int base = 0; base < filled; base += THREADS) {
+        const unsigned key = base + t < filled ? unpack_key(buffer[base + t]) : 0u;
+        const bool take = base + t < filled && (key & mask) == prefix;
+        if (take) {
+          lo = min(lo, key);
+          hi = max(hi, key);
+        }
+        if (__any_sync(kFullMask, take)) hist_add(hist, (key >> shift) & unsigned(bins - 1), take);
+      }
+    }
+#pragma unroll
+    for (int offset = 16; offset > 0; offset >>= 1) {
+      lo = min(lo, __shfl_xor_sync(kFullMask, lo, offset));
+      hi = max(hi, __shfl_xor_sync(kFullMask, hi, offset));
+    }
+    if (lane_id() == 0 && lo <= hi) {
+      atomicMin(&span[0], lo);
+      atomicMax(&span[1], hi);
+    }
+    __syncthreads();
+    const bool single_key = span[0] == span[1];  // every key the pass counted is one value
+    find_digit<THREADS>(hist, bins, state.remaining, warp_sums, found);
+    if (t == 0) {
+      state.prefix = single_key ? span[0] : prefix | (unsigned(found[0]) << shift);
+      state.mask = single_key ? KeyTraits<T>::kAll : mask | (unsigned(bins - 1) << shift);
+      state.remaining = found[1];
+      state.bucket = found[2];
+      state.source = collect ? kBuffer : resident ? kSharedRow : source;
+    }
+    if (single_key || found[1] == found[2]) break;  // the k-th key is known, or its bucket is taken whole
+  }
+  __syncthreads();
+
+  // Gather: cand[0, k - ties) takes the keys above the k-th key's bucket, cand[k - ties, k)
+  // the ties needed. Deterministic mode takes the lowest-indexed ties, which needs the keys
+  // in index order: when only some ties are taken, a buffer (arrival order) is not used and
+  // the row is read in order instead.
+  counter_phase("gather");
+  const unsigned prefix = state.prefix, mask = state.mask;
+  const int ties = state.remaining;
+  const int above = k - ties;
+  const bool ordered = DETERMINISTIC && ties < state.bucket;
+  const int source = state.source == kBuffer && ordered ? int(kGlobalRow) : state.source;
+  int ties_before = 0;
+  auto gather = [&](const uint4& q, int first, int got) {
+    unsigned above_bits = 0u, tie_bits = 0u;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const unsigned key = select_key<T>(piece_element<Bits>(q, j), largest) & mask;
+      if (j < got && key > prefix) above_bits |= 1u << j;
+      if (j < got && key == prefix) tie_bits |= 1u << j;
+    }
+    // A warp none of whose lanes has a candidate in this piece skips it at one vote.
+    if (__any_sync(kFullMask, (above_bits | (ordered ? 0u : tie_bits)) != 0u)) {
+#pragma unroll 1  // warp collectives per key: a loop keeps the code small
+      for (int j = 0; j < V; ++j) {
+        const unsigned key = select_key<T>(piece_element<Bits>(q, j), largest);
+        const int out = warp_append(&counters[0], (above_bits >> j) & 1u);
+        if (out >= 0) cand[out] = pack(key, first + j);
+        if (!ordered) {
+          const int slot = warp_append(&counters[1], (tie_bits >> j) & 1u);
+          if (slot >= 0 && slot < ties) cand[above + slot] = pack(key, first + j);
+        }
+      }
+    }
+    if (ordered && ties_before < ties) {  // block-uniform; ordered implies the whole key is known
+      int total;
+      int rank = ties_before + block_exclusive_scan<THREADS>(__popc(tie_bits), warp_sums, total);
+      for (; tie_bits != 0u && rank < ties; ++rank) {
+        const int j = __ffs(int(tie_bits)) - 1;
+        tie_bits &= tie_bits - 1u;
+        cand[above + rank] = pack(prefix, first + j);
+      }
+      ties_before += total;
+    }
+  };
+  if (SMEM_BYTES > 0 && source == kBuffer) {
+    const int filled = counters[2];
+    for (int base = 0; base < filled; base += THREADS) {
+      const bool valid = base + t < filled;
+      const u64 entry = valid ? buffer[base + t] : 0ull;
+      const unsigned key = unpack_key(entry) & mask;
+      const int out = warp_append(&counters[0], valid && key > prefix);
+      if (out >= 0) cand[out] = entry;
+      const int slot = warp_append(&counters[1], valid && key == prefix);
+      if (slot >= 0 && slot < ties) cand[above + slot] = entry;
+    }
+  } else if (SMEM_BYTES > 0 && source == kSharedRow) {
+    const View shared_row(copy, n);
+    shared_row.template for_each<true>(gather);
+  } else {
+    global_row.template for_each<false>(gather);
+  }
+  __syncthreads();
+
+  // Sort and write. Values are rebuilt from the keys; only NaNs (one key for every payload)
+  // are read again, from the copy when the row is resident.
+  counter_phase("sort and output");
   const unsigned long long out_base = (unsigned long long)row * (unsigned long long)k;
-  counter_phase("output");
-  for (int i = t; i < k; i += THREADS) {
-    const int index = unpack_index(cand[i]);
-    store_global(values + out_base + i, load_global_nc(x + in_base + index));
+  auto emit = [&](int i, u64 entry) {
+    const int index = unpack_index(entry);
+    bool is_nan;
+    Bits bits = key_bits<T>(unpack_key(entry), largest, is_nan);
+    if (is_nan) bits = resident ? copy[index] : load_global_nc(row_bits + index);
+    store_global(reinterpret_cast<Bits*>(values) + out_base + i, bits);
     store_global(indices + out_base + i, (long long)index);
+  };
+  if constexpr (KR <= 64) {
+    constexpr int E = KR > 32 ? 2 : 1;
+    if (t < 32) {
+      u64 v[E];
+#pragma unroll
+      for (int e = 0; e < E; ++e) v[e] = e * 32 + t < k ? cand[e * 32 + t] : 0ull;
+      warp_sort<E>(v);
+#pragma unroll
+      for (int e = 0; e < E; ++e)
+        if (e * 32 + t < k) emit(e * 32 + t, v[e]);
+    }
+  } else {
+    int width = 1;
+    while (width < k) width <<= 1;
+    for (int i = k + t; i < width; i += THREADS) cand[i] = 0ull;  // padding sorts last
+    __syncthreads();
+    block_sort<THREADS>(cand, width);
+    for (int i = t; i < k; i += THREADS) emit(i, cand[i]);
   }
 }
 
 // Register top-k for one row held by one warp: each lane keeps PER packed keys (lane + 32j)
 // in registers; each of k rounds takes the warp maximum with a butterfly of shuffles. Ties go
-// to the lower index, so the result is deterministic by construction.
+// to the lower index, so the result is deterministic by construction. Values are rebuilt
+// from the keys (NaNs read again).
 template <typename T, int PER>
 __device__ __forceinline__ void warp_topk_row(const T* __restrict__ row, T* __restrict__ values,
                                               long long* __restrict__ indices, int n, int k, bool largest) {
   typedef typename KeyTraits<T>::Bits Bits;
   const Bits* bits = reinterpret_cast<const Bits*>(row);
-  const int lane = threadIdx.x & 31;
+  const int lane = lane_id();
   u64 v[PER];
 #pragma unroll
   for (int j = 0; j < PER; ++j) {
@@ -326,7 +612,10 @@ __device__ __forceinline__ void warp_topk_row(const T* __restrict__ row, T* __re
   }
   if (lane < k) {
     const int index = unpack_index(mine);
-    store_global(values + lane, load_global_nc(row + index));
+    bool is_nan;
+    Bits b = key_bits<T>(unpack_key(mine), largest, is_nan);
+    if (is_nan) b = load_global_nc(bits + index);
+    store_global(reinterpret_cast<Bits*>(values) + lane, b);
     store_global(indices + lane, (long long)index);
   }
 }

@@ -2,7 +2,7 @@
 (tests/test_policy_space.py) and the fuzzer (tests/fuzz.py).
 
 `policy_documents` draws whole policies: archs with every block size, warps per block, tail
-policy and iteration count the schema allows (and, rarely, values it refuses), dtypes, and
+policy and iteration count, shared-memory row size and loads in flight the schema allows (and, rarely, values it refuses), dtypes, and
 rules of every family and work rung (register ladders and exact tiers, radix fixed_vec,
 exact and dynamic), K rungs, k_min, modes, JIT-only tiers, dispatch orders. Most drawn
 policies are complete (a radix dynamic rule with K=1024 last), so most are accepted.
@@ -33,11 +33,17 @@ def arch_tuning(draw, name: str) -> dict[str, Any]:
     tail = draw(st.sampled_from(["fixed", "runtime"]))
     tuning: dict[str, Any] = {
         "capability": ARCHS[name],
-        # 128 is outside the schema: drawn rarely, to see it refused with its reason.
-        "threads": draw(st.sampled_from([256, 512, 1024] * 4 + [128])),
+        # 96 is outside the schema: drawn rarely, to see it refused with its reason.
+        "threads": draw(st.sampled_from([128, 256, 512, 1024] * 4 + [96])),
         "warps_per_block": draw(st.integers(1, 32)),
         "vector_tail": {"policy": tail, **({"max_iterations": draw(st.integers(1, 16))} if tail == "fixed" else {})},
     }
+    if draw(st.booleans()):  # radix: a row resident in shared memory, or candidates there (rarely not x16)
+        tuning["shared_row_bytes"] = draw(st.sampled_from([0, 1024, 4096, 16384, 98304] * 4 + [1000]))
+    if draw(st.booleans()):
+        tuning["loads_in_flight"] = draw(st.integers(1, 8))
+    if draw(st.integers(0, 3)) == 0:
+        tuning["loads_in_flight_by_k"] = {k: draw(st.integers(1, 8)) for k in draw(_sorted_subset(K_RUNGS, 1, 2))}
     if draw(st.booleans()):
         tuning["min_ctas_per_sm"] = {k: draw(st.integers(1, 4)) for k in draw(_sorted_subset(K_RUNGS, 1, 2))}
     return tuning

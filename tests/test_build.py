@@ -65,6 +65,17 @@ def test_default_bundle_has_58_cubins_for_sm90_and_sm100(default_bundle):
         assert [p["ctype"] for p in entry["params"]][:3] == {
             "float32": ["const float*", "float*", "long long*"],
             "bfloat16": ["const __nv_bfloat16*", "__nv_bfloat16*", "long long*"]}[entry["dtype"]]
+    for entry in manifest["kernels"]:  # radix rows up to 96 KB are read once into dynamic shared memory
+        rows = {"dynamic": 2**31 - 1, "fixed_vec": entry["n_window"]["max"]}.get(entry["work"])
+        dynamic = entry["launch"]["dynamic_shared_bytes"]
+        if entry["family"] == "register":
+            assert dynamic == 0
+        else:
+            size = {"float32": 4, "bfloat16": 2}[entry["dtype"]]
+            assert dynamic == min(98304, -(-(rows + 16 // size - 1) * size // 16) * 16), entry["name"]
+            assert dynamic + entry["resources"]["static_shared_bytes"] <= 232448
+            vectors = int(entry["work_rung"].split("=")[1]) if entry["work"] == "fixed_vec" else 4
+            assert entry["loads_in_flight"] == (1 if entry["k"] == 1024 else min(4, vectors))
     assert {t["rule"] for t in manifest["jit_only"]} == {"reg_exact_k16_n2048", "reg_exact_k32_n256",
                                                         "reg_exact_k16_n1024_sm100"}
     text = (out / "manifest.json").read_text()
@@ -129,6 +140,25 @@ def test_over_budget_fails_and_leaves_the_previous_bundle(default_bundle, tmp_pa
                cache=base / "cache")
     assert "warning: kernel topk_register_ladder_k16_det_f32_sm_90 is over its resource budget" in proc.stderr
     assert json.loads((out / "manifest.json").read_text())["policy"]["path"] == "tight.yaml"
+
+
+@pytest.mark.parametrize("mode", ["fast", "deterministic"])
+def test_k1024_rung_with_one_cta_per_sm_keeps_four_loads_in_flight_within_budget(mode):
+    """The K=1024 rung's headroom knob: one 1024-thread CTA per SM (64 registers) with four
+    16-byte loads in flight, instead of the default two CTAs (32 registers) with one."""
+    from topkgen import policy as pol
+    from topkgen.render import render
+
+    text = DEFAULT_POLICY.read_text().replace("      1024: 2                 #", "      1024: 1                 #", 1)
+    text = text.replace("loads_in_flight_by_k:     # rungs whose launch bounds leave fewer registers\n      1024: 1",
+                        "loads_in_flight_by_k:\n      1024: 4", 1)
+    policy = pol.loads(text)
+    spec = pol.select(policy, "sm_90", "float32", 1024, 200_000, deterministic=mode == "deterministic").kernel
+    assert (spec.min_ctas_per_sm, spec.loads_in_flight) == (1, 4)
+    source = render(spec)
+    assert "__launch_bounds__(1024, 1)" in source
+    compiled = compile_kernel(source, spec.name, spec.arch)
+    assert bundle.over_budget(spec, compiled) is None
 
 
 def test_killed_build_leaves_the_previous_bundle(default_bundle, tmp_path):

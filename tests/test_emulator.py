@@ -69,6 +69,24 @@ def test_votes_and_barrier_reductions(builtins, seed):
     assert (out[:, 5] == 0xFFFFFFFF).all()
 
 
+@pytest.mark.parametrize("seed", SEEDS)
+def test_match_any_and_match_all(builtins, seed):
+    rng = np.random.default_rng(3)
+    v = rng.integers(0, 5, size=96).astype(np.uint32)
+    v[64:96] = 7  # warp 2: every lane holds the same value
+    w = (rng.integers(0, 3, size=96).astype(np.uint64) << np.uint64(40)) | np.uint64(9)  # differ in the high word
+    out = np.zeros((96, 4), np.uint32)
+    builtins.launch("matches", 1, 96, [v, w, out], schedule_seed=seed)
+    for t in range(96):
+        lanes = range(t - t % 32, t - t % 32 + 32)
+        same = sum(1 << (m % 32) for m in lanes if v[m] == v[t])
+        assert out[t, 0] == same, t
+        if t % 2 == 0:
+            assert out[t, 1] == sum(1 << (m % 32) for m in lanes if m % 2 == 0 and w[m] == w[t]), t
+        all_same = all(v[m] == v[t] for m in lanes)
+        assert (out[t, 2], out[t, 3]) == ((0xFFFFFFFF, 1) if all_same else (0, 0)), t
+
+
 def test_disjoint_subwarp_masks(builtins):
     out = np.zeros(32, np.int32)
     builtins.launch("subwarp", 1, 32, [out], schedule_seed=5)

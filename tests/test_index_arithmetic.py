@@ -6,10 +6,11 @@ the guard, which the emulator reports as a fault.
 
 Stable entry point (a rewrite of the row access must keep it, or adapt the test kernel in
 tests/kernels/row_index.cu and nothing else):
-    topk::RowView<Bits, THREADS, BODY_STEPS, TAIL_STEPS> view(const Bits* row, int n);
+    topk::RowView<Bits, THREADS, BODY_VECTORS, TAIL_STEPS, UNROLL> view(const Bits* row, int n);
     int view.steps();                                   // steps that cover the row
-    int view.load(int step, Bits (&keys)[16 / sizeof(Bits)], int& first);
-        // this thread's keys of `step`, indices first, first + 1, ...; returns how many
+    view.for_each<false>(f, first_step, end_step);
+        // calls f(uint4 piece, int first, int count) for this thread's pieces of those steps:
+        // count elements (topk::piece_element) at indices first, first + 1, ...
 What must hold: every key a step returns is the row's element at its index, no element is
 returned twice, and the last steps reach the row's last elements.
 """
@@ -31,6 +32,7 @@ GUARD = (8 << 30) + (1 << 20)  # more than any wrapped int index reaches before 
 EDGE = 4 << 20                 # readable bytes at each end of the row
 MAX_N = 2**31 - 1
 LAST_STEPS = 6
+UNROLL_MAX = 4  # vectors per thread a step in the test kernels
 PROT_NONE, MAP_NORESERVE = 0, 0x4000  # Linux values; this Python's mmap module lacks them
 
 _libc = ctypes.CDLL(None, use_errno=True)
@@ -94,7 +96,7 @@ CASES = [  # kernel, threads, itemsize, n, byte offset of the row start
 def test_row_end_reads_inside_the_row(module, kernel, threads, itemsize, n, offset):
     row = SparseRow(n, itemsize, offset)
     try:
-        slots = threads * (1 + LAST_STEPS) * 8
+        slots = threads * (1 + LAST_STEPS * UNROLL_MAX) * 8
         indices, keys = np.full(slots, -1, np.int64), np.zeros(slots, np.uint32)
         module.launch(kernel, 1, threads, [np.uint64(row.address), np.int32(n), np.int32(LAST_STEPS), indices, keys])
     finally:

@@ -96,7 +96,7 @@ def _run(module, spec: pol.KernelSpec, x: np.ndarray, k: int, largest: bool, see
     grid = (rows + spec.rows_per_block - 1) // spec.rows_per_block
     module.launch(spec.name, grid, spec.threads,
                   [x, values, indices, np.int32(rows), np.int32(n), np.int32(k), np.int32(largest)],
-                  schedule_seed=seed, workers=1)
+                  shared_bytes=spec.dynamic_shared_bytes, schedule_seed=seed, workers=1)
     return values, indices
 
 

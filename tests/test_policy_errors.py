@@ -55,6 +55,13 @@ CASES = {
     "unknown_rule_in_order": (_variant("  - radix_dynamic\n", "  - radix_dynamic\n  - radix_typo\n"),
                               r"dispatch_order\[7\]: unknown rule 'radix_typo'"),
     "empty_file": ("", r":1:1: the policy file is empty"),
+    "shared_row_bytes_not_a_vector_multiple": (_variant("shared_row_bytes: 98304   #", "shared_row_bytes: 98300   #"),
+                                               r"archs\.sm_90\.shared_row_bytes: 98300 is not a multiple of 16"),
+    "shared_row_bytes_without_room": (_variant("shared_row_bytes: 98304   #", "shared_row_bytes: 230000   #"),
+                                      r"archs\.sm_90\.shared_row_bytes: 230000 bytes leave no room for the radix "
+                                      r"kernels' 16896 bytes of static shared memory within sm_90's 232448 per block"),
+    "loads_in_flight_out_of_range": (_variant("loads_in_flight: 4        #", "loads_in_flight: 16       #"),
+                                     r"archs\.sm_90\.loads_in_flight: 16 is greater than the maximum 8"),
 }
 
 

@@ -26,7 +26,7 @@ from topkgen import __version__, cache, dispatch_table, manifest_checks, reader
 from topkgen.compile import CompiledKernel, compile_kernel, portable_options, toolchain
 from topkgen.destinations import check_bundle_destination, locked
 from topkgen.errors import InputError
-from topkgen.policy import KernelSpec, Policy, jit_plan, plan, rule_record
+from topkgen.policy import SHARED_BYTES_PER_BLOCK, KernelSpec, Policy, jit_plan, plan, rule_record
 from topkgen.render import params, render
 from topkgen.schema import SchemaViolation, format_path, load_schema, validate
 
@@ -59,12 +59,17 @@ def budget_problems(resources: dict, budget: dict) -> list[str]:
 def over_budget(spec: KernelSpec, compiled: CompiledKernel) -> str | None:
     problems = budget_problems(asdict(compiled.resources),
                                {"max_registers": spec.max_registers, "spills_allowed": spec.spills_allowed})
+    r = compiled.resources
+    shared = r.static_shared_bytes + spec.dynamic_shared_bytes
+    if shared > SHARED_BYTES_PER_BLOCK.get(spec.arch, shared):
+        problems.append(f"{r.static_shared_bytes} bytes of static and {spec.dynamic_shared_bytes} of dynamic shared "
+                        f"memory exceed {spec.arch}'s {SHARED_BYTES_PER_BLOCK[spec.arch]} per block")
     return f"kernel {spec.name} is over its resource budget: {'; '.join(problems)}" if problems else None
 
 
 def launch_record(spec: KernelSpec) -> dict:
     """Everything a loader needs to launch the kernel (schema: $defs/launch)."""
-    return {**spec.record()["launch"], "grid": GRID_RULE, "dynamic_shared_bytes": 0}
+    return {**spec.record()["launch"], "grid": GRID_RULE}
 
 
 def planned_entry(spec: KernelSpec, source: str, cache_key: str) -> dict:

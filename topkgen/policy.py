@@ -25,6 +25,11 @@ K_MAX = 1024
 N_MAX = 2**31 - 1
 VECTOR_BYTES = 16
 THREADS_PER_SM = 2048
+# Shared memory one CTA may use (static + dynamic, with the opt-in attribute), per arch.
+SHARED_BYTES_PER_BLOCK = {"sm_75": 65536, "sm_80": 166912, "sm_86": 101376, "sm_87": 166912, "sm_89": 101376,
+                          "sm_90": 232448, "sm_100": 232448, "sm_103": 232448, "sm_120": 101376, "sm_121": 101376}
+# Static shared memory of the largest radix kernel (K=1024): histogram, candidates, scratch.
+RADIX_STATIC_SHARED_BYTES = 4 * 2048 + 8 * 1024 + 512
 # Register kernels keep N/32 keys per lane (at most 64) and one result per lane (K <= 32).
 REGISTER_MAX_N = 2048
 REGISTER_MAX_K = 32
@@ -63,6 +68,9 @@ class ArchTuning:
     tail_policy: str
     tail_max_iterations: int | None
     min_ctas_per_sm: dict[int, int]
+    shared_row_bytes: int = 0  # radix: rows up to this size are read once into dynamic shared memory
+    loads_in_flight: int = 1   # radix: 16-byte loads each thread issues before using any
+    loads_in_flight_by_k: dict[int, int] = field(default_factory=dict)  # per K rung, over loads_in_flight
 
 
 @dataclass(frozen=True)
@@ -125,6 +133,8 @@ class KernelSpec:
     aot: bool
     max_registers: int
     spills_allowed: bool
+    dynamic_shared_bytes: int = 0  # launched with this much dynamic shared memory
+    loads_in_flight: int = 1
 
     @property
     def work_rung(self) -> str:
@@ -145,8 +155,9 @@ class KernelSpec:
             "n_window": {"min": self.n_min, "max": self.n_max}, "mode": self.mode, "serves": list(self.serves),
             "work": self.work, "work_rung": self.work_rung,
             "launch": {"threads_per_block": self.threads, "rows_per_block": self.rows_per_block,
-                       "min_ctas_per_sm": self.min_ctas_per_sm},
+                       "min_ctas_per_sm": self.min_ctas_per_sm, "dynamic_shared_bytes": self.dynamic_shared_bytes},
             "vector_tail": {"policy": self.tail_policy, "max_iterations": self.tail_max_iterations},
+            "loads_in_flight": self.loads_in_flight,
         }
 
 
@@ -316,8 +327,22 @@ def _build(doc: dict, loc: _Locator, source: str, sha: str, text: str) -> Policy
             raise loc.error(("archs", name, "vector_tail", "max_iterations"),
                             "max_iterations only applies to policy 'fixed'")
         ctas = {int(k): v for k, v in t.get("min_ctas_per_sm", {}).items()}
+        shared = t.get("shared_row_bytes", 0)
+        if shared % VECTOR_BYTES:
+            raise loc.error(("archs", name, "shared_row_bytes"), f"{shared} is not a multiple of {VECTOR_BYTES}")
+        if name not in SHARED_BYTES_PER_BLOCK:
+            raise loc.error(("archs", name), f"topkgen does not know {name}'s shared memory per block "
+                                                  f"(it knows {', '.join(SHARED_BYTES_PER_BLOCK)})", at_key=True)
+        room = SHARED_BYTES_PER_BLOCK[name] - RADIX_STATIC_SHARED_BYTES
+        if shared > room:
+            raise loc.error(("archs", name, "shared_row_bytes"),
+                            f"{shared} bytes leave no room for the radix kernels' {RADIX_STATIC_SHARED_BYTES} bytes "
+                            f"of static shared memory within {name}'s {SHARED_BYTES_PER_BLOCK[name]} per block "
+                            f"(at most {room})")
+        loads_by_k = {int(k): v for k, v in t.get("loads_in_flight_by_k", {}).items()}
         archs[name] = ArchTuning(name, expected, t.get("threads"), t.get("warps_per_block"),
-                                 tail["policy"], tail.get("max_iterations"), ctas)
+                                 tail["policy"], tail.get("max_iterations"), ctas, shared,
+                                 t.get("loads_in_flight", 1), loads_by_k)
 
     aot = tuple(doc["dtypes"]["aot"])
     jit = tuple(doc["dtypes"].get("jit", []))
@@ -487,6 +512,11 @@ def kernels_of_rule(policy: Policy, rule: Rule, arch: str, dtype: str) -> list[K
 def _kernel(policy: Policy, rule: Rule, tuning: ArchTuning, family: Family, dtype: str, k: int,
             k_min: int, exact: int | None, mode: str, vec: int) -> KernelSpec:
     threads, rows_per_block = block_shape(rule.family, tuning, k)
+    loads = 1
+    if rule.family == "radix":
+        loads = tuning.loads_in_flight_by_k.get(k, tuning.loads_in_flight)
+        if rule.work == "fixed_vec":  # no more loads per step than vectors per thread
+            loads = min(loads, rule.vector_iterations)
     if rule.work == "ladder":
         n_min, n_max, work_tag = 1, rule.ladder[-1], "ladder"
     elif rule.work == "exact":
@@ -507,7 +537,18 @@ def _kernel(policy: Policy, rule: Rule, tuning: ArchTuning, family: Family, dtyp
         tail_policy=tuning.tail_policy, tail_max_iterations=tuning.tail_max_iterations,
         aot=rule.aot and dtype in policy.aot_dtypes,
         max_registers=family.max_registers, spills_allowed=family.spills_allowed,
+        dynamic_shared_bytes=_dynamic_shared_bytes(rule, tuning, n_max, vec, DTYPE_SIZES[dtype]),
+        loads_in_flight=loads,
     )
+
+
+def _dynamic_shared_bytes(rule: Rule, tuning: ArchTuning, n_max: int, vec: int, size: int) -> int:
+    """A radix kernel's dynamic shared memory: the arch's shared_row_bytes, or less when
+    every row the kernel serves fits (its copy needs up to vec - 1 keys of alignment room)."""
+    if rule.family != "radix":
+        return 0
+    whole_row = -(-(n_max + vec - 1) * size // VECTOR_BYTES) * VECTOR_BYTES
+    return min(tuning.shared_row_bytes, whole_row)
 
 
 def plan(policy: Policy, arch: str) -> list[KernelSpec]:

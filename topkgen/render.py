@@ -11,7 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from topkgen.policy import FAMILY_TEMPLATES, KernelSpec, _data_dir
+from topkgen.policy import FAMILY_TEMPLATES, SHARED_BYTES_PER_BLOCK, KernelSpec, _data_dir
 
 # C types of the kernel parameters, per dtype; the same names go into the manifest.
 C_TYPES = {"float32": "float", "bfloat16": "__nv_bfloat16", "float16": "__half"}
@@ -76,7 +76,10 @@ def context(spec: KernelSpec) -> dict[str, object]:
         "deterministic": spec.mode == "deterministic",
         "work_rung": {"ladder": "ladder", "dynamic": "dynamic", "exact": f"exact N={int(spec.exact_n or 0)}",
                       "fixed_vec": f"fixed_vec={int(spec.vector_iterations or 0)}"}[spec.work],
-        "body_steps": _int(spec.vector_iterations, 1, 8, "vector_iterations") if spec.work == "fixed_vec" else 0,
+        "body_vectors": _int(spec.vector_iterations, 1, 8, "vector_iterations") if spec.work == "fixed_vec" else 0,
+        "dynamic_shared_bytes": _int(spec.dynamic_shared_bytes, 0, max(SHARED_BYTES_PER_BLOCK.values()),
+                                     "dynamic_shared_bytes"),
+        "loads_in_flight": _int(spec.loads_in_flight, 1, 8, "loads_in_flight"),
         "tail_steps": _int(spec.tail_max_iterations, 1, 16, "tail_max_iterations")
         if spec.tail_policy == "fixed" else 0,
         "exact_n": _int(spec.exact_n, 1, 2**31 - 1, "exact_n") if spec.work == "exact" else 0,

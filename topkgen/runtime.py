@@ -338,7 +338,8 @@ class _CudaBackend(_Backend):
         else:
             (err,) = driver.cuFuncSetAttribute(handle, attribute, nbytes)
         if err != driver.CUresult.CUDA_SUCCESS:
-            raise TopKError(f"cannot allow {nbytes} bytes of dynamic shared memory: {err.name}")
+            raise TopKError(f"this GPU cannot give a kernel {nbytes} bytes of dynamic shared memory ({err.name}); "
+                            f"lower the policy's shared_row_bytes for this arch and rebuild")
 
     def _stream(self, stream: Any, array: Any) -> Any:
         Stream = _cuda_core().Stream

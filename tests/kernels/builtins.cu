@@ -133,3 +133,15 @@ extern "C" __global__ void handshake(int* flag, int* out) {
     atomicExch(flag, 1);
   }
 }
+
+// Warp match: out[t*4 + j] = match_any over v (full warp), match_any over 64-bit w among the
+// even lanes only, match_all over v and its predicate.
+extern "C" __global__ void matches(const unsigned* v, const unsigned long long* w, unsigned* out) {
+  unsigned t = threadIdx.x;
+  unsigned* o = out + t * 4;
+  o[0] = __match_any_sync(0xffffffffu, v[t]);
+  int pred = -1;
+  o[2] = __match_all_sync(0xffffffffu, v[t], &pred);
+  o[3] = unsigned(pred);
+  o[1] = (t & 1) ? 0u : __match_any_sync(0x55555555u, w[t]);
+}

@@ -555,8 +555,16 @@ struct Scheduler {
   Block* b;
   std::vector<unsigned> runq, next;
   unsigned nwarps;
+  // Per warp: lanes waiting in a warp collective. A collective is resolved once every lane
+  // of the arriving lane's mask waits (not at every arrival, which made warp-collective-heavy
+  // kernels spend most of their time resolving); when nothing else can run, every warp is
+  // resolved, which reports masks that disagree or lanes that never arrive.
+  std::vector<unsigned> in_collective;
 
-  explicit Scheduler(Block* blk) : b(blk) { nwarps = (b->nthreads + kWarp - 1) / kWarp; }
+  explicit Scheduler(Block* blk) : b(blk) {
+    nwarps = (b->nthreads + kWarp - 1) / kWarp;
+    in_collective.assign(nwarps, 0u);
+  }
 
   unsigned warp_lanes(unsigned w) const {
     unsigned n = std::min<unsigned>(kWarp, b->nthreads - w * kWarp);
@@ -661,6 +669,7 @@ struct Scheduler {
         t->result = 0;
       }
     }
+    in_collective[w] &= ~group;
     for (unsigned l = 0; l < kWarp; ++l)
       if (group >> l & 1) {
         base[l].state = State::Runnable;
@@ -775,7 +784,10 @@ struct Scheduler {
         Thread* t = &b->threads[i];
         if (t->state == State::Runnable) next.push_back(i);  // __nanosleep
         else if (t->state == State::Warp) {
-          if (!resolve_warp(t->warp)) return;
+          unsigned& waiting = in_collective[t->warp];
+          waiting |= 1u << t->lane;
+          const unsigned group = t->mask & warp_lanes(t->warp);
+          if ((waiting & group) == group && !resolve_warp(t->warp)) return;
         }
       }
       if (std::chrono::steady_clock::now() > b->launch->deadline) {
