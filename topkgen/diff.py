@@ -223,7 +223,7 @@ def _manifest_side(label: str, path: Path) -> Side:
     from topkgen import bundle  # with NVRTC's module: only when a side is a bundle
 
     try:
-        manifest, _ = bundle.load_manifest(path, versions=(1, 2))  # diff still reads schema 1
+        manifest, _ = bundle.load_manifest(path, versions=(1, 2, 3))  # diff still reads older bundles
         policy = bundle.manifest_policy(manifest, label)
     except bundle.ManifestError as err:
         raise DiffInputError(str(err)) from None
