@@ -20,6 +20,7 @@ from hypothesis import strategies as st
 
 from topkgen import policy as pol
 from topkgen.emulator import compile_source
+from topkgen.runtime import launch_arguments
 from topkgen.render import render
 
 from .conftest import DEFAULT_POLICY
@@ -71,7 +72,7 @@ def _run_sample(data, specs: list[pol.KernelSpec]) -> None:
         indices = np.full((rows, k), -1, np.int64)
         grid = (rows + spec.rows_per_block - 1) // spec.rows_per_block
         module.launch(spec.name, grid, spec.threads,
-                      [x, values, indices, np.int32(rows), np.int32(n), np.int32(k), np.int32(largest)],
+                      launch_arguments(spec, x, values, indices, rows, n, k, largest),
                       shared_bytes=spec.dynamic_shared_bytes, schedule_seed=n, workers=1)
         check_topk(x, values, indices, k, largest, spec.mode == "deterministic", spec.dtype,
                    what=f"{spec.name} (threads {spec.threads}, tail {spec.tail_policy}/{spec.tail_max_iterations}, "
@@ -128,8 +129,8 @@ def test_a_128_thread_radix_block_finds_the_top_k(tmp_path):
     rows, n, k = 4, 3000, 64
     x = make_rows("float32", rows, n, seed=3)
     values, indices = np.zeros((rows, k), np.float32), np.full((rows, k), -1, np.int64)
-    module.launch(spec.name, rows, spec.threads, [x, values, indices, np.int32(rows), np.int32(n), np.int32(k),
-                                                  np.int32(1)], shared_bytes=spec.dynamic_shared_bytes)
+    module.launch(spec.name, rows, spec.threads, launch_arguments(spec, x, values, indices, rows, n, k, True),
+                  shared_bytes=spec.dynamic_shared_bytes)
     check_topk(x, values, indices, k, True, False, "float32", what="128 threads")
 
 

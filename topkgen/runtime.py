@@ -101,6 +101,26 @@ def arguments(params: list[dict[str, str]], stage: Stage, pointers: dict[str, An
     return out
 
 
+@dataclass(frozen=True)
+class _Work:
+    """What a call launches: the kernel, its launch configuration and parameters, and the
+    stages (none for an empty batch); `plan` when the rows are split."""
+
+    kernel: Any
+    name: str
+    launch: Launch
+    params: list[dict[str, str]]
+    stages: list[Stage]
+    plan: ChunkPlan | None
+
+
+def launch_arguments(spec: Any, x: Any, values: Any, indices: Any, rows: int, n: int, k: int, largest: bool) -> list[Any]:
+    """The arguments of one unsplit launch of a kernel (a KernelSpec), for code that launches
+    kernels itself (tests, benchmarks), by the same rule as every runtime launch."""
+    (stage,) = stages(rows, n, k, largest, None)
+    return arguments(params(spec), stage, {"x": x, "values": values, "indices": indices}, None)
+
+
 class TopK:
     """Top-k over the last dimension, served by the kernels of a bundle (or JIT)."""
 
@@ -201,18 +221,6 @@ class TopK:
                      stages(view.rows, view.n, k, largest, plan) if view.rows else [], plan)
         return self._backend.run(work, view, k, out, stream, workspace)
 
-
-@dataclass(frozen=True)
-class _Work:
-    """What a call launches: the kernel, its launch configuration and parameters, and the
-    stages (none for an empty batch); `plan` when the rows are split."""
-
-    kernel: Any
-    name: str
-    launch: Launch
-    params: list[dict[str, str]]
-    stages: list[Stage]
-    plan: ChunkPlan | None
 
     def _kernel(self, choice: Choice) -> Any:
         name = choice.kernel
