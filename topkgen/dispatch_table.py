@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from topkgen.policy import (K_MAX, MODES, N_MAX, DispatchError, Policy, check_rows, check_shape, kernels_of_rule,
-                            select, split_capable)
+                            resident_elements, select, split_capable)
 from topkgen.split import ROWS_MAX
 
 Row = dict[str, Any]
@@ -75,8 +75,11 @@ def n_starts(policy: Policy, arch: str, dtype: str) -> list[int]:
     if split is not None:
         starts.add(split.min_n)
         for spec in _split_specs(policy, arch, dtype):
+            resident = resident_elements(spec)
             for s in split.chunk_counts():
                 starts.update((s * split.min_chunk_for(spec.k), s * spec.n_min))
+                if resident:
+                    starts.add(s * (resident - s + 1) + 1)
     return sorted(x for x in starts if x <= N_MAX)
 
 
@@ -186,8 +189,11 @@ def check_against_select(policy: Policy, table: dict[str, dict[str, dict[str, li
 
 def _words(answer: Answer) -> str:
     kernel, source, chunks, fallback, fallback_chunks = answer
-    return (f"{kernel} ({source}, {chunks} chunk{'s' if chunks > 1 else ''}; without JIT {fallback}"
-            f"{'' if fallback is None else f', {fallback_chunks} chunk' + ('s' if fallback_chunks > 1 else '')})")
+
+    def split(count: int | None) -> str:
+        return f" in {count} chunks per row" if count is not None and count > 1 else ""
+
+    return f"{kernel} ({source}{split(chunks)}, without JIT {fallback}{split(fallback_chunks)})"
 
 
 # ----------------------------------------------------------------------------- reading

@@ -77,12 +77,24 @@ class SplitTuning:
         """The shortest chunk a kernel of this K rung gets."""
         return max(self.min_chunk, self.chunk_per_k * k_rung)
 
-    def chunks(self, rows: int, n: int, k_rung: int) -> int:
-        """Chunks per row before the kernel's own limits: the largest power of two within
-        every bound, or 1 (no split)."""
+    def fitting(self, n: int, resident: int) -> int:
+        """The fewest chunks whose every chunk a kernel reads once into shared memory when it
+        holds `resident` elements there (max_chunks when none does). The last chunk is at
+        most n / chunks + chunks - 1 long, so n <= chunks x (resident - chunks + 1) is enough
+        (and keeps the answer monotone in n)."""
+        return next((c for c in self.chunk_counts() if n <= c * (resident - c + 1)), self.max_chunks)
+
+    def chunks(self, rows: int, n: int, k_rung: int, resident: int) -> int:
+        """Chunks per row before the kernel's window: the largest power of two at most
+        max_chunks and n / max(min_chunk, chunk_per_k x K), and at most the larger of
+        sm_count x ctas_per_sm / rows (fill the GPU) and the chunks that fit the kernel's
+        shared memory (`resident` elements, 0 for none: one read per element); 1 is no split."""
         if rows >= self.rows_below or n < self.min_n:
             return 1
-        bound = min(self.max_chunks, self.sm_count * self.ctas_per_sm // rows, n // self.min_chunk_for(k_rung))
+        want = self.sm_count * self.ctas_per_sm // rows
+        if resident > 0:
+            want = max(want, self.fitting(n, resident))
+        bound = min(self.max_chunks, n // self.min_chunk_for(k_rung), want)
         return 1 << (bound.bit_length() - 1) if bound >= 2 else 1
 
     def chunk_counts(self) -> list[int]:
@@ -720,6 +732,13 @@ def check_rows(rows: int) -> None:
         raise DispatchError(f"rows: must be <= {ROWS_MAX}, got {rows}")
 
 
+def resident_elements(spec: KernelSpec) -> int:
+    """The longest row (or chunk) a radix kernel reads once into its dynamic shared memory
+    (the kernel's own test: n <= bytes / size - (16 / size - 1)); 0 when it has none."""
+    size = DTYPE_SIZES[spec.dtype]
+    return max(0, spec.dynamic_shared_bytes // size - (VECTOR_BYTES // size - 1))
+
+
 def split_capable(spec: KernelSpec) -> bool:
     """Whether a kernel can run on chunks and merge candidates (it takes chunk, row_stride
     and x_indices: the radix family)."""
@@ -732,7 +751,7 @@ def _split(policy: Policy, arch: str, spec: KernelSpec, rows: int | None, n: int
     tuning = policy.archs[arch].split
     if rows is None or tuning is None or not split_capable(spec):
         return None
-    chunks = tuning.chunks(rows, n, spec.k)
+    chunks = tuning.chunks(rows, n, spec.k, resident_elements(spec))
     if chunks < 2:
         return None
     plan = ChunkPlan(rows, n, k, chunks, DTYPE_SIZES[spec.dtype])
@@ -750,11 +769,14 @@ def _split_reason(tuning: SplitTuning | None, spec: KernelSpec, rows: int, n: in
         return f"not split: rows={rows} >= rows_below {tuning.rows_below}"
     if n < tuning.min_n:
         return f"not split: n={n} < min_n {tuning.min_n}"
-    bounds = (f"max_chunks {tuning.max_chunks}, {tuning.sm_count} SMs x {tuning.ctas_per_sm} / {rows} rows = "
-              f"{tuning.sm_count * tuning.ctas_per_sm // rows}, n / max(min_chunk {tuning.min_chunk}, "
-              f"{tuning.chunk_per_k} x K {spec.k}) = {n // tuning.min_chunk_for(spec.k)}")
+    resident = resident_elements(spec)
+    fill = f"{tuning.sm_count} SMs x {tuning.ctas_per_sm} / {rows} rows = {tuning.sm_count * tuning.ctas_per_sm // rows}"
+    if resident:
+        fill = f"max({fill}, {tuning.fitting(n, resident)} chunks fit the kernel's shared memory)"
+    bounds = (f"max_chunks {tuning.max_chunks}, n / max(min_chunk {tuning.min_chunk}, {tuning.chunk_per_k} x K "
+              f"{spec.k}) = {n // tuning.min_chunk_for(spec.k)} and {fill}")
     if split is None:
-        chunks = tuning.chunks(rows, n, spec.k)
+        chunks = tuning.chunks(rows, n, spec.k, resident)
         if chunks < 2:
             return f"not split: fewer than 2 chunks within {bounds}"
         return (f"not split: the kernel's n window [{spec.n_min}, {spec.n_max}] does not hold {chunks} chunks of "

@@ -3,7 +3,7 @@
 //   topkgen-cpp verify DIR      load DIR (every check), print a summary
 //   topkgen-cpp select DIR      per stdin line "ARCH DTYPE K N MODE JIT [ROWS]" (JIT 0 or 1)
 //                               print "KERNEL" (no ROWS: the batch size unknown) or
-//                               "KERNEL CHUNKS", or "error: MESSAGE"
+//                               "KERNEL CHUNKS WORKSPACE_BYTES VALUES_OFFSET", or "error: MESSAGE"
 //   topkgen-cpp bench DIR       time select over the stdin shapes: median ns per lookup
 //   topkgen-cpp launch DIR ARCH DTYPE K N ROWS MODE JIT LARGEST IN VALUES INDICES
 //                               top-k of ROWS x N elements read from IN on the GPU (split
@@ -72,7 +72,8 @@ int select(const std::string& dir) {
         out += bundle.select(s.arch, s.dtype, s.k, s.n, s.deterministic, s.jit).name;
       } else {
         const topkgen::Plan p = bundle.plan(s.arch, s.dtype, s.k, s.n, s.rows, s.deterministic, s.jit);
-        out += p.kernel->name + " " + std::to_string(p.chunks);
+        out += p.kernel->name + " " + std::to_string(p.chunks) + " " + std::to_string(p.workspace_bytes) + " " +
+               std::to_string(p.values_offset);
       }
     } catch (const topkgen::Error& err) {
       out += std::string("error: ") + err.what();
