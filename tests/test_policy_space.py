@@ -4,8 +4,9 @@ reason (issue 11, point 3).
 The property test draws policies across the schema's space (tests/strategies.py). Each
 accepted one must plan, render every kernel it declares, dispatch drawn shapes to kernels
 that serve them, and a sample of its kernels, run on the emulator, must match
-topkgen.reference. Refused ones must say where and why. The examples are derandomized, so
-CI runs the same policies and reuses the emulator cache between runs.
+topkgen.reference. Refused ones must say where and why. The examples come from a fixed seed
+(derandomize's draws shifted with the tests run before it in the same process), so CI runs
+the same policies and reuses the emulator cache between runs.
 """
 
 from __future__ import annotations
@@ -15,7 +16,7 @@ import json
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from topkgen import policy as pol
@@ -83,7 +84,8 @@ def _run_sample(data, specs: list[pol.KernelSpec]) -> None:
         STATS["cases"] += rows
 
 
-@settings(max_examples=24, derandomize=True, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@seed(20261130)
+@settings(max_examples=24, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 @given(doc=policy_documents(), data=st.data())
 def _accepted_policies_yield_correct_kernels(doc, data) -> None:
     STATS["policies"] += 1
