@@ -74,21 +74,42 @@ __device__ __forceinline__ Bits piece_element(const uint4& q, int j) {
   return Bits(word >> ((j % kPerWord) * kShift));
 }
 
+// The selection keys of a piece's elements, in the piece's layout: element j's key is
+// piece_element<Bits>(keys, j). The passes turn a piece into keys once, so that their
+// per-key loops read a key where they need it and keep no raw copy alive beside it.
+template <typename T>
+__device__ __forceinline__ uint4 piece_keys(const uint4& q, bool largest) {
+  typedef typename KeyTraits<T>::Bits Bits;
+  constexpr int kPerWord = 4 / int(sizeof(Bits)), kShift = 32 / kPerWord;
+  auto word_keys = [&](unsigned word) {
+    unsigned keys = 0u;
+#pragma unroll
+    for (int e = 0; e < kPerWord; ++e) keys |= select_key<T>(Bits(word >> (e * kShift)), largest) << (e * kShift);
+    return keys;
+  };
+  return make_uint4(word_keys(q.x), word_keys(q.y), word_keys(q.z), word_keys(q.w));
+}
+
 // ----------------------------------------------------------------------------- warp and block
 
 __device__ __forceinline__ int lane_id() { return int(threadIdx.x & 31u); }
 
-// The warp index, read from the special register where it is used: in the kernels capped at
-// 32 registers (K=1024 at 2 CTAs per SM) a copy hoisted to the kernel's start costs a spill.
-__device__ __forceinline__ int warp_index() {
+// The thread's index, read from the special register where it is used. Each call is a
+// fresh read: a 64-bit copy of it formed for one use (an address, an output offset) is not
+// kept alive across the kernel, which in the kernels capped at 32 registers (K=1024 at 2
+// CTAs per SM) costs a spill.
+__device__ __forceinline__ int thread_index() {
 #ifdef __CUDA_ARCH__
   unsigned tid;
   asm volatile("mov.u32 %0, %%tid.x;" : "=r"(tid));
-  return int(tid >> 5);
+  return int(tid);
 #else
-  return int(threadIdx.x >> 5);
+  return int(threadIdx.x);
 #endif
 }
+
+// The warp index, read where it is used (see thread_index).
+__device__ __forceinline__ int warp_index() { return thread_index() >> 5; }
 
 // Inclusive prefix sum across the lanes of a full warp.
 __device__ __forceinline__ int warp_inclusive_scan(int value) {
@@ -231,7 +252,7 @@ struct RowView {
   // barriers. Indices are formed only inside the row, so no int overflows for any n.
   template <bool SHARED, typename F>
   __device__ __forceinline__ void for_each(F&& f, int first_step = 0, int end_step = 0x7fffffff) const {
-    const int t = int(threadIdx.x);
+    const int t = thread_index();  // read here: nothing per-thread is hoisted across calls
     const int h = head();
     if (first_step <= 0 && end_step > 0) {
       // Defined even where nothing is read, so that no stale value stays alive in a register.
@@ -280,7 +301,7 @@ __device__ __forceinline__ void block_sort(u64* cand, int width) {
   for (int size = 2; size <= width; size <<= 1) {
     for (int stride = size >> 1; stride > 0; stride >>= 1) {
       for (int i = t; i < width / 2; i += THREADS) {
-        const int lo = (i / stride) * 2 * stride + (i % stride), hi = lo + stride;
+        const int lo = ((i & -stride) << 1) | (i & (stride - 1)), hi = lo + stride;  // stride: a power of two
         const bool descending = (lo & size) == 0;
         const u64 a = cand[lo], b = cand[hi];
         if ((a < b) == descending) {
@@ -390,7 +411,6 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
   const Part part = part_of_row(n_arg, chunk, row_stride);
   if (part.row >= rows) return;
   const int n = EXACT_N > 0 ? EXACT_N : part.n;
-  const int t = int(threadIdx.x);
   const Bits* row_bits = reinterpret_cast<const Bits*>(x) + part.offset;
   const View global_row(row_bits, n);
   // The copy keeps the row's alignment phase, so the same vectors are aligned in both.
@@ -398,7 +418,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
   Bits* copy = reinterpret_cast<Bits*>(dynamic_shared) + (V - global_row.head()) % V;
   u64* buffer = reinterpret_cast<u64*>(dynamic_shared);
 
-  if (t == 0) {
+  if (thread_index() == 0) {
     counters[0] = counters[1] = counters[2] = 0;
     state = RadixState{0u, 0u, k, n, kGlobalRow};
   }
@@ -406,8 +426,8 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     counter_phase(pass == 0 ? "histogram, first pass" : "histogram, later passes");
     const int shift = digit_shift(KEY_BITS, pass);
     const int bins = 1 << (KEY_BITS - pass * kDigitBits - shift);
-    for (int i = t; i < bins; i += THREADS) hist[i] = 0;
-    if (t == 0) {
+    for (int i = thread_index(); i < bins; i += THREADS) hist[i] = 0;
+    if (thread_index() == 0) {
       span[0] = ~0u;
       span[1] = 0u;
     }
@@ -415,14 +435,14 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     const unsigned prefix = state.prefix, mask = state.mask;
     const int source = state.source;
     unsigned lo = ~0u, hi = 0u;
-    // The keys of a piece at or above the prefix (bits j < got), and those matching it; the
-    // span of the matching ones.
-    auto classify = [&](const uint4& q, int got, unsigned& at_or_above) {
+    // The keys of a piece (see piece_keys) at or above the prefix (bits j < got), and those
+    // matching it; the span of the matching ones.
+    auto classify = [&](const uint4& keys, int got, unsigned& at_or_above) {
       unsigned matching = 0u;
       at_or_above = 0u;
 #pragma unroll
       for (int j = 0; j < V; ++j) {
-        const unsigned key = select_key<T>(piece_element<Bits>(q, j), largest);
+        const unsigned key = piece_element<Bits>(keys, j);
         if (j < got && (key & mask) >= prefix) at_or_above |= 1u << j;
         if (j < got && (key & mask) == prefix) {
           matching |= 1u << j;
@@ -434,12 +454,13 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     };
     // Counts a piece's matching keys; a warp none of whose lanes has one skips it at one vote.
     auto count = [&](const uint4& q, int, int got) {
+      const uint4 keys = piece_keys<T>(q, largest);
       unsigned at_or_above;
-      const unsigned matching = classify(q, got, at_or_above);
+      const unsigned matching = classify(keys, got, at_or_above);
       if (!__any_sync(kFullMask, matching != 0u)) return;
 #pragma unroll 1  // warp collectives per key: a loop keeps the code small
       for (int j = 0; j < V; ++j) {
-        const unsigned key = select_key<T>(piece_element<Bits>(q, j), largest);
+        const unsigned key = piece_element<Bits>(keys, j);
         hist_add(hist, (key >> shift) & unsigned(bins - 1), (matching >> j) & 1u);
       }
     };
@@ -457,12 +478,13 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
       });
     } else if (collect) {
       global_row.template for_each<false>([&](const uint4& q, int first, int got) {
+        const uint4 keys = piece_keys<T>(q, largest);
         unsigned keep;
-        const unsigned matching = classify(q, got, keep);
+        const unsigned matching = classify(keys, got, keep);
         if (!__any_sync(kFullMask, keep != 0u)) return;
 #pragma unroll 1  // warp collectives per key: a loop keeps the code small
         for (int j = 0; j < V; ++j) {
-          const unsigned key = select_key<T>(piece_element<Bits>(q, j), largest);
+          const unsigned key = piece_element<Bits>(keys, j);
           hist_add(hist, (key >> shift) & unsigned(bins - 1), (matching >> j) & 1u);
           const int slot = warp_append(&counters[2], (keep >> j) & 1u);
           if (slot >= 0) buffer[slot] = pack(key, first + j);
@@ -474,7 +496,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
       const View shared_row(copy, n);
       shared_row.template for_each<true>(count);
     } else if (SMEM_BYTES > 0) {
-      const int filled = counters[2];
+      const int filled = counters[2], t = thread_index();
       for (int base = 0; base < filled; base += THREADS) {
         const unsigned key = base + t < filled ? unpack_key(buffer[base + t]) : 0u;
         const bool take = base + t < filled && (key & mask) == prefix;
@@ -497,7 +519,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     __syncthreads();
     const bool single_key = span[0] == span[1];  // every key the pass counted is one value
     find_digit<THREADS>(hist, bins, state.remaining, warp_sums, found);
-    if (t == 0) {
+    if (thread_index() == 0) {
       state.prefix = single_key ? span[0] : prefix | (unsigned(found[0]) << shift);
       state.mask = single_key ? KeyTraits<T>::kAll : mask | (unsigned(bins - 1) << shift);
       state.remaining = found[1];
@@ -520,10 +542,11 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
   const int source = state.source == kBuffer && ordered ? int(kGlobalRow) : state.source;
   int ties_before = 0;
   auto gather = [&](const uint4& q, int first, int got) {
+    const uint4 keys = piece_keys<T>(q, largest);
     unsigned above_bits = 0u, tie_bits = 0u;
 #pragma unroll
     for (int j = 0; j < V; ++j) {
-      const unsigned key = select_key<T>(piece_element<Bits>(q, j), largest) & mask;
+      const unsigned key = piece_element<Bits>(keys, j) & mask;
       if (j < got && key > prefix) above_bits |= 1u << j;
       if (j < got && key == prefix) tie_bits |= 1u << j;
     }
@@ -531,7 +554,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     if (__any_sync(kFullMask, (above_bits | (ordered ? 0u : tie_bits)) != 0u)) {
 #pragma unroll 1  // warp collectives per key: a loop keeps the code small
       for (int j = 0; j < V; ++j) {
-        const unsigned key = select_key<T>(piece_element<Bits>(q, j), largest);
+        const unsigned key = piece_element<Bits>(keys, j);
         const int out = warp_append(&counters[0], (above_bits >> j) & 1u);
         if (out >= 0) cand[out] = pack(key, first + j);
         if (!ordered) {
@@ -552,7 +575,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     }
   };
   if (SMEM_BYTES > 0 && source == kBuffer) {
-    const int filled = counters[2];
+    const int filled = counters[2], t = thread_index();
     for (int base = 0; base < filled; base += THREADS) {
       const bool valid = base + t < filled;
       const u64 entry = valid ? buffer[base + t] : 0ull;
@@ -573,6 +596,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
   // Sort and write. Values are rebuilt from the keys; only NaNs (one key for every payload)
   // are read again, from the copy when the row is resident.
   counter_phase("sort and output");
+  const int t = thread_index();
   const unsigned long long out_base = (unsigned long long)blockIdx.x * (unsigned long long)k;
   auto emit = [&](int i, u64 entry) {
     const int index = unpack_index(entry);  // in the chunk

@@ -28,11 +28,11 @@ def topkgen(*args, env: dict | None = None, **kwargs) -> subprocess.CompletedPro
                           env=env or ENV, **kwargs)
 
 
-def on_terminal(*args, env: dict | None = None) -> tuple[int, str]:
+def on_terminal(*args, env: dict | None = None, cwd=None) -> tuple[int, str]:
     """Run topkgen with stdout and stderr on a pseudo-terminal: (exit status, what it showed)."""
     leader, follower = pty.openpty()
     proc = subprocess.Popen([sys.executable, "-m", "topkgen", *map(str, args)], stdout=follower, stderr=follower,
-                            env=env or ENV)
+                            env=env or ENV, cwd=cwd)
     os.close(follower)
     chunks = []
     while True:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import pty
 import re
 import shutil
 import subprocess
@@ -19,6 +18,7 @@ from topkgen import policy as pol
 from topkgen.schema import load_schema
 
 from .conftest import DEFAULT_POLICY, LEGACY_POLICY, ROOT
+from .test_cli_usability import on_terminal
 
 TOPKGEN = [sys.executable, "-m", "topkgen.cli"]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
@@ -416,26 +416,10 @@ def test_stat_quiet_and_colour(repo):
     bad = topkgen("diff", "v1", "HEAD", "--stat", "--format", "json", cwd=repo)
     assert bad.returncode == 2 and "--stat" in bad.stderr
 
-    def on_terminal(env: dict) -> str:
-        leader, follower = pty.openpty()
-        proc = subprocess.run([*TOPKGEN, "diff", "v1", "HEAD"], cwd=repo, env=env, stdout=follower,
-                              stderr=subprocess.PIPE)
-        os.close(follower)
-        chunks = []
-        while True:
-            try:
-                chunk = os.read(leader, 65536)
-            except OSError:
-                break
-            if not chunk:
-                break
-            chunks.append(chunk)
-        os.close(leader)
-        assert proc.returncode == 1, proc.stderr
-        return b"".join(chunks).decode()
-
-    assert "\x1b[" in on_terminal(ENV)
-    assert "\x1b[" not in on_terminal({**ENV, "NO_COLOR": "1"})
+    status, shown = on_terminal("diff", "v1", "HEAD", env=ENV, cwd=repo)
+    assert status == 1 and "\x1b[" in shown, shown
+    status, shown = on_terminal("diff", "v1", "HEAD", env={**ENV, "NO_COLOR": "1"}, cwd=repo)
+    assert status == 1 and "\x1b[" not in shown, shown
 
 
 # ----------------------------------------------------------------------------- trouble: exit 2

@@ -4,18 +4,24 @@ reason (issue 11, point 3).
 The property test draws policies across the schema's space (tests/strategies.py). Each
 accepted one must plan, render every kernel it declares, dispatch drawn shapes to kernels
 that serve them, and a sample of its kernels, run on the emulator, must match
-topkgen.reference. Refused ones must say where and why. The examples are derandomized, so
-CI runs the same policies and reuses the emulator cache between runs.
+topkgen.reference. Refused ones must say where and why. The examples come from a fixed seed
+(derandomize's draws shifted with the tests run before it in the same process), so CI runs
+the same policies and reuses the emulator cache between runs. It runs in a fresh interpreter:
+hypothesis also draws constants it finds in every local module imported so far, so after
+other tests in the same process one seed drew other policies (6 accepted in CI, 13 alone).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from topkgen import policy as pol
@@ -84,7 +90,8 @@ def _run_sample(data, specs: list[pol.KernelSpec]) -> None:
         STATS["cases"] += rows
 
 
-@settings(max_examples=24, derandomize=True, deadline=None, database=None, suppress_health_check=list(HealthCheck))
+@seed(20261130)
+@settings(max_examples=24, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 @given(doc=policy_documents(), data=st.data())
 def _accepted_policies_yield_correct_kernels(doc, data) -> None:
     STATS["policies"] += 1
@@ -106,9 +113,18 @@ def _accepted_policies_yield_correct_kernels(doc, data) -> None:
 
 
 def test_accepted_policies_yield_correct_kernels():
+    proc = subprocess.run([sys.executable, "-m", "tests.test_policy_space"], capture_output=True, text=True,
+                          cwd=Path(__file__).resolve().parents[1])
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
+    stats = json.loads(proc.stdout.splitlines()[-1])
+    print(f"\npolicy space: {stats}")
+    assert stats["accepted"] >= 10 and stats["refused"] >= 1 and stats["kernels_run"] >= 20, stats
+
+
+if __name__ == "__main__":
     _accepted_policies_yield_correct_kernels()
-    print(f"\npolicy space: {STATS}\nkernels run: {sorted(VARIETY)}")
-    assert STATS["accepted"] >= 10 and STATS["refused"] >= 1 and STATS["kernels_run"] >= 20, STATS
+    print(f"kernels run: {sorted(VARIETY)}")
+    print(json.dumps(STATS))
 
 
 # ----------------------------------------------------------------------------- the defects of issue 11

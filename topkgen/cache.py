@@ -22,7 +22,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Protocol
 
-from topkgen.paths import atomic_write, cache_root
+from topkgen.paths import atomic_write, cache_root, temporary_beside
 
 CACHE_FORMAT = 1  # part of every key: a new record layout never reads an old one
 LOCAL_DIR = "nvrtc-store"
@@ -108,19 +108,12 @@ class LocalStore:
 
     def create(self, rel: str, data: bytes) -> bool:
         path = self.root / rel
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
-        try:
-            with open(tmp, "wb") as f:
-                f.write(data)
-                f.flush()
-                os.fsync(f.fileno())
-            os.link(tmp, path)
-            return True
-        except FileExistsError:
-            return False
-        finally:
-            tmp.unlink(missing_ok=True)
+        with temporary_beside(path, data) as tmp:
+            try:
+                os.link(tmp, path)  # create-if-absent: the first writer wins
+                return True
+            except FileExistsError:
+                return False
 
     def replace(self, rel: str, data: bytes) -> None:
         """Repair a corrupt local entry (local entries are this machine's own)."""

@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from functools import lru_cache
 from pathlib import Path
+from typing import Iterator
 
 
 @lru_cache(maxsize=1)
@@ -34,8 +36,10 @@ def cache_root() -> Path:
     return Path(base) / "topkgen"
 
 
-def atomic_write(path: Path, data: bytes) -> None:
-    """Write to a temporary file beside `path`, then rename it into place."""
+@contextlib.contextmanager
+def temporary_beside(path: Path, data: bytes) -> Iterator[Path]:
+    """`data` in a synced temporary file beside `path` (the same file system, so it can be
+    renamed or linked into place); removed on exit if it is still there."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     try:
@@ -43,7 +47,12 @@ def atomic_write(path: Path, data: bytes) -> None:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
-        os.replace(tmp, path)
+        yield tmp
     finally:
-        if tmp.exists():
-            tmp.unlink()
+        tmp.unlink(missing_ok=True)
+
+
+def atomic_write(path: Path, data: bytes) -> None:
+    """Write to a temporary file beside `path`, then rename it into place."""
+    with temporary_beside(path, data) as tmp:
+        os.replace(tmp, path)
