@@ -84,6 +84,7 @@ def counter_costs() -> None:
 
     from topkgen import policy as pol
     from topkgen.render import render
+    from topkgen.runtime import launch_arguments
 
     policy = pol.load()
     print(f"traffic counters, median of {REPEAT} interleaved launches (random normal rows):")
@@ -95,8 +96,7 @@ def counter_costs() -> None:
         counted = compile_source(source, name=spec.name)
         x = np.random.default_rng(0).standard_normal((rows, n)).astype(
             np.float32 if dtype == "float32" else ml_dtypes.bfloat16)
-        args = [x, np.zeros((rows, k), x.dtype), np.zeros((rows, k), np.int64), np.int32(rows), np.int32(n),
-                np.int32(k), np.int32(1)]
+        args = launch_arguments(spec, x, np.zeros((rows, k), x.dtype), np.zeros((rows, k), np.int64), rows, n, k, True)
         grid = (rows + spec.rows_per_block - 1) // spec.rows_per_block
 
         def run(module, counters):

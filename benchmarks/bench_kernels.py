@@ -5,7 +5,10 @@ H200 time estimate fed by those counts (a model, labelled as such, not a measure
 Shapes: the seed grid (N 2048-16384, K 64-256), LLM sampling rows (N 131072 and 262144,
 K 16-1024) and rows of 131072 with K 256 and 1024, float32 and bfloat16, and the register
 ladder's rung. The emulator runs a few rows of each (the counts are per row); the model
-takes the batch a shape set stands for. Columns:
+takes the batch a shape set stands for. The "small batch" set (1, 4, 16 and 64 rows of
+131072 and 262144, K 16-1024) is planned per batch: the policy splits those rows across
+CTAs, and its table gives the CTAs per row, stage 1's global reads per element, what the
+merge reads, and the model for both launches beside one CTA per row. Columns:
   reads/elem    global bytes loaded / input bytes (the k output values re-read included)
   atom/elem     shared atomics (lanes) per input element, all passes
   lanes p1      bank lanes of the first-pass histogram: mean and max over warp atomic
@@ -97,6 +100,7 @@ class Kernels:
 def measure(kernels: Kernels, set_name: str, model_rows: int, rows: int, dtype: str, n: int, k: int,
             kind: str) -> Row:
     from topkgen import reference
+    from topkgen.runtime import launch_arguments
 
     import ml_dtypes
 
@@ -105,8 +109,8 @@ def measure(kernels: Kernels, set_name: str, model_rows: int, rows: int, dtype: 
         np.float32 if dtype == "float32" else ml_dtypes.bfloat16)
     values, indices = np.zeros((rows, k), x.dtype), np.zeros((rows, k), np.int64)
     grid = (rows + spec.rows_per_block - 1) // spec.rows_per_block
-    c = kernels.module(spec).launch(spec.name, grid, spec.threads, [x, values, indices, np.int32(rows), np.int32(n),
-                                                                    np.int32(k), np.int32(1)],
+    c = kernels.module(spec).launch(spec.name, grid, spec.threads,
+                                    launch_arguments(spec, x, values, indices, rows, n, k, True),
                                     shared_bytes=spec.dynamic_shared_bytes, counters=True)
     expect, _ = reference.topk(x, k, largest=True)
     if not np.array_equal(reference.select_keys(values, True), reference.select_keys(expect, True)):
@@ -124,6 +128,102 @@ def measure(kernels: Kernels, set_name: str, model_rows: int, rows: int, dtype: 
     return Row(set_name, model_rows, dtype, n, k, kind, spec.family, spec.name, facts.reads_per_element,
                c.shared_atomics / elements, first.bank_lanes_mean, first.bank_lanes_max, facts.barriers_per_row,
                None if seconds is None else seconds * 1e6, bound)
+
+
+@dataclass(frozen=True)
+class SplitRow:
+    """One batch of the small-batch set: its split, as counted on one emulated row."""
+
+    dtype: str
+    n: int
+    k: int
+    rows: int                  # the batch planned for
+    kernel: str
+    ctas_per_row: int          # stage 1 (1: not split)
+    chunk: int
+    stage1_reads_per_element: float
+    merge_candidates: int      # per row (0: not split)
+    merge_bytes_per_candidate: float  # global bytes stage 2 loads per candidate
+    model_us: float
+    model_one_cta_us: float    # the same batch with one CTA per row
+
+    def key(self) -> str:
+        return f"small batch|{self.dtype}|{self.n}|{self.k}|{self.rows}"
+
+
+def _facts(kernels: Kernels, spec, counts, elements: int, ctas: int, input_bytes: int) -> KernelFacts:
+    first = counts.phases.get(FIRST_PASS, counts)
+    return KernelFacts(threads=spec.threads, ctas_per_sm=kernels.ctas_per_sm(spec),
+                       bytes_in_flight=spec.threads * 16 * spec.loads_in_flight,
+                       reads_per_element=counts.global_load_bytes / input_bytes,
+                       atomic_wavefronts_per_element=first.shared_atomic_instructions * first.bank_lanes_mean / elements,
+                       barriers_per_row=counts.barriers / ctas)
+
+
+def measure_split(kernels: Kernels, dtype: str, n: int, k: int, batches: tuple[int, ...]) -> list[SplitRow]:
+    """One emulated row of (dtype, n, k) once with one CTA and once as each batch's plan
+    splits it (the launches of topkgen.split.stages, bound as the runtime binds them)."""
+    from topkgen import policy, reference
+    from topkgen.render import params
+    from topkgen.runtime import arguments
+    from topkgen.split import ChunkPlan, stages
+
+    import ml_dtypes
+
+    x = make_rows("normal", 1, n, seed=n + k).astype(np.float32 if dtype == "float32" else ml_dtypes.bfloat16)
+    expect, _ = reference.topk(x, k, largest=True)
+    spec = policy.select(kernels.policy, ARCH, dtype, k, n).kernel
+    module = kernels.module(spec)
+
+    def run(chunks: int):
+        values, indices = np.zeros((1, k), x.dtype), np.zeros((1, k), np.int64)
+        plan = ChunkPlan(1, n, k, chunks, x.itemsize) if chunks > 1 else None
+        pointers = {"x": x, "values": values, "indices": indices}
+        if plan is not None:
+            workspace = np.zeros(plan.workspace_bytes, np.uint8)
+            count = plan.candidates
+            pointers["candidate_indices"] = workspace[:count * 8].view(np.int64)
+            pointers["candidate_values"] = workspace[plan.values_offset:plan.values_offset + count * x.itemsize].view(x.dtype)
+        counts = [module.launch(spec.name, stage.grid_rows, spec.threads, arguments(params(spec), stage, pointers, None),
+                                shared_bytes=spec.dynamic_shared_bytes, counters=True)
+                  for stage in stages(1, n, k, True, plan)]
+        if not np.array_equal(reference.select_keys(values, True), reference.select_keys(expect, True)):
+            raise SystemExit(f"bench-kernels: {spec.name} in {chunks} chunks returned a wrong top-{k} of {n}")
+        return counts
+
+    (whole,) = run(1)
+    one_cta = _facts(kernels, spec, whole, n, 1, x.nbytes)
+    out = []
+    for rows in batches:
+        sel = policy.select(kernels.policy, ARCH, dtype, k, n, rows=rows)
+        unsplit_s, _ = estimate_seconds(rows, n, k, x.itemsize, one_cta)
+        if sel.split is None:
+            out.append(SplitRow(dtype, n, k, rows, spec.name, 1, n, one_cta.reads_per_element, 0, 0.0,
+                                unsplit_s * 1e6, unsplit_s * 1e6))
+            continue
+        plan = sel.split
+        first, second = run(plan.chunks)
+        stage1 = _facts(kernels, spec, first, n, plan.chunks, x.nbytes)
+        merged = plan.candidates * x.itemsize
+        stage2 = _facts(kernels, spec, second, plan.candidates, 1, merged)
+        seconds = (estimate_seconds(rows * plan.chunks, plan.chunk, k, x.itemsize, stage1)[0]
+                   + estimate_seconds(rows, plan.candidates, k, x.itemsize, stage2)[0])
+        out.append(SplitRow(dtype, n, k, rows, spec.name, plan.chunks, plan.chunk, stage1.reads_per_element,
+                            plan.candidates, second.global_load_bytes / plan.candidates, seconds * 1e6,
+                            unsplit_s * 1e6))
+    return out
+
+
+def print_split_table(rows: list[SplitRow]) -> None:
+    print("\n### radix kernels, small batch, split across CTAs (model: each line's batch)\n")
+    head = ("| dtype | N | K | rows | kernel | CTAs/row | chunk | stage-1 reads/elem | merge candidates/row "
+            "| merge bytes read/candidate | model us (H200) | model us, one CTA/row | model ratio |")
+    print(head)
+    print("|" + "---|" * (head.count("|") - 1))
+    for r in rows:
+        print(f"| {r.dtype} | {r.n} | {r.k} | {r.rows} | {r.kernel} | {r.ctas_per_row} | {r.chunk} "
+              f"| {r.stage1_reads_per_element:.3f} | {r.merge_candidates} | {r.merge_bytes_per_candidate:.2f} "
+              f"| {r.model_us:.0f} | {r.model_one_cta_us:.0f} | {r.model_one_cta_us / r.model_us:.1f}x |")
 
 
 def _model(row: Row) -> str:
@@ -191,13 +291,19 @@ def main(argv: list[str] | None = None) -> int:
     started = time.perf_counter()
     kernels = Kernels()
     rows = [measure(kernels, s.name, s.model_rows, s.emulated_rows, dtype, n, k, kind)
-            for s in wanted for dtype, n, k in s.shapes for kind in DATA_KINDS]
+            for s in wanted if not s.per_batch for dtype, n, k in s.shapes for kind in s.data]
+    split_rows = [r for s in wanted if s.per_batch for dtype, n, k in s.shapes
+                  for r in measure_split(kernels, dtype, n, k, s.gpu_rows)]
     print(f"bench-kernels: {ARCH} kernels of the default policy, counted on the emulator; "
           f"the model column is an H200 estimate, not a measurement")
     print_tables(rows, baseline)
+    if split_rows:
+        print_split_table(split_rows)
     if args.json:
-        Path(args.json).write_text(json.dumps({"arch": ARCH, "rows": [asdict(r) for r in rows]}, indent=1) + "\n")
-    print(f"\n{len(rows)} launches in {time.perf_counter() - started:.0f} s")
+        Path(args.json).write_text(json.dumps({"arch": ARCH, "rows": [asdict(r) for r in rows],
+                                               "split_rows": [asdict(r) for r in split_rows]}, indent=1) + "\n")
+    launches = len(rows) + sum(1 + (r.ctas_per_row > 1) for r in split_rows)
+    print(f"\n{launches} launches in {time.perf_counter() - started:.0f} s")
     return 0
 
 

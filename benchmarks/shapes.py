@@ -17,6 +17,9 @@ class ShapeSet:
     emulated_rows: int                     # rows bench-kernels runs (the counts are per row)
     gpu_rows: tuple[int, ...]              # batches gpu-check times
     shapes: tuple[tuple[str, int, int], ...]  # (dtype, n, k)
+    data: tuple[str, ...] = DATA_KINDS     # the data kinds both run
+    per_batch: bool = False                # dispatch depends on the batch (split rows): bench-kernels
+                                           # plans each of gpu_rows and runs emulated_rows of it
 
 
 SETS = (
@@ -28,6 +31,9 @@ SETS = (
     ShapeSet("rows of 131072", 1024, 2, (1024,),
              tuple((d, 131072, k) for d in ("float32", "bfloat16") for k in (256, 1024))),
     ShapeSet("register ladder", 4096, 8, (4096,), (("float32", 1024, 16), ("bfloat16", 1024, 16))),
+    # Issue 14: LLM sampling batches, whose rows the default policy splits across CTAs.
+    ShapeSet("small batch", 1, 1, (1, 4, 16, 64),
+             tuple(("float32", n, k) for n in (131072, 262144) for k in (16, 256, 1024)), ("normal",), True),
 )
 
 

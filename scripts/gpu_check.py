@@ -7,7 +7,10 @@
 4. run compute-sanitizer (memcheck, racecheck) on one kernel of each family;
 5. time the kernels alone, against torch.topk (and flashinfer.top_k where importable), on
    the shapes of benchmarks/shapes.py (those of `make bench-kernels`, the seed grid at 132
-   and 4096 rows) and its four data kinds. With nvbench's Python package (cuda-bench):
+   and 4096 rows) and its four data kinds; the "small batch" set is issue 14's point 6:
+   rows {1, 4, 16, 64} x n {131072, 262144} x K {16, 256, 1024}, whose rows the policy
+   splits across CTAs (both launches timed, with a workspace passed in, as a CUDA graph
+   would capture them); the table's "chunks" column says how each case ran. With nvbench's Python package (cuda-bench):
    cold runs (L2 flushed), a noise threshold, throttled samples dropped. Without it: CUDA
    events around the launch alone, while a spin kernel holds the GPU so that the Python
    dispatch stays outside the window, with an L2 flush before every sample, until the
@@ -124,8 +127,15 @@ def cases(set_names: str | None = None, data_names: str | None = None) -> list[C
         sets = select_sets(set_names)
     except ValueError as err:
         raise ValueError(f"--sets: {err}") from None
-    return [Case(s.name, rows, dtype, n, k, kind) for s in sets for rows in s.gpu_rows
-            for dtype, n, k in s.shapes for kind in kinds]
+    out = {}  # by id: a case two sets share (1 x 131072, K=16) is timed once, under the first
+    for s in sets:
+        for rows in s.gpu_rows:
+            for dtype, n, k in s.shapes:
+                for kind in kinds:
+                    if kind in s.data:
+                        case = Case(s.name, rows, dtype, n, k, kind)
+                        out.setdefault(case.id, case)
+    return list(out.values())
 
 
 def step(title: str) -> None:
@@ -184,11 +194,12 @@ def main(argv: list[str] | None = None) -> int:
         ncu_reserve = 0 if "ncu" in args.skip else 90
         timings, mismatches = benchmark(args, deadline - ncu_reserve)
         failed |= bool(mismatches)
+    chunks = chunks_per_row(args.cases, arch)
     dram = {}
     if "ncu" not in args.skip:
         step("ncu: DRAM bytes per row")
-        dram = ncu_dram_per_row(args, deadline)
-    table = format_table(args.cases, timings, dram)
+        dram = ncu_dram_per_row(args, deadline, chunks)
+    table = format_table(args.cases, timings, dram, chunks)
     print("\n" + table)
     (args.results / "gpu_check_table.md").write_text(table + "\n")
     print(f"\ngpu-check finished in {time.monotonic() - started:.0f} s{' with FAILURES' if failed else ''}")
@@ -263,7 +274,8 @@ def cpp_against_python(out: str, arch: str) -> bool:
                     proc = subprocess.run([str(cpp), "launch", out, arch, dtype, str(k), str(n), "5",
                                            "deterministic" if det else "fast", "0", str(int(largest)),
                                            f"{tmp}/x.bin", f"{tmp}/v.bin", f"{tmp}/i.bin"], capture_output=True, text=True)
-                    if proc.returncode != 0 or proc.stdout.strip() != name:
+                    chunks = op.choose(dtype, k, n, det, 5).chunks
+                    if proc.returncode != 0 or proc.stdout.split() != [name, str(chunks)]:
                         problems.append(f"topkgen-cpp: exit {proc.returncode} {proc.stdout.strip()} {proc.stderr.strip()}")
                         continue
                     cpp_values = Path(tmp, "v.bin").read_bytes()
@@ -330,12 +342,15 @@ def make_input(torch, case: Case):
 
 
 def launchers(torch, op, case: Case, x) -> dict:
-    """impl -> enqueue(stream_handle), each issuing that implementation's work on the stream."""
+    """impl -> enqueue(stream_handle), each issuing that implementation's work on the stream.
+    topkgen gets its outputs and, for split rows, its workspace allocated beforehand."""
     values = torch.empty((case.rows, case.k), dtype=x.dtype, device="cuda")
     indices = torch.empty((case.rows, case.k), dtype=torch.int64, device="cuda")
+    size = op.workspace_bytes(case.dtype, case.k, case.n, case.rows)
+    workspace = torch.empty(size, dtype=torch.uint8, device="cuda") if size else None
 
     def ours(handle: int) -> None:
-        op(x, case.k, out=(values, indices), stream=handle)
+        op(x, case.k, out=(values, indices), stream=handle, workspace=workspace)
 
     def theirs(handle: int) -> None:
         with torch.cuda.stream(torch.cuda.ExternalStream(handle)):
@@ -542,7 +557,15 @@ def ncu_cases(all_cases: list[Case]) -> list[Case]:
     return [c for c in all_cases if c.data == "normal"]
 
 
-def ncu_dram_per_row(args, deadline: float) -> dict[str, tuple[float, float]]:
+def chunks_per_row(all_cases: list[Case], arch: str) -> dict[str, int]:
+    """How the default policy (the bundle's) runs each case: chunks per row, 1 unsplit."""
+    from topkgen import policy
+
+    loaded = policy.load()
+    return {c.id: policy.select(loaded, arch, c.dtype, c.k, c.n, rows=c.rows).chunks for c in all_cases}
+
+
+def ncu_dram_per_row(args, deadline: float, chunks: dict[str, int]) -> dict[str, tuple[float, float]]:
     tool = ncu_tool()
     if tool is None:
         print("ncu not found: skipped")
@@ -563,10 +586,16 @@ def ncu_dram_per_row(args, deadline: float) -> dict[str, tuple[float, float]]:
         print(f"ncu failed or was refused (exit {rc}): no DRAM figures")
         return {}
     per_launch = parse_ncu_csv(log.read_text())
-    if len(per_launch) != len(chosen):
-        print(f"ncu reported {len(per_launch)} topk launches for {len(chosen)} cases: no DRAM figures")
+    launches = [2 if chunks.get(c.id, 1) > 1 else 1 for c in chosen]  # a split is two launches
+    if len(per_launch) != sum(launches):
+        print(f"ncu reported {len(per_launch)} topk launches for {sum(launches)} expected: no DRAM figures")
         return {}
-    return {c.id: (read / c.rows, write / c.rows) for c, (read, write) in zip(chosen, per_launch)}
+    out, at = {}, 0
+    for c, count in zip(chosen, launches):
+        read, write = (sum(values) for values in zip(*per_launch[at:at + count]))
+        out[c.id] = (read / c.rows, write / c.rows)
+        at += count
+    return out
 
 
 def ncu_child(args) -> int:
@@ -602,11 +631,13 @@ def parse_ncu_csv(text: str) -> list[tuple[float, float]]:
 # ----------------------------------------------------------------------------- table
 
 def format_table(all_cases: list[Case], timings: dict[tuple[str, str], Timing],
-                 dram: dict[str, tuple[float, float]]) -> str:
-    """Medians side by side per case: topkgen, torch.topk, flashinfer.top_k, the speedup over
-    torch, the fraction of 4.8 TB/s that reading the input once reaches, and ncu's DRAM bytes
-    read per row against the row's size."""
-    head = ("| set | dtype | rows | N | K | data | topkgen us | torch us | flashinfer us | vs torch "
+                 dram: dict[str, tuple[float, float]], chunks: dict[str, int] | None = None) -> str:
+    """Medians side by side per case: topkgen (and the chunks per row its policy split each
+    row into), torch.topk, flashinfer.top_k, the speedup over torch, the fraction of 4.8 TB/s
+    that reading the input once reaches, and ncu's DRAM bytes read per row against the row's
+    size."""
+    chunks = chunks or {}
+    head = ("| set | dtype | rows | N | K | data | chunks | topkgen us | torch us | flashinfer us | vs torch "
             "| of 4.8 TB/s | samples (dropped) | DRAM read/row (x row) |")
     lines = [head, "|" + "---|" * (head.count("|") - 1)]
     for c in all_cases:
@@ -621,7 +652,8 @@ def format_table(all_cases: list[Case], timings: dict[tuple[str, str], Timing],
         counts = f"{len(ours.samples)} ({ours.dropped})" if ours else "n/a"
         row_bytes = c.input_bytes / c.rows
         read = f"{dram[c.id][0]:.0f} ({dram[c.id][0] / row_bytes:.2f}x)" if c.id in dram else "n/a"
-        lines.append(f"| {c.set} | {c.dtype} | {c.rows} | {c.n} | {c.k} | {c.data} | {us(ours)} | {us(torch_t)} "
+        lines.append(f"| {c.set} | {c.dtype} | {c.rows} | {c.n} | {c.k} | {c.data} | {chunks.get(c.id, 'n/a')} "
+                     f"| {us(ours)} | {us(torch_t)} "
                      f"| {us(flash)} | {speedup} | {peak} | {counts} | {read} |")
     return "\n".join(lines)
 

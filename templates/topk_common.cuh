@@ -345,6 +345,25 @@ __device__ __forceinline__ void warp_sort(u64 (&v)[E]) {
 // shared memory, or the candidates (packed key and index) collected there.
 enum Source { kGlobalRow = 0, kSharedRow = 1, kBuffer = 2 };
 
+// The part of the input a CTA takes (topkgen.split): with chunk < n each row is cut into
+// n / chunk chunks of `chunk` elements, CTA row * chunks + c taking chunk c (the last one
+// also the rest of the row); otherwise one CTA takes a whole row. `offset` is the chunk's
+// first element in x (and x_indices); `first` its position in the row. Recomputed where it
+// is used, from blockIdx and the kernel's parameters, so that no register holds it through
+// the passes.
+struct Part {
+  int row, first, n;
+  unsigned long long offset;
+};
+
+__device__ __forceinline__ Part part_of_row(int n, int chunk, long long row_stride) {
+  const int chunks = chunk > 0 && chunk < n ? n / chunk : 1;
+  const int row = int(blockIdx.x) / chunks, c = int(blockIdx.x) - row * chunks;
+  const int first = c * chunk;  // 0 for one chunk per row
+  const int count = c == chunks - 1 ? n - first : chunk;
+  return Part{row, first, count, (unsigned long long)row * (unsigned long long)row_stride + (unsigned long long)first};
+}
+
 // What the passes know about the k-th key. It lives in shared memory, written by thread 0
 // between barriers, so that no register holds it through the passes' loops.
 struct RadixState {
@@ -364,12 +383,16 @@ struct RadixState {
 // Passes take 11-bit digits MSB-first and stop early once the k-th key is resolved (its
 // bucket holds exactly the keys still to take, or a single key). Deterministic mode takes
 // the ties with the lowest indices (an ordered scan of the row); fast mode any of them.
-// Row access goes through RowView alone, so a part of a row is served the same way.
+// Row access goes through RowView alone, so a part of a row is served the same way: a CTA
+// takes a chunk of a row when `chunk` splits it (Part), and writes the chunk's top k at
+// blockIdx.x * k with indices in the row; with x_indices (a split's merge) the indices it
+// writes are those x_indices holds for the elements it took.
 template <typename T, int KR, int THREADS, bool DETERMINISTIC, int BODY_VECTORS, int TAIL_STEPS, int EXACT_N,
           int SMEM_BYTES, int UNROLL>
-__device__ __forceinline__ void radix_topk(const T* __restrict__ x, T* __restrict__ values,
-                                           long long* __restrict__ indices, int rows, int n_arg, int k,
-                                           bool largest, unsigned char* dynamic_shared) {
+__device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long long* __restrict__ x_indices,
+                                           T* __restrict__ values, long long* __restrict__ indices, int rows, int n_arg,
+                                           int k, bool largest, int chunk, long long row_stride,
+                                           unsigned char* dynamic_shared) {
   typedef typename KeyTraits<T>::Bits Bits;
   typedef RowView<Bits, THREADS, BODY_VECTORS, TAIL_STEPS, UNROLL> View;
   constexpr int V = View::V;
@@ -385,10 +408,10 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, T* __restric
   __shared__ RadixState state;
   __shared__ u64 cand[KR];
 
-  const int row = int(blockIdx.x);
-  if (row >= rows) return;
-  const int n = EXACT_N > 0 ? EXACT_N : n_arg;
-  const Bits* row_bits = reinterpret_cast<const Bits*>(x) + (unsigned long long)row * (unsigned long long)n;
+  const Part part = part_of_row(n_arg, chunk, row_stride);
+  if (part.row >= rows) return;
+  const int n = EXACT_N > 0 ? EXACT_N : part.n;
+  const Bits* row_bits = reinterpret_cast<const Bits*>(x) + part.offset;
   const View global_row(row_bits, n);
   // The copy keeps the row's alignment phase, so the same vectors are aligned in both.
   const bool resident = SMEM_BYTES > 0 && n <= ROW_CAPACITY - (V - 1);
@@ -574,14 +597,16 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, T* __restric
   // are read again, from the copy when the row is resident.
   counter_phase("sort and output");
   const int t = thread_index();
-  const unsigned long long out_base = (unsigned long long)row * (unsigned long long)k;
+  const unsigned long long out_base = (unsigned long long)blockIdx.x * (unsigned long long)k;
   auto emit = [&](int i, u64 entry) {
-    const int index = unpack_index(entry);
+    const int index = unpack_index(entry);  // in the chunk
     bool is_nan;
     Bits bits = key_bits<T>(unpack_key(entry), largest, is_nan);
     if (is_nan) bits = resident ? copy[index] : load_global_nc(row_bits + index);
     store_global(reinterpret_cast<Bits*>(values) + out_base + i, bits);
-    store_global(indices + out_base + i, (long long)index);
+    const Part where = part_of_row(n_arg, chunk, row_stride);
+    store_global(indices + out_base + i, x_indices != nullptr ? load_global_nc(x_indices + where.offset + index)
+                                                              : (long long)(where.first + index));
   };
   if constexpr (KR <= 64) {
     constexpr int E = KR > 32 ? 2 : 1;

@@ -2,14 +2,20 @@
 an outside author would write one: the standard library only, no topkgen import, nothing
 known about the policy. test_independent_loader.py holds it against topkgen.policy.select.
 
-Dispatch, per the schema: take dispatch[arch][dtype][mode] and the one row whose k and n
-ranges hold k and n; its kernel serves when the loader can JIT, its aot_fallback when it
-cannot (null: nothing serves)."""
+Dispatch, per the schema: take dispatch[arch][dtype][mode] and the one row whose k, n and
+rows ranges hold k, n and rows (rows unknown: 2147483647, launched unsplit); its kernel
+serves with its chunks when the loader can JIT, its aot_fallback with its aot_chunks when
+it cannot (null: nothing serves). A split of C chunks per row needs a workspace of
+align_up(rows x C x k x 8, 256) + rows x C x k x sizeof(dtype) bytes, candidate values from
+byte align_up(rows x C x k x 8, 256), and stage 1 runs chunks of floor(n / C) elements."""
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+ROWS_MAX = 2147483647
+SIZES = {"float32": 4, "bfloat16": 2, "float16": 2}
 
 
 class Refused(Exception):
@@ -19,15 +25,27 @@ class Refused(Exception):
 class IndependentLoader:
     def __init__(self, bundle_dir: str | Path) -> None:
         self.manifest = json.loads((Path(bundle_dir) / "manifest.json").read_text())
-        if self.manifest["schema_version"] != 2:
-            raise Refused("schema_version is not 2")
+        if self.manifest["schema_version"] != 3:
+            raise Refused("schema_version is not 3")
 
-    def pick(self, arch: str, dtype: str, k: int, n: int, deterministic: bool, jit: bool) -> str | None:
-        """The kernel's name, or None where nothing serves the request."""
-        if not (1 <= k <= 1024 and k <= n <= 2147483647):
-            raise Refused(f"k={k} n={n} is outside the domain")
-        rows = self.manifest["dispatch"][arch][dtype]["deterministic" if deterministic else "fast"]
-        hits = [row for row in rows if row["k"][0] <= k <= row["k"][1] and row["n"][0] <= n <= row["n"][1]]
+    def pick(self, arch: str, dtype: str, k: int, n: int, deterministic: bool, jit: bool,
+             rows: int | None = None) -> tuple[str, int] | None:
+        """(the kernel's name, chunks per row), or None where nothing serves the request."""
+        if not (1 <= k <= 1024 and k <= n <= 2147483647) or not (rows is None or 1 <= rows <= ROWS_MAX):
+            raise Refused(f"k={k} n={n} rows={rows} is outside the domain")
+        table = self.manifest["dispatch"][arch][dtype]["deterministic" if deterministic else "fast"]
+        r = ROWS_MAX if rows is None else rows
+        hits = [row for row in table if row["k"][0] <= k <= row["k"][1] and row["n"][0] <= n <= row["n"][1]
+                and row["rows"][0] <= r <= row["rows"][1]]
         if len(hits) != 1:
-            raise Refused(f"{len(hits)} rows hold k={k} n={n}")
-        return hits[0]["kernel"] if jit else hits[0]["aot_fallback"]
+            raise Refused(f"{len(hits)} rows hold k={k} n={n} rows={r}")
+        kernel, chunks = (hits[0]["kernel"], hits[0]["chunks"]) if jit else (hits[0]["aot_fallback"], hits[0]["aot_chunks"])
+        if kernel is None:
+            return None
+        return kernel, 1 if rows is None else chunks
+
+    @staticmethod
+    def workspace(dtype: str, k: int, n: int, rows: int, chunks: int) -> dict[str, int]:
+        count = rows * chunks * k
+        offset = -(-count * 8 // 256) * 256
+        return {"chunk": n // chunks, "values_offset": offset, "workspace_bytes": offset + count * SIZES[dtype]}

@@ -17,7 +17,7 @@ from topkgen import bundle
 from topkgen import policy as pol
 from topkgen.compile import CompileError, compile_kernel, options
 from topkgen.manifest_checks import elf_sm
-from topkgen.render import render
+from topkgen.render import PARAMS, render
 from topkgen.schema import load_schema
 
 from .conftest import DEFAULT_POLICY, LEGACY_POLICY
@@ -62,7 +62,9 @@ def test_default_bundle_has_58_cubins_for_sm90_and_sm100(default_bundle):
         assert entry["size_bytes"] == len(data)
         assert entry["symbol"] == entry["name"]
         assert entry["resources"]["registers"] > 0
-        assert [p["ctype"] for p in entry["params"]][:3] == {
+        assert [p["name"] for p in entry["params"]] == list(PARAMS[entry["family"]])
+        ctypes = {p["name"]: p["ctype"] for p in entry["params"]}
+        assert [ctypes["x"], ctypes["values"], ctypes["indices"]] == {
             "float32": ["const float*", "float*", "long long*"],
             "bfloat16": ["const __nv_bfloat16*", "__nv_bfloat16*", "long long*"]}[entry["dtype"]]
     for entry in manifest["kernels"]:  # radix rows up to 96 KB are read once into dynamic shared memory

@@ -10,6 +10,7 @@ import pytest
 
 from topkgen import policy as pol
 from topkgen.emulator import EmulationError, compile_source
+from topkgen.runtime import launch_arguments
 from topkgen.render import render, template_dir
 
 KERNELS = Path(__file__).resolve().parent / "kernels"
@@ -115,9 +116,8 @@ def _launch(spec, module, x: np.ndarray, k: int):
     rows, n = x.shape
     values, indices = np.zeros((rows, k), x.dtype), np.zeros((rows, k), np.int64)
     grid = (rows + spec.rows_per_block - 1) // spec.rows_per_block
-    return module.launch(spec.name, grid, spec.threads, [x, values, indices, np.int32(rows), np.int32(n), np.int32(k),
-                                                         np.int32(1)], shared_bytes=spec.dynamic_shared_bytes,
-                         counters=True)
+    return module.launch(spec.name, grid, spec.threads, launch_arguments(spec, x, values, indices, rows, n, k, True),
+                         shared_bytes=spec.dynamic_shared_bytes, counters=True)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

@@ -1,6 +1,7 @@
-"""The C++ loader (loaders/cpp) against topkgen: its lookups equal topkgen.policy.select over
-the boundary grid and 10,000 random shapes, JIT on and off, and it refuses what the Python
-loader refuses with the very same message. Built by `make cpp` (g++, nlohmann/json from
+"""The C++ loader (loaders/cpp) against topkgen: its lookups and split plans equal
+topkgen.policy.select's over the boundary grid (batch sizes included) and 10,000 random
+shapes, JIT on and off, and it refuses what the Python loader refuses with the very same
+message. Built by `make cpp` (g++, nlohmann/json from
 PyPI, OpenSSL's libcrypto); no GPU and no CUDA toolkit needed."""
 
 from __future__ import annotations
@@ -38,27 +39,37 @@ def cpp():
 
 
 def cpp_select(cpp: Path, bundle_dir: Path, shapes: list[tuple]) -> list[str]:
-    lines = "".join(f"{a} {d} {k} {n} {'deterministic' if det else 'fast'} {int(jit)}\n"
-                    for a, d, k, n, det, jit in shapes)
+    """Shapes (arch, dtype, k, n, det, jit[, rows])."""
+    lines = "".join(f"{a} {d} {k} {n} {'deterministic' if det else 'fast'} {int(jit)}"
+                    f"{'' if len(rest) == 0 or rest[0] is None else f' {rest[0]}'}\n"
+                    for a, d, k, n, det, jit, *rest in shapes)
     proc = subprocess.run([cpp, "select", bundle_dir], input=lines, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     return proc.stdout.splitlines()
 
 
 def python_select(policy: pol.Policy, shape: tuple) -> str:
-    arch, dtype, k, n, det, jit = shape
+    """What topkgen-cpp select prints: the kernel, then (rows given) its chunks per row and the
+    split's workspace bytes and candidate values' offset."""
+    arch, dtype, k, n, det, jit, *rest = shape
+    rows = rest[0] if rest else None
     try:
-        return pol.select(policy, arch, dtype, k, n, deterministic=det, jit=jit).kernel.name
+        sel = pol.select(policy, arch, dtype, k, n, deterministic=det, jit=jit, rows=rows)
     except pol.DispatchError as err:
         return f"error: {err}"
+    if rows is None:
+        return sel.kernel.name
+    plan = sel.split
+    return f"{sel.kernel.name} {sel.chunks} {plan.workspace_bytes if plan else 0} {plan.values_offset if plan else 0}"
 
 
 def boundary_shapes(policy: pol.Policy) -> list[tuple]:
     shapes = []
     for arch in policy.archs:
         for dtype in policy.dtypes:
-            ks, ns = dispatch_table.boundary_grid(policy, arch, dtype)
-            shapes += [(arch, dtype, k, n, det, jit) for k in ks for n in sorted({*ns, k}) if n >= k
+            ks, ns, rs = dispatch_table.boundary_grid(policy, arch, dtype)
+            shapes += [(arch, dtype, k, n, det, jit, rows) for k in ks for n in sorted({*ns, k}) if n >= k
+                       for rows in [None, *dispatch_table.rows_for(policy, arch, n, rs)]
                        for det in (False, True) for jit in (True, False)]
     return shapes
 
@@ -68,9 +79,11 @@ def random_shapes(policy: pol.Policy, count: int, seed: int = 9) -> list[tuple]:
     shapes = []
     for _ in range(count):
         k = rng.randint(1, pol.K_MAX)
-        n = rng.choice([rng.randint(k, max(k, 4200)), min(pol.N_MAX, int(k * 2 ** rng.uniform(0, 31)))])
+        n = rng.choice([rng.randint(k, max(k, 4200)), min(pol.N_MAX, int(k * 2 ** rng.uniform(0, 31))),
+                        rng.randint(max(k, 100_000), 600_000)])
+        rows = rng.choice([None, rng.randint(1, 128), rng.randint(1, pol.ROWS_MAX)])
         shape = (rng.choice(list(policy.archs)), rng.choice(policy.dtypes), k, n, rng.random() < 0.5)
-        shapes += [(*shape, True), (*shape, False)]
+        shapes += [(*shape, True, rows), (*shape, False, rows)]
     return shapes
 
 

@@ -1,6 +1,7 @@
 """The manifest's dispatch table against topkgen.policy.select, the one dispatch rule: every
-k from 1 to 1024 at every n breakpoint, a property test over the whole domain, and the
-load checks that refuse a table that is not a tiling or names the wrong kernels."""
+k from 1 to 1024 at every n breakpoint and batch sizes that split or not, a property test
+over the whole domain (rows included), and the load checks that refuse a table that is not
+a tiling or names the wrong kernels or splits a kernel cannot run."""
 
 from __future__ import annotations
 
@@ -15,20 +16,23 @@ from topkgen import bundle, dispatch_table
 from topkgen import policy as pol
 from topkgen.dispatch_table import ArchTable, FieldError
 from topkgen.manifest_checks import check_manifest
+from topkgen.split import ROWS_MAX
 
 MODES = (False, True)  # deterministic
 
 
-def _expected(policy, arch, dtype, k, n, det, jit):
+def _expected(policy, arch, dtype, k, n, det, jit, rows=None):
     try:
-        return pol.select(policy, arch, dtype, k, n, deterministic=det, jit=jit).kernel.name
+        sel = pol.select(policy, arch, dtype, k, n, deterministic=det, jit=jit, rows=rows)
+        return sel.kernel.name, sel.chunks
     except pol.DispatchError as err:
         return f"error: {err}"
 
 
-def _looked_up(table, dtype, k, n, det, jit):
+def _looked_up(table, dtype, k, n, det, jit, rows=None):
     try:
-        return table.lookup(dtype, k, n, det, jit).kernel
+        choice = table.lookup(dtype, k, n, det, jit, rows)
+        return choice.kernel, choice.chunks
     except pol.DispatchError as err:
         return f"error: {err}"
 
@@ -41,21 +45,30 @@ def tables(request, default_policy, legacy_policy):
 
 
 def test_table_equals_select_at_every_k_and_every_n_breakpoint(tables):
+    """Batch sizes: unknown, and 1 and 64 (split, into different chunks) where a row may split."""
     policy, by_arch = tables
     compared = 0
     for arch, table in by_arch.items():
+        split = policy.archs[arch].split
         for dtype in policy.dtypes:
             n_points = sorted({n + d for n in dispatch_table.n_starts(policy, arch, dtype) for d in (-1, 0, 1)}
                               | {pol.N_MAX})
             for k in range(1, pol.K_MAX + 1):
                 for n in (n for n in n_points if k <= n <= pol.N_MAX):
-                    for det in MODES:
-                        for jit in (True, False):
-                            assert _looked_up(table, dtype, k, n, det, jit) == _expected(policy, arch, dtype, k, n, det, jit), \
-                                (arch, dtype, k, n, det, jit)
-                            compared += 1
-    print(f"table == select on {compared} decisions (every k, every n breakpoint -1/0/+1)")
+                    for rows in (None, 1, 64) if split and n >= split.min_n else (None,):
+                        for det in MODES:
+                            for jit in (True, False):
+                                assert _looked_up(table, dtype, k, n, det, jit, rows) == \
+                                    _expected(policy, arch, dtype, k, n, det, jit, rows), (arch, dtype, k, n, rows, det, jit)
+                                compared += 1
+    print(f"table == select on {compared} decisions (every k, every n breakpoint -1/0/+1, rows)")
     assert compared > 100_000
+
+
+def test_table_equals_select_on_the_boundary_grid_with_every_batch_breakpoint(tables):
+    policy, by_arch = tables
+    table = dispatch_table.build(policy, list(by_arch))
+    assert dispatch_table.check_against_select(policy, table) > (100_000 if policy.archs["sm_90"].split else 5_000)
 
 
 @settings(max_examples=400, deadline=None)
@@ -65,9 +78,25 @@ def test_table_equals_select_anywhere_in_the_domain(tables, data):
     arch = data.draw(st.sampled_from(sorted(by_arch)))
     dtype = data.draw(st.sampled_from(policy.dtypes))
     k = data.draw(st.integers(1, pol.K_MAX))
-    n = data.draw(st.one_of(st.integers(k, pol.N_MAX), st.integers(k, max(k, 5000))))
+    n = data.draw(st.one_of(st.integers(k, pol.N_MAX), st.integers(k, max(k, 5000)),
+                            st.integers(max(k, 100_000), 600_000)))
+    rows = data.draw(st.one_of(st.none(), st.integers(1, 200), st.integers(1, ROWS_MAX)))
     det, jit = data.draw(st.booleans()), data.draw(st.booleans())
-    assert _looked_up(by_arch[arch], dtype, k, n, det, jit) == _expected(policy, arch, dtype, k, n, det, jit)
+    assert _looked_up(by_arch[arch], dtype, k, n, det, jit, rows) == _expected(policy, arch, dtype, k, n, det, jit, rows)
+
+
+def test_the_kernel_does_not_depend_on_the_batch_and_an_unknown_batch_is_not_split(default_policy):
+    """rows only decides chunks: the kernel is the one-CTA-per-row answer, which a caller that
+    does not know rows gets (today's answer), unsplit."""
+    for arch in default_policy.archs:
+        for dtype in default_policy.dtypes:
+            ks, ns, rs = dispatch_table.boundary_grid(default_policy, arch, dtype)
+            for k in ks[::7]:
+                for n in (n for n in ns if n >= k):
+                    unknown = pol.select(default_policy, arch, dtype, k, n)
+                    assert unknown.split is None
+                    for rows in rs:
+                        assert pol.select(default_policy, arch, dtype, k, n, rows=rows).kernel == unknown.kernel
 
 
 def test_lookups_refuse_what_select_refuses(default_policy):
@@ -75,6 +104,10 @@ def test_lookups_refuse_what_select_refuses(default_policy):
     for k, n in ((0, 5), (1025, 5000), (5, 0), (5, 2**31), (9, 8), (True, 8), (3, 2.0)):
         assert _looked_up(table, "float32", k, n, False, True) == _expected(default_policy, "sm_90", "float32", k, n,
                                                                            False, True)
+    for rows in (0, -3, ROWS_MAX + 1, True, 2.0):
+        refused = _looked_up(table, "float32", 5, 200_000, False, True, rows)
+        assert refused == _expected(default_policy, "sm_90", "float32", 5, 200_000, False, True, rows)
+        assert refused.startswith("error: rows: must be")
     assert _looked_up(table, "float16", 5, 50, False, False) == \
         "error: dtype: 'float16' has no AOT kernels and JIT is disabled"
     assert _looked_up(table, "int8", 5, 50, False, True) == \
@@ -87,7 +120,7 @@ def test_the_build_check_catches_a_table_that_disagrees_with_select(default_poli
     rows = table["sm_90"]["float32"]["fast"]
     row = next(r for r in rows if r["source"] == "jit")
     row["kernel"], row["source"] = row["aot_fallback"], "aot"  # the JIT tier forgotten
-    with pytest.raises(FieldError, match=r"dispatch\.sm_90\.float32\.fast: at k=1 n=2048 the table says "
+    with pytest.raises(FieldError, match=r"dispatch\.sm_90\.float32\.fast: at k=1 n=2048 rows=1 the table says "
                                          r"topk_radix_dyn_k64_fast_f32_sm_90 \(aot.*select says "
                                          r"topk_register_n2048_k16_det_f32_sm_90 \(jit"):
         dispatch_table.check_against_select(default_policy, table)
@@ -96,7 +129,7 @@ def test_the_build_check_catches_a_table_that_disagrees_with_select(default_poli
 def test_rows_are_few_and_reach_below_the_diagonal_only_from_n_1(default_policy):
     table = dispatch_table.build(default_policy, list(default_policy.archs))
     lists = [rows for by_dtype in table.values() for by_mode in by_dtype.values() for rows in by_mode.values()]
-    assert len(lists) == 2 * 3 * 2 and max(len(rows) for rows in lists) <= 20
+    assert len(lists) == 2 * 3 * 2 and max(len(rows) for rows in lists) <= 150
     for rows in lists:
         for row in rows:
             assert row["n"][0] == 1 or row["n"][0] >= row["k"][0]
@@ -123,7 +156,8 @@ def test_overlapping_rows_are_refused(manifest):
     doc = copy.deepcopy(manifest)
     rows = doc["dispatch"]["sm_90"]["float32"]["fast"]
     rows[1]["n"][0] -= 1
-    assert _refusal(doc) == "dispatch.sm_90.float32.fast: rows [0] and [1] overlap at k=1..16 n=1024..1024"
+    assert _refusal(doc) == ("dispatch.sm_90.float32.fast: rows [0] and [1] overlap at k=1..16 n=1024..1024 "
+                             "rows=1..2147483647")
 
 
 def test_a_gap_is_refused(manifest):
@@ -151,9 +185,70 @@ def test_a_row_must_name_a_kernel_of_its_dtype_mode_and_window(manifest):
     assert _refusal(doc) == ("dispatch.sm_90.float32.fast[0].kernel: topk_register_ladder_k16_det_f32_sm_90 "
                              "serves n 1..1024, not 1..1500")
     doc = copy.deepcopy(manifest)
-    doc["dispatch"]["sm_90"]["float16"]["fast"][0]["aot_fallback"] = "topk_register_n2048_k16_det_f16_sm_90"
+    row = doc["dispatch"]["sm_90"]["float16"]["fast"][0]
+    row["aot_fallback"], row["aot_chunks"] = "topk_register_n2048_k16_det_f16_sm_90", 1
     assert _refusal(doc) == ("dispatch.sm_90.float16.fast[0].aot_fallback: no AOT kernel "
                              "'topk_register_n2048_k16_det_f16_sm_90' for sm_90")
+
+
+def _split_row(rows: list[dict]) -> int:
+    return next(i for i, r in enumerate(rows) if r["chunks"] > 1)
+
+
+def test_batch_sizes_must_be_tiled_too(manifest):
+    doc = copy.deepcopy(manifest)
+    rows = doc["dispatch"]["sm_90"]["float32"]["fast"]
+    i = _split_row(rows)  # rows [1, 8] in 32 chunks, then [9, 16]
+    (k_lo, k_hi), (n_lo, n_hi) = rows[i]["k"], rows[i]["n"]
+    rows[i]["rows"][1] += 1
+    assert _refusal(doc) == (f"dispatch.sm_90.float32.fast: rows [{i}] and [{i + 1}] overlap at k={k_lo}..{k_hi} "
+                             f"n={n_lo}..{n_hi} rows=9..9")
+    doc = copy.deepcopy(manifest)
+    rows = doc["dispatch"]["sm_90"]["float32"]["fast"]
+    rows[i]["rows"][1] -= 2
+    assert _refusal(doc) == f"dispatch.sm_90.float32.fast: no row serves k={k_lo} n={n_lo}..{n_hi} rows=7..8"
+    doc = copy.deepcopy(manifest)
+    rows = doc["dispatch"]["sm_90"]["float32"]["fast"]
+    rows[i]["rows"] = [9, 8]
+    assert _refusal(doc) == f"dispatch.sm_90.float32.fast[{i}].rows: [9, 8] is empty (lo > hi)"
+
+
+def test_a_split_must_fit_its_kernel(manifest):
+    doc = copy.deepcopy(manifest)
+    rows = doc["dispatch"]["sm_90"]["float32"]["fast"]
+    rows[0]["chunks"] = rows[0]["aot_chunks"] = 2  # the register ladder, k 1..16, n 1..1024
+    assert _refusal(doc) == ("dispatch.sm_90.float32.fast[0].chunks: topk_register_ladder_k16_det_f32_sm_90 cannot "
+                             "run a split: it does not take x_indices, chunk, row_stride")
+    doc = copy.deepcopy(manifest)
+    rows = doc["dispatch"]["sm_90"]["float32"]["fast"]
+    j = next(j for j, r in enumerate(rows) if r["chunks"] > 1 and r["k"][1] == 1024)
+    rows[j]["chunks"] = rows[j]["aot_chunks"] = 256
+    assert _refusal(doc) == (f"dispatch.sm_90.float32.fast[{j}].chunks: 256 chunks of rows from 131072 hold fewer "
+                             f"than k=1024 elements")
+    i = _split_row(rows)
+    doc = copy.deepcopy(manifest)
+    rows = doc["dispatch"]["sm_90"]["float32"]["fast"]
+    rows[i]["aot_chunks"] = 16
+    assert _refusal(doc) == f"dispatch.sm_90.float32.fast[{i}].aot_chunks: must be 32, the row's chunks"
+    doc = copy.deepcopy(manifest)
+    rows = doc["dispatch"]["sm_90"]["float16"]["fast"]
+    rows[0]["aot_chunks"] = 1
+    assert _refusal(doc) == "dispatch.sm_90.float16.fast[0].aot_chunks: must be null exactly when aot_fallback is"
+    doc = copy.deepcopy(manifest)  # a merge outside the kernel's window
+    entry = next(e for e in doc["kernels"] if e["name"] == "topk_radix_dyn_k64_fast_f32_sm_90")
+    entry["n_window"]["min"] = 600
+    assert _refusal(doc) == (f"dispatch.sm_90.float32.fast[{i}].chunks: topk_radix_dyn_k64_fast_f32_sm_90 serves n "
+                             f"600..2147483647, not its chunks and merges 32..512")
+
+
+def test_parameters_must_be_ones_a_loader_can_pass(manifest):
+    doc = copy.deepcopy(manifest)
+    doc["kernels"][3]["params"][1]["name"] = "stride"
+    assert _refusal(doc) == ("kernels[3].params[1].name: 'stride' is not a parameter a loader can pass (known: x, "
+                             "x_indices, values, indices, rows, n, k, largest, chunk, row_stride)")
+    doc = copy.deepcopy(manifest)
+    doc["kernels"][3]["params"][0]["ctype"] = "const double*"
+    assert _refusal(doc) == "kernels[3].params[0].ctype: 'const double*' must be 'const float*'"
 
 
 def test_every_arch_has_a_table_and_no_other(manifest):

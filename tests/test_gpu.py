@@ -87,3 +87,22 @@ def test_jit_disabled_still_serves_aot_dtypes(op, monkeypatch):
     check_topk(x, values, indices, 16, True, False, "float32")
     assert op.explain("float32", 16, 2048).source == "aot"
 
+
+
+@pytest.mark.parametrize("dtype,k,n,rows,det", [("float32", 256, 131072, 1, True), ("float32", 16, 262144, 4, False),
+                                                ("bfloat16", 1024, 262144, 16, True), ("float32", 1024, 131072, 64, True)])
+def test_split_rows_on_the_gpu(op, dtype, k, n, rows, det):
+    """Small batches of long rows run split (two launches through a workspace): against the
+    reference, with the runtime's own workspace and with one passed in."""
+    torch = pytest.importorskip("torch")
+    assert op.choose(dtype, k, n, det, rows).chunks > 1
+    x = make_rows(dtype, rows, n, seed=rows + k)
+    values, indices = _on_device(op, x, k, True, det)
+    check_topk(x, values, indices, k, True, det, dtype, what=f"split {rows} x {n} k={k}")
+    tdtype = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
+    tx = torch.randn(rows, n, device="cuda").to(tdtype)
+    workspace = torch.empty(op.workspace_bytes(dtype, k, n, rows, det), dtype=torch.uint8, device="cuda")
+    got_values, got_indices = op(tx, k, deterministic=det, workspace=workspace)
+    ref_values, _ = torch.topk(tx, k, dim=-1)
+    torch.cuda.synchronize()
+    assert torch.equal(got_values, ref_values) and torch.equal(torch.gather(tx, -1, got_indices), got_values)

@@ -31,11 +31,13 @@ def test_cases_cover_the_bench_shapes_and_the_seed_grid_at_132_and_4096_rows(gc)
     assert {c.data for c in cases} == set(DATA_KINDS)
     for s in SETS:
         for dtype, n, k in s.shapes:
-            got = {c.rows for c in cases if (c.set, c.dtype, c.n, c.k) == (s.name, dtype, n, k)}
-            assert got == set(s.gpu_rows)
+            got = {(c.rows, c.data) for c in cases if (c.dtype, c.n, c.k) == (dtype, n, k)}
+            assert {(rows, kind) for rows in s.gpu_rows for kind in s.data} <= got
     seed = {(c.rows, c.n) for c in cases if c.set == "seed grid"}
     assert {(132, 2048), (4096, 2048), (132, 16384), (4096, 16384)} <= seed
-    assert len({c.id for c in cases}) == len(cases) == 112
+    small = {(c.rows, c.n, c.k) for c in cases if c.dtype == "float32" and c.data == "normal"}
+    assert {(r, n, k) for r in (1, 4, 16, 64) for n in (131072, 262144) for k in (16, 256, 1024)} <= small
+    assert len({c.id for c in cases}) == len(cases) == 130
     assert all(c.id.isascii() and " " not in c.id for c in cases)
 
 
@@ -66,13 +68,23 @@ def test_table_puts_medians_side_by_side(gc):
     other = gc.Case("seed grid", 132, "bfloat16", 2048, 64, "uniform")
     timings = {(case.id, "topkgen"): gc.Timing("events", [10.0, 12.0, 11.0], dropped=10),
                (case.id, "torch"): gc.Timing("events", [33.0, 33.0])}
-    table = gc.format_table([case, other], timings, {case.id: (2048 * 4 * 1.5, 0.0)})
+    table = gc.format_table([case, other], timings, {case.id: (2048 * 4 * 1.5, 0.0)}, {case.id: 1})
     lines = table.splitlines()
     assert lines[0].count("|") == lines[1].count("|") == lines[2].count("|")
     cells = [c.strip() for c in lines[2].split("|")[1:-1]]
-    assert cells[6:] == ["11.0", "33.0", "n/a", "3.00x", f"{132 * 2048 * 4 / 11e-6 / 4.8e12:.1%}", "3 (10)",
+    assert cells[6:] == ["1", "11.0", "33.0", "n/a", "3.00x", f"{132 * 2048 * 4 / 11e-6 / 4.8e12:.1%}", "3 (10)",
                          "12288 (1.50x)"]
-    assert [c.strip() for c in lines[3].split("|")[1:-1]][6:] == ["n/a"] * 5 + ["n/a", "n/a"]
+    assert [c.strip() for c in lines[3].split("|")[1:-1]][6:] == ["n/a"] * 6 + ["n/a", "n/a"]
+
+
+def test_the_small_batch_cases_split_as_the_policy_says(gc):
+    """Issue 14's point 6: every small-batch case that the default policy splits is labelled
+    with its chunks per row, so the timing table says which cases ran split."""
+    cases = gc.cases("small batch")
+    chunks = gc.chunks_per_row(cases, "sm_90")
+    assert len(cases) == 24 and all(c.data == "normal" for c in cases)
+    assert all(chunks[c.id] > 1 for c in cases)
+    assert chunks["float32-1x131072-k256-normal"] == 32 and chunks["float32-64x262144-k16-normal"] == 16
 
 
 def test_ncu_csv_gives_dram_bytes_per_launch_in_order(gc):
@@ -130,5 +142,5 @@ def test_without_a_gpu_it_says_so_builds_and_exits_0(tmp_path):
                           capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.startswith("no GPU: ")
-    assert "would time 112 cases x 3 implementations" in proc.stdout
+    assert "would time 130 cases x 3 implementations" in proc.stdout
     assert json.loads((out / "manifest.json").read_text())["archs"] == ["sm_90"]

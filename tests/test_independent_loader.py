@@ -1,6 +1,7 @@
 """Any loader can follow the manifest: one written from the schema's descriptions alone
 (tests/independent_loader.py, no topkgen import) agrees with topkgen.policy.select on every
-decision of the boundary grid, JIT on and off, AOT and JIT dtypes alike."""
+decision of the boundary grid, batch sizes included, JIT on and off, AOT and JIT dtypes
+alike, and sizes a split's workspace as topkgen.split does."""
 
 from __future__ import annotations
 
@@ -22,22 +23,32 @@ def test_the_independent_loader_imports_nothing_of_topkgen():
 
 def test_a_loader_from_the_schema_alone_agrees_with_select(built_bundle, default_policy):
     loader = IndependentLoader(built_bundle)
-    decisions = {True: 0, False: 0}
+    decisions, splits = {True: 0, False: 0}, 0
     for arch in default_policy.archs:
         for dtype in default_policy.dtypes:
-            ks, ns = dispatch_table.boundary_grid(default_policy, arch, dtype)
+            ks, ns, rs = dispatch_table.boundary_grid(default_policy, arch, dtype)
             for k in ks:
                 for n in sorted({*ns, k}):
                     if n < k:
                         continue
-                    for det in (False, True):
-                        for jit in (True, False):
-                            try:
-                                expect = pol.select(default_policy, arch, dtype, k, n, deterministic=det,
-                                                    jit=jit).kernel.name
-                            except pol.DispatchError:
-                                expect = None
-                            assert loader.pick(arch, dtype, k, n, det, jit) == expect, (arch, dtype, k, n, det, jit)
-                            decisions[jit] += 1
-    print(f"independent loader == select on {decisions[True]} decisions with JIT, {decisions[False]} without")
-    assert decisions[True] == decisions[False] > 4000
+                    for rows in [None, *dispatch_table.rows_for(default_policy, arch, n, rs)]:
+                        for det in (False, True):
+                            for jit in (True, False):
+                                try:
+                                    sel = pol.select(default_policy, arch, dtype, k, n, deterministic=det, jit=jit,
+                                                     rows=rows)
+                                    expect = sel.kernel.name, sel.chunks
+                                except pol.DispatchError:
+                                    sel, expect = None, None
+                                assert loader.pick(arch, dtype, k, n, det, jit, rows) == expect, \
+                                    (arch, dtype, k, n, rows, det, jit)
+                                decisions[jit] += 1
+                                if sel is not None and sel.split is not None:
+                                    plan = sel.split
+                                    assert loader.workspace(dtype, k, n, rows, plan.chunks) == {
+                                        "chunk": plan.chunk, "values_offset": plan.values_offset,
+                                        "workspace_bytes": plan.workspace_bytes}
+                                    splits += 1
+    print(f"independent loader == select on {decisions[True]} decisions with JIT, {decisions[False]} without; "
+          f"{splits} splits sized alike")
+    assert decisions[True] == decisions[False] > 4000 and splits > 1000

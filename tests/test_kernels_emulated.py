@@ -15,6 +15,7 @@ import pytest
 
 from topkgen import policy as pol
 from topkgen.emulator import compile_source
+from topkgen.runtime import launch_arguments
 from topkgen.render import render
 
 from .conftest import DEFAULT_POLICY, LEGACY_POLICY
@@ -95,7 +96,7 @@ def _run(module, spec: pol.KernelSpec, x: np.ndarray, k: int, largest: bool, see
     indices = np.full((rows, k), -1, np.int64)
     grid = (rows + spec.rows_per_block - 1) // spec.rows_per_block
     module.launch(spec.name, grid, spec.threads,
-                  [x, values, indices, np.int32(rows), np.int32(n), np.int32(k), np.int32(largest)],
+                  launch_arguments(spec, x, values, indices, rows, n, k, largest),
                   shared_bytes=spec.dynamic_shared_bytes, schedule_seed=seed, workers=1)
     return values, indices
 

@@ -223,7 +223,8 @@ def test_every_json_document_has_schema_version_and_validates_against_its_schema
         assert _no_format_version(doc), name
         jsonschema.validate(doc, schema)
     explained = documents["explain.schema.json"]
-    assert explained["request"] == {"arch": "sm_90", "dtype": "float32", "k": 5, "n": 100, "mode": "fast", "jit": True}
+    assert explained["request"] == {"arch": "sm_90", "dtype": "float32", "k": 5, "n": 100, "rows": None, "mode": "fast",
+                                   "jit": True}
     plan_kernel = {"$defs": load_schema("plan.schema.json")["$defs"], "$ref": "#/$defs/kernel"}
     jsonschema.validate(explained["spec"], plan_kernel)
     manifest_defs = load_schema("manifest.schema.json")["$defs"]

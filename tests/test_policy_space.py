@@ -8,7 +8,9 @@ topkgen.reference. Refused ones must say where and why. The examples come from a
 (derandomize's draws shifted with the tests run before it in the same process), so CI runs
 the same policies and reuses the emulator cache between runs. It runs in a fresh interpreter:
 hypothesis also draws constants it finds in every local module imported so far, so after
-other tests in the same process one seed drew other policies (6 accepted in CI, 13 alone).
+other tests in the same process one seed drew other policies (6 accepted in CI, 13 alone);
+and as those constants change with the code, rounds of further seeds run until enough
+policies were accepted and run.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from hypothesis import strategies as st
 
 from topkgen import policy as pol
 from topkgen.emulator import compile_source
+from topkgen.runtime import launch_arguments
 from topkgen.render import render
 
 from .conftest import DEFAULT_POLICY
@@ -77,7 +80,7 @@ def _run_sample(data, specs: list[pol.KernelSpec]) -> None:
         indices = np.full((rows, k), -1, np.int64)
         grid = (rows + spec.rows_per_block - 1) // spec.rows_per_block
         module.launch(spec.name, grid, spec.threads,
-                      [x, values, indices, np.int32(rows), np.int32(n), np.int32(k), np.int32(largest)],
+                      launch_arguments(spec, x, values, indices, rows, n, k, largest),
                       shared_bytes=spec.dynamic_shared_bytes, schedule_seed=n, workers=1)
         check_topk(x, values, indices, k, largest, spec.mode == "deterministic", spec.dtype,
                    what=f"{spec.name} (threads {spec.threads}, tail {spec.tail_policy}/{spec.tail_max_iterations}, "
@@ -89,7 +92,6 @@ def _run_sample(data, specs: list[pol.KernelSpec]) -> None:
         STATS["cases"] += rows
 
 
-@seed(20261130)
 @settings(max_examples=24, deadline=None, database=None, suppress_health_check=list(HealthCheck))
 @given(doc=policy_documents(), data=st.data())
 def _accepted_policies_yield_correct_kernels(doc, data) -> None:
@@ -120,8 +122,17 @@ def test_accepted_policies_yield_correct_kernels():
     assert stats["accepted"] >= 10 and stats["refused"] >= 1 and stats["kernels_run"] >= 20, stats
 
 
+def _explore(rounds: int = 8) -> None:
+    """Rounds of drawn policies, one seed after another, until enough were accepted and run:
+    which policies a seed draws shifts with the constants in the code (see above)."""
+    for round_number in range(rounds):
+        seed(20261130 + round_number)(_accepted_policies_yield_correct_kernels)()
+        if STATS["accepted"] >= 10 and STATS["kernels_run"] >= 20 and STATS["refused"] >= 1:
+            return
+
+
 if __name__ == "__main__":
-    _accepted_policies_yield_correct_kernels()
+    _explore()
     print(f"kernels run: {sorted(VARIETY)}")
     print(json.dumps(STATS))
 
@@ -144,8 +155,8 @@ def test_a_128_thread_radix_block_finds_the_top_k(tmp_path):
     rows, n, k = 4, 3000, 64
     x = make_rows("float32", rows, n, seed=3)
     values, indices = np.zeros((rows, k), np.float32), np.full((rows, k), -1, np.int64)
-    module.launch(spec.name, rows, spec.threads, [x, values, indices, np.int32(rows), np.int32(n), np.int32(k),
-                                                  np.int32(1)], shared_bytes=spec.dynamic_shared_bytes)
+    module.launch(spec.name, rows, spec.threads, launch_arguments(spec, x, values, indices, rows, n, k, True),
+                  shared_bytes=spec.dynamic_shared_bytes)
     check_topk(x, values, indices, k, True, False, "float32", what="128 threads")
 
 

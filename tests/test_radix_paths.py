@@ -16,6 +16,7 @@ import pytest
 
 from topkgen import policy as pol
 from topkgen.emulator import compile_source
+from topkgen.runtime import launch_arguments
 from topkgen.render import render
 
 from .topk_cases import PATTERNS, check_topk, make_rows
@@ -81,8 +82,7 @@ def _run(kernel: tuple[str, str, str], x: np.ndarray, k: int = K, largest: bool 
     for seed in (1, 2):
         values, indices = np.zeros((rows, k), x.dtype), np.full((rows, k), -1, np.int64)
         counts.append(_module().launch(spec.name, rows, spec.threads,
-                                       [x, values, indices, np.int32(rows), np.int32(n), np.int32(k),
-                                        np.int32(largest)],
+                                       launch_arguments(spec, x, values, indices, rows, n, k, largest),
                                        shared_bytes=spec.dynamic_shared_bytes, schedule_seed=seed, workers=1,
                                        counters=True))
         check_topk(x, values, indices, k, largest, spec.mode == "deterministic", spec.dtype,

@@ -31,8 +31,8 @@ from topkgen.render import params, render
 from topkgen.schema import SchemaViolation, format_path, load_schema, validate
 
 MANIFEST = "manifest.json"
-SCHEMA_VERSION = 2
-SCHEMAS = {1: "manifest-1.schema.json", 2: "manifest.schema.json"}
+SCHEMA_VERSION = 3
+SCHEMAS = {1: "manifest-1.schema.json", 2: "manifest-2.schema.json", 3: "manifest.schema.json"}
 MAX_MANIFEST_BYTES = 64 << 20
 GRID_RULE = "ceil_div(rows, rows_per_block)"
 
@@ -276,8 +276,8 @@ def _exchange(a: Path, b: Path) -> None:
 
 def load_manifest(path: str | Path, *, versions: Iterable[int] = (SCHEMA_VERSION,)) -> tuple[dict, Path]:
     """Read a manifest (a file or a bundle directory), validate it against its schema and,
-    for schema 2, make every load check but the files'. Returns it and the bundle root
-    that its paths are relative to. Only `diff` asks for version 1 too."""
+    for the current schema, make every load check but the files'. Returns it and the bundle
+    root that its paths are relative to. Only `diff` asks for older versions too."""
     path = Path(path)
     file = path / MANIFEST if path.is_dir() else path
     try:
@@ -291,12 +291,12 @@ def load_manifest(path: str | Path, *, versions: Iterable[int] = (SCHEMA_VERSION
         validate(doc, load_schema(SCHEMAS[version]))
     except SchemaViolation as err:
         raise ManifestError(f"{file}: {format_path(err.path)}: {err.message}") from None
-    if version == 2:
+    if version == SCHEMA_VERSION:
         try:
             manifest_checks.check_manifest(doc)
         except dispatch_table.FieldError as err:
             raise ManifestError(f"{file}: {err}") from None
-    else:  # schema 1 (diff reads it): names are identities, a second entry would be silently lost
+    else:  # an older schema (diff reads it): names are identities, a second entry would be silently lost
         for key, ident in (("kernels", "name"), ("jit_only", "rule")):
             seen: set[str] = set()
             for i, entry in enumerate(doc[key]):
@@ -311,6 +311,8 @@ def version_problem(version: object) -> str:
     """Why a manifest's schema_version cannot be served (the C++ loader says the same)."""
     if version == 1:
         return "schema_version: 1 has no dispatch table; rebuild the bundle (topkgen build)"
+    if version == 2:
+        return "schema_version: 2 has no batch size in its dispatch table; rebuild the bundle (topkgen build)"
     return f"schema_version: {json.dumps(version)} is not supported (this topkgen reads version {SCHEMA_VERSION})"
 
 

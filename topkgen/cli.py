@@ -21,6 +21,7 @@ from click.shell_completion import CompletionItem
 from topkgen import console, errors, suggest
 from topkgen import policy as pol
 from topkgen.reader import printable
+from topkgen.split import ROWS_MAX
 
 EXIT_INPUT = 2
 EXIT_INTERNAL = 70  # EX_SOFTWARE
@@ -342,6 +343,7 @@ def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
 @main.command("explain", short_help="Say which kernel serves a shape, and why.", epilog="""\b
 Examples:
   topkgen explain --arch sm_90 --dtype float32 --k 16 --n 2048
+  topkgen explain --arch sm_90 --dtype float32 --k 256 --n 131072 --rows 1
   topkgen explain --arch sm_100 --dtype bf16 --k 300 --n 100000 --deterministic --format json""")
 @POLICY_OPTION
 @click.option("--arch", cls=_ArchHelpOption, type=ArchType(), required=True, metavar="ARCH",
@@ -349,19 +351,22 @@ Examples:
 @click.option("--dtype", type=DtypeType(), required=True, help=DTYPE_HELP)
 @K_OPTION
 @click.option("--n", "n", type=click.IntRange(1, pol.N_MAX), required=True, help="Row length (at least k).")
+@click.option("--rows", "rows", type=click.IntRange(1, ROWS_MAX), default=None,
+              help="Batch size: small batches of long rows may be split across CTAs, and this shows the chunk "
+                   "plan. Without it: one CTA per row.")
 @click.option("--deterministic", is_flag=True, help="Ask for the deterministic mode (ties by lower index).")
 @click.option("--no-jit", is_flag=True, help="Only AOT kernels may serve the shape.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="json: schemas/explain.schema.json, the request echoed.")
-def explain_command(policy_path: str | None, arch: str, dtype: str, k: int, n: int, deterministic: bool,
-                    no_jit: bool, fmt: str) -> None:
+def explain_command(policy_path: str | None, arch: str, dtype: str, k: int, n: int, rows: int | None,
+                    deterministic: bool, no_jit: bool, fmt: str) -> None:
     """Say which kernel serves a shape, aot or jit, and the rule that chose it."""
     from topkgen.explain import explain
 
     policy = _load_policy(policy_path)
     _check_arch(policy, arch)
     try:
-        answer = explain(policy, arch, dtype, k, n, deterministic=deterministic, jit=not no_jit)
+        answer = explain(policy, arch, dtype, k, n, deterministic=deterministic, jit=not no_jit, rows=rows)
     except pol.DispatchError as err:
         raise InputError(f"--{err}") from None
     click.echo(json.dumps(answer.record(), indent=2) if fmt == "json" else str(answer))

@@ -28,9 +28,10 @@ from topkgen.sources import TEMPLATES_IN_REPO, GitRepo, SourceError, Templates, 
 DEFAULT_POLICY_IN_REPO = "policies/topk.yaml"
 DEFAULT_KS = (1, 16, 32, 64, 100, 128, 256, 512, 1024)
 DEFAULT_NS = (64, 256, 1000, 1024, 2048, 4096, 8192, 16384, 32768, 131072)
+DEFAULT_ROWS = (1, 64, 4096)  # a sampling step, a small batch, a large one: the split depends on rows
 WORKTREE = "working tree"
 UNSUPPORTED = "unsupported"
-MOVES = ("jit -> aot", "aot -> jit", "kernel -> kernel", "served -> unsupported", "unsupported -> served")
+MOVES = ("jit -> aot", "aot -> jit", "kernel -> kernel", "split", "served -> unsupported", "unsupported -> served")
 ASPECTS = ("launch", "resources", "parameters", "source")
 
 # Record fields with a short name and the aspect of a kernel they belong to, in the order a
@@ -89,9 +90,10 @@ class Shape:
     k: int
     n: int
     deterministic: bool = False
+    rows: int | None = None  # the batch size; None: unknown, served unsplit
 
     def record(self) -> dict[str, Any]:
-        return {"arch": self.arch, "dtype": self.dtype, "k": self.k, "n": self.n,
+        return {"arch": self.arch, "dtype": self.dtype, "k": self.k, "n": self.n, "rows": self.rows,
                 "deterministic": self.deterministic}
 
 
@@ -223,7 +225,7 @@ def _manifest_side(label: str, path: Path) -> Side:
     from topkgen import bundle  # with NVRTC's module: only when a side is a bundle
 
     try:
-        manifest, _ = bundle.load_manifest(path, versions=(1, 2))  # diff still reads schema 1
+        manifest, _ = bundle.load_manifest(path, versions=(1, 2, 3))  # diff still reads older bundles
         policy = bundle.manifest_policy(manifest, label)
     except bundle.ManifestError as err:
         raise DiffInputError(str(err)) from None
@@ -258,15 +260,15 @@ def kernels_to_build(sides: list[Side]) -> int:
 # ----------------------------------------------------------------------------- shapes
 
 def default_shapes(archs: list[str], dtypes: list[str]) -> list[Shape]:
-    return [Shape(a, d, k, n, det) for a in archs for d in dtypes for k in DEFAULT_KS for n in DEFAULT_NS
-            for det in (False, True) if k <= n]
+    return [Shape(a, d, k, n, det, rows) for a in archs for d in dtypes for k in DEFAULT_KS for n in DEFAULT_NS
+            for rows in DEFAULT_ROWS for det in (False, True) if k <= n]
 
 
 MAX_SHAPES_BYTES = 16 << 20
 
 
 def load_shapes(path: str) -> list[Shape]:
-    """A workload file: YAML or JSON, a list of {arch, dtype, k, n, deterministic?}."""
+    """A workload file: YAML or JSON, a list of {arch, dtype, k, n, rows?, deterministic?}."""
     try:
         document = reader.read_yaml(path, limit=MAX_SHAPES_BYTES, what="workload file")
     except reader.ReadError as err:
@@ -279,7 +281,7 @@ def load_shapes(path: str) -> list[Shape]:
         where = f"{path}: shape #{i + 1}"
         if not isinstance(item, dict):
             raise DiffInputError(f"{where}: expected a mapping with arch, dtype, k, n")
-        unknown = set(item) - {"arch", "dtype", "k", "n", "deterministic"}
+        unknown = set(item) - {"arch", "dtype", "k", "n", "rows", "deterministic"}
         if unknown:
             raise DiffInputError(f"{where}: unknown key(s) {', '.join(sorted(map(str, unknown)))}")
         for key in ("arch", "dtype", "k", "n"):
@@ -292,7 +294,10 @@ def load_shapes(path: str) -> list[Shape]:
         det = item.get("deterministic", False)
         if not isinstance(det, bool):
             raise DiffInputError(f"{where}: deterministic: expected true or false, got {det!r}")
-        shapes.append(Shape(item["arch"], item["dtype"], item["k"], item["n"], det))
+        rows = item.get("rows")
+        if rows is not None and (not isinstance(rows, int) or isinstance(rows, bool) or rows < 1):
+            raise DiffInputError(f"{where}: rows: expected a positive integer, got {rows!r}")
+        shapes.append(Shape(item["arch"], item["dtype"], item["k"], item["n"], det, rows))
     return shapes
 
 
@@ -304,8 +309,8 @@ def policy_serves(policy: Policy, shape: Shape) -> dict[str, Any]:
     for value, known, what in ((shape.arch, policy.archs, "arch"), (shape.dtype, policy.dtypes, "dtype")):
         if value not in known:
             return {"kernel": None, "source": UNSUPPORTED, "rule": None, "note": f"{what} {value} not in the policy"}
-    sel = select(policy, shape.arch, shape.dtype, shape.k, shape.n, deterministic=shape.deterministic)
-    return {"kernel": sel.kernel.name, "source": sel.source, "rule": sel.rule}
+    sel = select(policy, shape.arch, shape.dtype, shape.k, shape.n, deterministic=shape.deterministic, rows=shape.rows)
+    return {"kernel": sel.kernel.name, "source": sel.source, "rule": sel.rule, "chunks": sel.chunks}
 
 
 def bundle_serves(side: Side, shape: Shape) -> dict[str, Any]:
@@ -319,10 +324,11 @@ def bundle_serves(side: Side, shape: Shape) -> dict[str, Any]:
     if shape.arch not in side.tables:
         side.tables[shape.arch] = serving_table(side.manifest, side.policy, shape.arch)
     table, held = side.tables[shape.arch]
-    found = table.lookup(shape.dtype, shape.k, shape.n, shape.deterministic, jit=True)
+    found = table.lookup(shape.dtype, shape.k, shape.n, shape.deterministic, jit=True, rows=shape.rows)
     if not held:
-        return {**choice, "kernel": found.kernel, "source": "jit", "note": f"the bundle has no {shape.arch} kernel"}
-    return {**choice, "kernel": found.kernel, "source": found.source}
+        return {**choice, "kernel": found.kernel, "source": "jit", "chunks": found.chunks,
+                "note": f"the bundle has no {shape.arch} kernel"}
+    return {**choice, "kernel": found.kernel, "source": found.source, "chunks": found.chunks}
 
 
 def serves(side: Side, shape: Shape) -> dict[str, Any]:
@@ -336,7 +342,7 @@ def movement(before: dict[str, Any], after: dict[str, Any]) -> str:
         return "served -> unsupported"
     if before["source"] != after["source"]:
         return f"{before['source']} -> {after['source']}"
-    return "kernel -> kernel"
+    return "kernel -> kernel" if before["kernel"] != after["kernel"] else "split"
 
 
 # ----------------------------------------------------------------------------- comparing
@@ -372,7 +378,8 @@ def compare(old: Side, new: Side, shapes: list[Shape] | None = None, *, workload
         except DispatchError as err:
             where = f"{workload}: shape #{i + 1}" if workload else f"shape {shape.record()}"
             raise DiffInputError(f"{where}: {err}") from None
-        if (before["kernel"], before["source"]) != (after["kernel"], after["source"]):
+        if (before["kernel"], before["source"], before.get("chunks")) != (after["kernel"], after["source"],
+                                                                         after.get("chunks")):
             dispatch.append({"shape": shape.record(), "old": before, "new": after, "moves": movement(before, after)})
     return Report(old, new, counts, added, removed, changed, jit_changed, _over_budget(old, new), tiers_added,
                   tiers_removed, dispatch, len(shapes))

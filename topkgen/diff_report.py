@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from topkgen.diff import Report, Side, field_aspect, field_label
 
-SCHEMA_VERSION = 3  # schemas/diff.schema.json
+SCHEMA_VERSION = 4  # schemas/diff.schema.json
 MARKDOWN_LIMIT = 60_000
 LABEL_CHARS = 120      # a side's label or origin as the header shows it
 SHAPES_PER_ROW = 12    # shapes a markdown dispatch row lists before "+N more"
@@ -84,7 +84,8 @@ def _choice_text(choice: dict[str, Any]) -> str:
     note = f": {choice['note']}" if choice.get("note") else ""
     if choice["kernel"] is None:
         return f"unsupported ({choice.get('note', '')})"
-    return f"{choice['kernel']} ({choice['source']}{note})"
+    chunks = f", {choice['chunks']} chunks per row" if choice.get("chunks", 1) > 1 else ""
+    return f"{choice['kernel']} ({choice['source']}{chunks}{note})"
 
 
 def _budget_text(row: dict[str, Any]) -> str:
@@ -102,7 +103,7 @@ def dispatch_groups(report: Report) -> list[dict[str, Any]]:
         key = (s["arch"], s["dtype"], mode, json.dumps(d["old"], sort_keys=True), json.dumps(d["new"], sort_keys=True))
         group = groups.setdefault(key, {"where": f"{s['arch']} {s['dtype']} {mode}", "old": d["old"],
                                         "new": d["new"], "moves": d["moves"], "shapes": []})
-        group["shapes"].append(f"k={s['k']} n={s['n']}")
+        group["shapes"].append(f"k={s['k']} n={s['n']}" + ("" if s["rows"] is None else f" rows={s['rows']}"))
     return list(groups.values())
 
 

@@ -12,12 +12,13 @@ from typing import Any
 
 from topkgen.policy import KernelSpec, Policy, Selection, select
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 
 
 @dataclass(frozen=True)
 class Explanation:
-    """A request (arch, dtype, k, n, mode, JIT allowed) and the selection that serves it."""
+    """A request (arch, dtype, k, n, mode, JIT allowed, and the batch size when known) and
+    the selection that serves it."""
 
     arch: str
     dtype: str
@@ -27,6 +28,7 @@ class Explanation:
     jit: bool
     selection: Selection
     policy: dict[str, str]  # path, name, sha256 of the policy that decided
+    rows: int | None = None
 
     # The selection's parts, so an Explanation reads like the Selection it holds.
     @property
@@ -50,16 +52,27 @@ class Explanation:
         return "deterministic" if self.deterministic else "fast"
 
     def request(self) -> dict[str, Any]:
-        return {"arch": self.arch, "dtype": self.dtype, "k": self.k, "n": self.n, "mode": self.mode,
-                "jit": self.jit}
+        return {"arch": self.arch, "dtype": self.dtype, "k": self.k, "n": self.n, "rows": self.rows,
+                "mode": self.mode, "jit": self.jit}
+
+    def split_words(self) -> str:
+        """The chunk plan in words: what the split line prints."""
+        plan = self.selection.split
+        if plan is None:
+            return "none: one CTA per row" if self.rows is not None else "none: one CTA per row (no batch size given)"
+        return (f"{plan.chunks} chunks per row of {plan.chunk} elements (the last {plan.last_chunk}), "
+                f"{plan.rows * plan.chunks} CTAs; then {self.kernel.name} merges {plan.candidates} candidates "
+                f"per row; workspace {plan.workspace_bytes} bytes")
 
     def __str__(self) -> str:
         return "\n".join((
-            f"shape:  {self.arch} {self.dtype} k={self.k} n={self.n} mode={self.mode}"
+            f"shape:  {self.arch} {self.dtype} k={self.k} n={self.n}"
+            f"{'' if self.rows is None else f' rows={self.rows}'} mode={self.mode}"
             f"{'' if self.jit else ' (JIT disabled)'}",
             f"kernel: {self.kernel.name}",
             f"source: {self.source}",
             f"rule:   {self.rule}",
+            f"split:  {self.split_words()}",
             f"why:    {self.reason}",
         ))
 
@@ -68,7 +81,8 @@ class Explanation:
         sel = self.selection
         return {"format": "topkgen-explain", "schema_version": SCHEMA_VERSION, "policy": dict(self.policy),
                 "request": self.request(), "kernel": sel.kernel.name, "source": sel.source, "rule": sel.rule,
-                "reason": sel.reason, "skipped_jit_rules": list(sel.skipped), "spec": sel.kernel.record()}
+                "reason": sel.reason, "skipped_jit_rules": list(sel.skipped), "spec": sel.kernel.record(),
+                "split": None if sel.split is None else {**sel.split.record(), "stage2_kernel": sel.kernel.name}}
 
 
 def policy_ref(policy: Policy) -> dict[str, str]:
@@ -76,7 +90,7 @@ def policy_ref(policy: Policy) -> dict[str, str]:
 
 
 def explain(policy: Policy, arch: str, dtype: str, k: int, n: int, *, deterministic: bool = False,
-            jit: bool = True) -> Explanation:
+            jit: bool = True, rows: int | None = None) -> Explanation:
     """`select`'s answer for a shape, with the request it answers."""
-    sel = select(policy, arch, dtype, k, n, deterministic=deterministic, jit=jit)
-    return Explanation(arch, dtype, k, n, deterministic, jit, sel, policy_ref(policy))
+    sel = select(policy, arch, dtype, k, n, deterministic=deterministic, jit=jit, rows=rows)
+    return Explanation(arch, dtype, k, n, deterministic, jit, sel, policy_ref(policy), rows)

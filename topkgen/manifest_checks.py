@@ -1,10 +1,11 @@
-"""The load checks of manifest schema 2 that a JSON schema cannot express, made by every
+"""The load checks of manifest schema 3 that a JSON schema cannot express, made by every
 loader before it serves anything (loaders/cpp makes the same checks, in the same order,
 with the same messages; tests/test_cpp_loader.py holds the two to that).
 
-Order: kernel entries (arch, unique name per arch, file path), then the dispatch section
-(one table per arch; per list in sorted order, the tiling, then what each row names), then,
-in `check_file`, each file's sha256 and, for cubins, the ELF machine and SM.
+Order: kernel entries (arch, unique name per arch, file path, parameters), then the
+dispatch section (one table per arch; per list in sorted order, the tiling, then what each
+row names and how it splits), then, in `check_file`, each file's sha256 and, for cubins,
+the ELF machine and SM.
 """
 
 from __future__ import annotations
@@ -15,6 +16,10 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from topkgen.dispatch_table import FieldError, ListIndex
+from topkgen.render import C_TYPES, PARAM_TYPES
+
+# The parameters a kernel must take to run a split (topkgen.split).
+SPLIT_PARAMS = ("x_indices", "chunk", "row_stride")
 
 EM_CUDA = 190
 
@@ -60,6 +65,14 @@ def check_entries(doc: dict) -> dict[tuple[str, str], Entry]:
         if entry.path != expected:
             key = "cubin" if entry.aot else "source"
             raise FieldError(f"{entry.field}.{key}", f"'{entry.path}' must be '{expected}'")
+        for j, param in enumerate(entry.record["params"]):
+            ctype = PARAM_TYPES.get(param["name"])
+            if ctype is None:
+                raise FieldError(f"{entry.field}.params[{j}].name", f"'{param['name']}' is not a parameter a loader "
+                                                                    f"can pass (known: {', '.join(PARAM_TYPES)})")
+            ctype = ctype.format(t=C_TYPES[entry.record["dtype"]])
+            if param["ctype"] != ctype:
+                raise FieldError(f"{entry.field}.params[{j}].ctype", f"'{param['ctype']}' must be '{ctype}'")
     return by_name
 
 
@@ -90,17 +103,40 @@ def _check_row(path: str, row: dict, arch: str, dtype: str, mode: str,
     if entry.aot != (row["source"] == "aot"):
         raise FieldError(f"{path}.source", f"'{row['source']}' but {row['kernel']} is {entry.field}")
     _check_fits(f"{path}.kernel", row, entry.record, dtype, mode)
+    _check_split(f"{path}.chunks", row, row["chunks"], entry.record)
     fallback = row["aot_fallback"]
+    if (fallback is None) != (row["aot_chunks"] is None):
+        raise FieldError(f"{path}.aot_chunks", "must be null exactly when aot_fallback is")
     if fallback is None:
         return
     if row["source"] == "aot" and fallback != row["kernel"]:
         raise FieldError(f"{path}.aot_fallback", f"must be {row['kernel']}, the row's AOT kernel")
+    if row["source"] == "aot" and row["aot_chunks"] != row["chunks"]:
+        raise FieldError(f"{path}.aot_chunks", f"must be {row['chunks']}, the row's chunks")
     entry = by_name.get((arch, fallback))
     if entry is None and partial:
         return  # held by another part
     if entry is None or not entry.aot:
         raise FieldError(f"{path}.aot_fallback", f"no AOT kernel '{fallback}' for {arch}")
     _check_fits(f"{path}.aot_fallback", row, entry.record, dtype, mode)
+    _check_split(f"{path}.aot_chunks", row, row["aot_chunks"], entry.record)
+
+
+def _check_split(path: str, row: dict, chunks: int, kernel: dict) -> None:
+    """A kernel that runs the row's requests in chunks must take them, and every chunk and
+    merge of the row must fit it: chunks of at least k elements, within its n window."""
+    if chunks == 1:
+        return
+    name, (k_lo, k_hi), (n_lo, _) = kernel["name"], row["k"], row["n"]
+    names = [p["name"] for p in kernel["params"]]
+    if not all(p in names for p in SPLIT_PARAMS):
+        raise FieldError(path, f"{name} cannot run a split: it does not take {', '.join(SPLIT_PARAMS)}")
+    if max(n_lo, k_hi) // chunks < k_hi:
+        raise FieldError(path, f"{chunks} chunks of rows from {max(n_lo, k_hi)} hold fewer than k={k_hi} elements")
+    lo, hi, window = min(max(n_lo, k_lo) // chunks, chunks * k_lo), chunks * k_hi, kernel["n_window"]
+    if not (window["min"] <= lo and hi <= window["max"]):
+        raise FieldError(path, f"{name} serves n {window['min']}..{window['max']}, not its chunks and merges "
+                               f"{lo}..{hi}")
 
 
 def _check_fits(path: str, row: dict, kernel: dict, dtype: str, mode: str) -> None:

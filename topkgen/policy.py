@@ -9,13 +9,15 @@ from __future__ import annotations
 
 import hashlib
 from dataclasses import dataclass, field
+from functools import cached_property
 from importlib import resources
 from pathlib import Path
-from typing import Any, Iterable
+from typing import Any, Callable, Iterable
 
 from topkgen import reader
 from topkgen.errors import InputError
 from topkgen.schema import SchemaViolation, format_path, load_schema, validate
+from topkgen.split import ROWS_MAX, ChunkPlan
 
 DTYPE_SIZES = {"float32": 4, "bfloat16": 2, "float16": 2}
 DTYPE_TAGS = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
@@ -60,6 +62,53 @@ class DispatchError(InputError, ValueError):
 
 
 @dataclass(frozen=True)
+class SplitTuning:
+    """When a request's rows are cut into chunks, and into how many (schema: $defs/split)."""
+
+    sm_count: int
+    ctas_per_sm: int
+    rows_below: int
+    min_n: int
+    max_chunks: int
+    min_chunk: int
+    chunk_per_k: int
+
+    def min_chunk_for(self, k_rung: int) -> int:
+        """The shortest chunk a kernel of this K rung gets."""
+        return max(self.min_chunk, self.chunk_per_k * k_rung)
+
+    def fitting(self, n: int, resident: int) -> int:
+        """The fewest chunks whose every chunk a kernel reads once into shared memory when it
+        holds `resident` elements there (max_chunks when none does). The last chunk is at
+        most n / chunks + chunks - 1 long, so n <= chunks x (resident - chunks + 1) is enough
+        (and keeps the answer monotone in n)."""
+        return next((c for c in self.chunk_counts() if n <= c * (resident - c + 1)), self.max_chunks)
+
+    def chunks(self, rows: int, n: int, k_rung: int, resident: int) -> int:
+        """Chunks per row before the kernel's window: the largest power of two at most
+        max_chunks and n / max(min_chunk, chunk_per_k x K), and at most the larger of
+        sm_count x ctas_per_sm / rows (fill the GPU) and the chunks that fit the kernel's
+        shared memory (`resident` elements, 0 for none: one read per element); 1 is no split."""
+        if rows >= self.rows_below or n < self.min_n:
+            return 1
+        want = self.sm_count * self.ctas_per_sm // rows
+        if resident > 0:
+            want = max(want, self.fitting(n, resident))
+        bound = min(self.max_chunks, n // self.min_chunk_for(k_rung), want)
+        return 1 << (bound.bit_length() - 1) if bound >= 2 else 1
+
+    def chunk_counts(self) -> list[int]:
+        """Every chunk count a split may use: the powers of two from 2 to max_chunks."""
+        return [1 << i for i in range(1, self.max_chunks.bit_length())]
+
+    def rows_starts(self) -> list[int]:
+        """Where the chunks per row may change as rows grow: the rows axis's breakpoints."""
+        target = self.sm_count * self.ctas_per_sm
+        return sorted({1, self.rows_below} | {target // s + 1 for s in self.chunk_counts()
+                                              if target // s + 1 < self.rows_below})
+
+
+@dataclass(frozen=True)
 class ArchTuning:
     name: str
     capability: tuple[int, int]
@@ -71,6 +120,7 @@ class ArchTuning:
     shared_row_bytes: int = 0  # radix: rows up to this size are read once into dynamic shared memory
     loads_in_flight: int = 1   # radix: 16-byte loads each thread issues before using any
     loads_in_flight_by_k: dict[int, int] = field(default_factory=dict)  # per K rung, over loads_in_flight
+    split: SplitTuning | None = None  # small batches of long rows; None: never split
 
 
 @dataclass(frozen=True)
@@ -163,11 +213,25 @@ class KernelSpec:
 
 @dataclass(frozen=True)
 class Selection:
+    """select's answer: the kernel and, when the request's rows are split, its chunk plan
+    (stage 1 and stage 2 both run `kernel`). The reason is worded when it is read: the
+    dispatch table's check asks select for many answers and reads no reason."""
+
     kernel: KernelSpec
     source: str  # "aot" or "jit"
     rule: str
-    reason: str
+    why: Callable[[], str] = field(compare=False, repr=False)
     skipped: tuple[str, ...] = ()
+    split: ChunkPlan | None = None
+
+    @cached_property
+    def reason(self) -> str:
+        return self.why()
+
+    @property
+    def chunks(self) -> int:
+        """Chunks per row: 1 when the rows are not split."""
+        return self.split.chunks if self.split else 1
 
 
 @dataclass
@@ -340,9 +404,15 @@ def _build(doc: dict, loc: _Locator, source: str, sha: str, text: str) -> Policy
                             f"of static shared memory within {name}'s {SHARED_BYTES_PER_BLOCK[name]} per block "
                             f"(at most {room})")
         loads_by_k = {int(k): v for k, v in t.get("loads_in_flight_by_k", {}).items()}
+        split = None
+        if "split" in t:
+            if "radix" not in families:
+                raise loc.error(("archs", name, "split"), "split rows run on radix kernels, and the policy "
+                                                          "declares none (add the radix family, or remove split)")
+            split = SplitTuning(**t["split"])
         archs[name] = ArchTuning(name, expected, t.get("threads"), t.get("warps_per_block"),
                                  tail["policy"], tail.get("max_iterations"), ctas, shared,
-                                 t.get("loads_in_flight", 1), loads_by_k)
+                                 t.get("loads_in_flight", 1), loads_by_k, split)
 
     aot = tuple(doc["dtypes"]["aot"])
     jit = tuple(doc["dtypes"].get("jit", []))
@@ -615,14 +685,19 @@ def _rule_matches(policy: Policy, rule: Rule, arch: str, dtype: str, k: int, n: 
 
 
 def select(policy: Policy, arch: str, dtype: str, k: int, n: int, deterministic: bool = False,
-           jit: bool = True) -> Selection:
+           jit: bool = True, rows: int | None = None) -> Selection:
     """The kernel that serves (arch, dtype, k, n, mode): the first rule in dispatch order
     that serves the shape. With jit=False, JIT-only rules are skipped and the shape must be
-    of an AOT dtype. This is the only dispatch rule in topkgen."""
+    of an AOT dtype. With `rows`, the batch size, the answer says whether the rows are split
+    and how (`Selection.split`); rows=None, a caller that does not know the batch, never
+    splits: it gets the one-CTA-per-row answer, which serves any batch. This is the only
+    dispatch rule in topkgen."""
     _check_arch(policy, arch)
     if dtype not in policy.dtypes:
         raise DispatchError(f"dtype: '{dtype}' is not in the policy (known: {', '.join(policy.dtypes)})")
     check_shape(k, n)
+    if rows is not None:
+        check_rows(rows)
     if not jit and dtype not in policy.aot_dtypes:
         raise DispatchError(f"dtype: '{dtype}' has no AOT kernels and JIT is disabled")
     mode = "deterministic" if deterministic else "fast"
@@ -634,10 +709,79 @@ def select(policy: Policy, arch: str, dtype: str, k: int, n: int, deterministic:
         if not jit and not rule.aot:
             skipped.append(rule.name)
             continue
-        return Selection(spec, "aot" if spec.aot else "jit", rule.name,
-                         _reason(policy, rule, spec, dtype, k, n, mode, skipped), tuple(skipped))
+        split = _split(policy, arch, spec, rows, n, k)
+
+        def why(rule: Rule = rule, spec: KernelSpec = spec) -> str:
+            reason = _reason(policy, rule, spec, dtype, k, n, mode, skipped)
+            if rows is None:
+                return reason
+            return f"{reason}; {_split_reason(policy.archs[arch].split, spec, rows, n, split)}"
+
+        return Selection(spec, "aot" if spec.aot else "jit", rule.name, why, tuple(skipped), split)
     raise DispatchError(f"no kernel serves arch={arch} dtype={dtype} k={k} n={n} mode={mode}"
                         f"{' without JIT' if not jit else ''}")
+
+
+def check_rows(rows: int) -> None:
+    """Refuse a batch size outside 1 <= rows <= ROWS_MAX, with the message every loader gives."""
+    if isinstance(rows, bool) or not isinstance(rows, int):
+        raise DispatchError(f"rows: must be an integer, got {rows!r}")
+    if rows <= 0:
+        raise DispatchError(f"rows: must be >= 1, got {rows}")
+    if rows > ROWS_MAX:
+        raise DispatchError(f"rows: must be <= {ROWS_MAX}, got {rows}")
+
+
+def resident_elements(spec: KernelSpec) -> int:
+    """The longest row (or chunk) a radix kernel reads once into its dynamic shared memory
+    (the kernel's own test: n <= bytes / size - (16 / size - 1)); 0 when it has none."""
+    size = DTYPE_SIZES[spec.dtype]
+    return max(0, spec.dynamic_shared_bytes // size - (VECTOR_BYTES // size - 1))
+
+
+def split_capable(spec: KernelSpec) -> bool:
+    """Whether a kernel can run on chunks and merge candidates (it takes chunk, row_stride
+    and x_indices: the radix family)."""
+    return spec.family == "radix"
+
+
+def _split(policy: Policy, arch: str, spec: KernelSpec, rows: int | None, n: int, k: int) -> ChunkPlan | None:
+    """The chunk plan of a request, or None: the arch's split rule, then the kernel's own
+    limits (it must take chunks, and its n window must hold every chunk and the merge)."""
+    tuning = policy.archs[arch].split
+    if rows is None or tuning is None or not split_capable(spec):
+        return None
+    chunks = tuning.chunks(rows, n, spec.k, resident_elements(spec))
+    if chunks < 2:
+        return None
+    plan = ChunkPlan(rows, n, k, chunks, DTYPE_SIZES[spec.dtype])
+    if not spec.n_min <= min(plan.chunk, plan.candidates) or plan.candidates > spec.n_max:
+        return None
+    return plan
+
+
+def _split_reason(tuning: SplitTuning | None, spec: KernelSpec, rows: int, n: int, split: ChunkPlan | None) -> str:
+    if tuning is None:
+        return "not split: the arch has no split section"
+    if not split_capable(spec):
+        return f"not split: {spec.family} kernels do not take chunks"
+    if rows >= tuning.rows_below:
+        return f"not split: rows={rows} >= rows_below {tuning.rows_below}"
+    if n < tuning.min_n:
+        return f"not split: n={n} < min_n {tuning.min_n}"
+    resident = resident_elements(spec)
+    fill = f"{tuning.sm_count} SMs x {tuning.ctas_per_sm} / {rows} rows = {tuning.sm_count * tuning.ctas_per_sm // rows}"
+    if resident:
+        fill = f"max({fill}, {tuning.fitting(n, resident)} chunks fit the kernel's shared memory)"
+    bounds = (f"max_chunks {tuning.max_chunks}, n / max(min_chunk {tuning.min_chunk}, {tuning.chunk_per_k} x K "
+              f"{spec.k}) = {n // tuning.min_chunk_for(spec.k)} and {fill}")
+    if split is None:
+        chunks = tuning.chunks(rows, n, spec.k, resident)
+        if chunks < 2:
+            return f"not split: fewer than 2 chunks within {bounds}"
+        return (f"not split: the kernel's n window [{spec.n_min}, {spec.n_max}] does not hold {chunks} chunks of "
+                f"{n // chunks} and their merge")
+    return f"split into {split.chunks} chunks per row: the largest power of two within {bounds}"
 
 
 def check_shape(k: int, n: int) -> None:

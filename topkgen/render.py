@@ -45,13 +45,37 @@ def _environment():
 
 _NAME = re.compile(r"topk_[a-z0-9_]{1,80}")  # used with fullmatch
 
-# The kernel parameters in order, as C types per dtype: the manifest lists them.
-PARAMS = (("x", "const {t}*"), ("values", "{t}*"), ("indices", "long long*"), ("rows", "int"),
-          ("n", "int"), ("k", "int"), ("largest", "int"))
+# Every kernel parameter a launch may pass, as a C type ({t}: the element type), and what
+# it holds. The kernels' signatures are rendered from it, the manifest lists each kernel's
+# (`params`), and every loader passes arguments by these names in the manifest's order.
+PARAM_TYPES = {
+    "x": "const {t}*",                # the input rows
+    "x_indices": "const long long*",  # null, or each element's index in the output (a split's stage 2)
+    "values": "{t}*",                 # the output: rows x k values
+    "indices": "long long*",          # and their indices
+    "rows": "int",
+    "n": "int",                       # elements per row
+    "k": "int",
+    "largest": "int",                 # 1: the k largest, 0: the k smallest
+    "chunk": "int",                   # elements per chunk (topkgen.split); n: one chunk per row
+    "row_stride": "long long",        # elements from one row of x (and x_indices) to the next
+}
+# The parameters of each family's kernels, in order. Radix kernels also run split rows.
+PARAMS = {
+    "register": ("x", "values", "indices", "rows", "n", "k", "largest"),
+    "radix": ("x", "x_indices", "values", "indices", "rows", "n", "k", "largest", "chunk", "row_stride"),
+}
 
 
 def params(spec: KernelSpec) -> list[dict[str, str]]:
-    return [{"name": name, "ctype": ctype.format(t=C_TYPES[spec.dtype])} for name, ctype in PARAMS]
+    """The kernel's parameters in order, with their C types: the manifest's `params`."""
+    return [{"name": name, "ctype": PARAM_TYPES[name].format(t=C_TYPES[spec.dtype])} for name in PARAMS[spec.family]]
+
+
+def signature(spec: KernelSpec) -> str:
+    """The kernel's C parameter list, from `params`; pointers are __restrict__."""
+    return ", ".join(f"{p['ctype']} __restrict__ {p['name']}" if p["ctype"].endswith("*") else f"{p['ctype']} {p['name']}"
+                     for p in params(spec))
 
 
 def _int(value: object, lo: int, hi: int, what: str) -> int:
@@ -83,6 +107,7 @@ def context(spec: KernelSpec) -> dict[str, object]:
         "tail_steps": _int(spec.tail_max_iterations, 1, 16, "tail_max_iterations")
         if spec.tail_policy == "fixed" else 0,
         "exact_n": _int(spec.exact_n, 1, 2**31 - 1, "exact_n") if spec.work == "exact" else 0,
+        "signature": signature(spec),
     }
     if spec.family == "register":
         rungs = spec.ladder if spec.work == "ladder" else (spec.exact_n,)

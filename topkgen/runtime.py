@@ -6,7 +6,9 @@ the bundle lacks, from the same templates and the policy the manifest embeds).
 Backends: "cuda" loads cubins with cuda.core and launches on the caller's stream; it takes
 any array exposing __cuda_array_interface__ or DLPack (torch, cupy) without importing torch.
 "emulator" runs the same rendered source on the CPU (numpy arrays), which is how CI proves
-the whole runtime path.
+the whole runtime path. Both launch what `topkgen.split.stages` plans: one launch, or a
+split's two through a workspace (the caller's, or one allocated on the stream), with
+arguments passed by the names and in the order of the kernel's manifest `params`.
 """
 
 from __future__ import annotations
@@ -26,11 +28,15 @@ from topkgen.errors import InputError
 from topkgen.manifest_checks import entries
 from topkgen.explain import Explanation, explain
 from topkgen.policy import DTYPE_SIZES, DispatchError, kernels_of_rule
-from topkgen.render import render
+from topkgen.render import params, render
+from topkgen.split import ChunkPlan, Stage, stages
 from topkgen.suggest import did_you_mean
 
 BACKENDS = ("cuda", "emulator")
 STATIC_SHARED_LIMIT = 48 * 1024  # above it, a kernel must opt in to more dynamic shared memory
+# The C types of the non-pointer parameters (topkgen.render.PARAM_TYPES) as numpy scalars,
+# which both backends pass with their C types.
+SCALAR_TYPES = {"int": np.int32, "long long": np.int64}
 
 
 class TopKError(InputError, RuntimeError):
@@ -81,6 +87,40 @@ class Launch:
         return (rows + self.rows_per_block - 1) // self.rows_per_block
 
 
+def arguments(params: list[dict[str, str]], stage: Stage, pointers: dict[str, Any], null: Any) -> list[Any]:
+    """A stage's arguments in the order of the kernel's `params`: pointers from `pointers` by
+    buffer name (`null` for none), the others as numpy scalars of their C type."""
+    out = []
+    for param in params:
+        name, ctype = param["name"], param["ctype"]
+        if ctype.endswith("*"):
+            buffer = stage.buffers[name]
+            out.append(null if buffer is None else pointers[buffer])
+        else:
+            out.append(SCALAR_TYPES[ctype](stage.scalars[name]))
+    return out
+
+
+@dataclass(frozen=True)
+class _Work:
+    """What a call launches: the kernel, its launch configuration and parameters, and the
+    stages (none for an empty batch); `plan` when the rows are split."""
+
+    kernel: Any
+    name: str
+    launch: Launch
+    params: list[dict[str, str]]
+    stages: list[Stage]
+    plan: ChunkPlan | None
+
+
+def launch_arguments(spec: Any, x: Any, values: Any, indices: Any, rows: int, n: int, k: int, largest: bool) -> list[Any]:
+    """The arguments of one unsplit launch of a kernel (a KernelSpec), for code that launches
+    kernels itself (tests, benchmarks), by the same rule as every runtime launch."""
+    (stage,) = stages(rows, n, k, largest, None)
+    return arguments(params(spec), stage, {"x": x, "values": values, "indices": indices}, None)
+
+
 class TopK:
     """Top-k over the last dimension, served by the kernels of a bundle (or JIT)."""
 
@@ -113,49 +153,74 @@ class TopK:
             except bundles.ManifestError as err:
                 raise TopKError(str(err)) from None
         else:  # an arch the bundle lacks: served by JIT
-            self._entries = {name: {**spec.record(), "launch": bundles.launch_record(spec)}
+            self._entries = {name: {**spec.record(), "launch": bundles.launch_record(spec), "params": params(spec)}
                              for name, spec in self._specs.items()}
             self._files = {}
         self._loaded: dict[str, Any] = {}
 
     # ------------------------------------------------------------------ choosing
-    def choose(self, dtype: str, k: int, n: int, deterministic: bool = False) -> Choice:
-        """The kernel for a shape: one lookup in the dispatch table."""
+    def choose(self, dtype: str, k: int, n: int, deterministic: bool = False, rows: int | None = None) -> Choice:
+        """The kernel for a shape, and its chunks per row for a batch of `rows` (None: the
+        batch is unknown, served unsplit): one lookup in the dispatch table."""
         jit = not jit_disabled()
         if not jit and not self.in_bundle:
             raise TopKError(f"TOPKGEN_DISABLE_JIT is set and the bundle {self.root} has no kernels for {self.arch}")
         try:
-            choice = self._table.lookup(dtype, k, n, deterministic, jit)
+            choice = self._table.lookup(dtype, k, n, deterministic, jit, rows)
         except DispatchError as err:
             raise TopKError(f"{err}{' (TOPKGEN_DISABLE_JIT is set)' if not jit else ''}") from None
-        return choice if self.in_bundle else Choice(choice.kernel, "jit")
+        return choice if self.in_bundle else replace(choice, source="jit")
 
-    def explain(self, dtype: str, k: int, n: int, deterministic: bool = False) -> Explanation:
+    def plan(self, dtype: str, k: int, n: int, rows: int, deterministic: bool = False) -> ChunkPlan | None:
+        """How a batch of `rows` rows is split (None: it is not), so that a caller can size
+        the workspace it passes (`workspace_bytes`)."""
+        choice = self.choose(dtype, k, n, deterministic, rows)
+        return ChunkPlan(rows, n, k, choice.chunks, DTYPE_SIZES[dtype]) if choice.chunks > 1 else None
+
+    def workspace_bytes(self, dtype: str, k: int, n: int, rows: int, deterministic: bool = False) -> int:
+        """The workspace a call on rows x n elements needs (0: none). Pass at least this many
+        bytes as `workspace=` and the call allocates nothing (CUDA graphs can capture it)."""
+        plan = self.plan(dtype, k, n, rows, deterministic)
+        return plan.workspace_bytes if plan else 0
+
+    def explain(self, dtype: str, k: int, n: int, deterministic: bool = False, rows: int | None = None) -> Explanation:
         """The kernel that serves a shape and why: the table's choice, whose str() is what
         `topkgen explain` prints for the bundle's policy (an arch the bundle lacks is
         served by JIT, and says so)."""
-        choice = self.choose(dtype, k, n, deterministic)
-        answer = explain(self.policy, self.arch, dtype, k, n, deterministic=deterministic, jit=not jit_disabled())
+        choice = self.choose(dtype, k, n, deterministic, rows)
+        answer = explain(self.policy, self.arch, dtype, k, n, deterministic=deterministic, jit=not jit_disabled(),
+                         rows=rows)
         sel = answer.selection
-        if sel.kernel.name != choice.kernel:
-            raise TopKError(f"the bundle's dispatch table sends {dtype} k={k} n={n} to {choice.kernel} but its "
-                            f"policy to {sel.kernel.name}; rebuild the bundle")
+        if (sel.kernel.name, sel.chunks) != (choice.kernel, choice.chunks):
+            raise TopKError(f"the bundle's dispatch table sends {dtype} k={k} n={n}"
+                            f"{'' if rows is None else f' rows={rows}'} to {choice.kernel} in {choice.chunks} "
+                            f"chunk(s) per row but its policy to {sel.kernel.name} in {sel.chunks}; rebuild the bundle")
         if sel.source != choice.source:
-            sel = replace(sel, source=choice.source, reason=f"{sel.reason}; the bundle has no {self.arch} kernel: jit")
+            reason = f"{sel.reason}; the bundle has no {self.arch} kernel: jit"
+            sel = replace(sel, source=choice.source, why=lambda: reason)
             answer = replace(answer, selection=sel)
         return answer
 
     # ------------------------------------------------------------------ running
     def __call__(self, x: Any, k: int, *, largest: bool = True, deterministic: bool = False,
-                 out: tuple[Any, Any] | None = None, dtype: str | None = None, stream: Any = None):
-        """Returns (values, indices) of the k largest (or smallest) along the last dimension."""
+                 out: tuple[Any, Any] | None = None, dtype: str | None = None, stream: Any = None,
+                 workspace: Any = None):
+        """Returns (values, indices) of the k largest (or smallest) along the last dimension.
+        A small batch of long rows may be split (two launches on the stream): `workspace`, an
+        array of at least `workspace_bytes(...)` bytes, serves it without an allocation;
+        without one the backend allocates it on the stream. Nothing waits for the GPU."""
         view = self._backend.view(x, dtype)
         if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
             raise TopKError(f"k: must be an integer, got {k!r}")
-        choice = self.choose(view.dtype, int(k), view.n, deterministic)
+        k = int(k)
+        choice = self.choose(view.dtype, k, view.n, deterministic, view.rows or None)
         kernel = self._kernel(choice)
-        launch = Launch.of(self._entries[choice.kernel])
-        return self._backend.run(kernel, choice.kernel, launch, view, int(k), largest, out, stream)
+        entry = self._entries[choice.kernel]
+        plan = ChunkPlan(view.rows, view.n, k, choice.chunks, DTYPE_SIZES[view.dtype]) if choice.chunks > 1 else None
+        work = _Work(kernel, choice.kernel, Launch.of(entry), entry["params"],
+                     stages(view.rows, view.n, k, largest, plan) if view.rows else [], plan)
+        return self._backend.run(work, view, k, out, stream, workspace)
+
 
     def _kernel(self, choice: Choice) -> Any:
         name = choice.kernel
@@ -202,8 +267,7 @@ class _Backend:
     def load_jit(self, name: str, source: str) -> Any:
         raise NotImplementedError
 
-    def run(self, kernel: Any, name: str, launch: Launch, view: _View, k: int, largest: bool, out: Any,
-            stream: Any):
+    def run(self, work: _Work, view: _View, k: int, out: Any, stream: Any, workspace: Any):
         raise NotImplementedError
 
 
@@ -228,25 +292,44 @@ class _EmulatorBackend(_Backend):
 
         return compile_source(source, name=name)
 
-    def run(self, kernel: Any, name: str, launch: Launch, view: _View, k: int, largest: bool, out: Any,
-            stream: Any):
+    def run(self, work: _Work, view: _View, k: int, out: Any, stream: Any, workspace: Any):
         x = np.ascontiguousarray(view.array).reshape(view.rows, view.n)
-        values = np.empty((view.rows, k), dtype=x.dtype)
-        indices = np.empty((view.rows, k), dtype=np.int64)
-        if view.rows:  # an empty batch launches nothing
-            kernel.launch(name, launch.grid(view.rows), launch.threads,
-                          [x, values, indices, np.int32(view.rows), np.int32(view.n), np.int32(k), np.int32(largest)],
-                          shared_bytes=launch.dynamic_shared_bytes)
         shape = (*view.shape[:-1], k)
         if out is not None:
             out_values, out_indices = out
             if out_values.shape != shape or out_indices.shape != shape or out_indices.dtype != np.int64 \
                     or out_values.dtype != view.array.dtype:
                 raise TopKError(f"out: expected ({view.array.dtype}{list(shape)}, int64{list(shape)})")
+        values = np.empty((view.rows, k), dtype=x.dtype)
+        indices = np.empty((view.rows, k), dtype=np.int64)
+        pointers = {"x": x, "values": values, "indices": indices}
+        if work.plan is not None:
+            pointers.update(self._candidates(work.plan, x.dtype, workspace))
+        for stage in work.stages:
+            work.kernel.launch(work.name, work.launch.grid(stage.grid_rows), work.launch.threads,
+                               arguments(work.params, stage, pointers, None),
+                               shared_bytes=work.launch.dynamic_shared_bytes)
+        if out is not None:
             out_values[...] = values.reshape(shape)
             out_indices[...] = indices.reshape(shape)
             return out_values, out_indices
         return values.reshape(shape), indices.reshape(shape)
+
+    @staticmethod
+    def _candidates(plan: ChunkPlan, dtype: np.dtype, workspace: Any) -> dict[str, np.ndarray]:
+        """The workspace's candidate indices and values (topkgen.split's layout), in the
+        caller's array or a new one."""
+        if workspace is None:
+            workspace = np.empty(plan.workspace_bytes, dtype=np.uint8)
+        if not isinstance(workspace, np.ndarray) or not workspace.flags.c_contiguous or not workspace.flags.writeable:
+            raise TopKError("workspace: the emulator backend takes a writeable, contiguous numpy array")
+        if workspace.nbytes < plan.workspace_bytes:
+            raise TopKError(f"workspace: {workspace.nbytes} bytes, this call needs {plan.workspace_bytes} "
+                            f"(TopK.workspace_bytes)")
+        raw = workspace.reshape(-1).view(np.uint8)
+        count = plan.rows * plan.candidates
+        return {"candidate_indices": raw[:count * 8].view(np.int64),
+                "candidate_values": raw[plan.values_offset:plan.values_offset + count * dtype.itemsize].view(dtype)}
 
 
 # ----------------------------------------------------------------------------- cuda
@@ -300,31 +383,57 @@ class _CudaBackend(_Backend):
         compiled = compile_kernel(source, name, arch)  # cached on disk, shared by processes
         return self.load_aot(name, compiled.cubin, compiled.symbol, source)
 
-    def run(self, kernel: Any, name: str, launch: Launch, view: _View, k: int, largest: bool, out: Any,
-            stream: Any):
+    def run(self, work: _Work, view: _View, k: int, out: Any, stream: Any, workspace: Any):
         core = _cuda_core()
 
         shape = (*view.shape[:-1], k)
         torch = sys.modules.get("torch")
+        if torch is None or not isinstance(view.array, torch.Tensor):
+            torch = None
         if out is None:
-            if torch is not None and isinstance(view.array, torch.Tensor):
-                out = (torch.empty(shape, dtype=view.array.dtype, device=view.array.device),
-                       torch.empty(shape, dtype=torch.int64, device=view.array.device))
-            else:
+            if torch is None:
                 raise TopKError("out: pass (values, indices) device arrays for inputs that are not torch tensors")
+            out = (torch.empty(shape, dtype=view.array.dtype, device=view.array.device),
+                   torch.empty(shape, dtype=torch.int64, device=view.array.device))
         values, indices = out
-        v_ptr, i_ptr = _device_ptr(values, shape), _device_ptr(indices, shape)
-        cuda_stream = self._stream(stream, view.array)
-        config = core.LaunchConfig(grid=launch.grid(view.rows), block=launch.threads,
-                                   shmem_size=launch.dynamic_shared_bytes)
-        if view.rows == 0:  # an empty batch launches nothing
+        pointers = {"x": int(view.ptr), "values": _device_ptr(values, shape), "indices": _device_ptr(indices, shape)}
+        if not work.stages:  # an empty batch launches nothing
             return values, indices
-        if launch.dynamic_shared_bytes > STATIC_SHARED_LIMIT:
-            self._allow_dynamic_shared(kernel, launch.dynamic_shared_bytes)
-        # cuda.core passes Python ints as pointers and numpy scalars with their C types.
-        core.launch(cuda_stream, config, kernel, int(view.ptr), int(v_ptr), int(i_ptr),
-                    np.int32(view.rows), np.int32(view.n), np.int32(k), np.int32(largest))
+        cuda_stream = self._stream(stream, view.array)
+        release = None
+        if work.plan is not None:
+            base, release = self._workspace(work.plan, workspace, cuda_stream, torch, view.array)
+            pointers["candidate_indices"], pointers["candidate_values"] = base, base + work.plan.values_offset
+        if work.launch.dynamic_shared_bytes > STATIC_SHARED_LIMIT:
+            self._allow_dynamic_shared(work.kernel, work.launch.dynamic_shared_bytes)
+        for stage in work.stages:
+            config = core.LaunchConfig(grid=work.launch.grid(stage.grid_rows), block=work.launch.threads,
+                                       shmem_size=work.launch.dynamic_shared_bytes)
+            # cuda.core passes Python ints as pointers (0: null) and numpy scalars with their C types.
+            core.launch(cuda_stream, config, work.kernel, *arguments(work.params, stage, pointers, 0))
+        if release is not None:
+            release()
         return values, indices
+
+    def _workspace(self, plan: ChunkPlan, workspace: Any, cuda_stream: Any, torch: Any, array: Any):
+        """The workspace's device address, and what to call once the launches are enqueued.
+        The caller's array costs no allocation. Otherwise the allocation is ordered on the
+        launch stream and nothing waits: for torch inputs torch's caching allocator, with the
+        launch stream current (it hands the block out again only to work queued after ours on
+        that stream); else a cuda.core buffer from the device's memory pool, freed on the
+        stream behind the launches."""
+        if workspace is not None:
+            ptr, nbytes = _device_bytes(workspace, "workspace")
+            if nbytes < plan.workspace_bytes:
+                raise TopKError(f"workspace: {nbytes} bytes, this call needs {plan.workspace_bytes} "
+                                f"(TopK.workspace_bytes)")
+            return ptr, None
+        if torch is not None:
+            with torch.cuda.stream(torch.cuda.ExternalStream(int(cuda_stream.handle), device=array.device)):
+                buffer = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=array.device)
+            return buffer.data_ptr(), lambda: None  # dropped after the launches: reused in stream order
+        buffer = self.device.allocate(plan.workspace_bytes, stream=cuda_stream)
+        return int(buffer.handle), lambda: buffer.close(cuda_stream)
 
     def _allow_dynamic_shared(self, kernel: Any, nbytes: int) -> None:
         """Raise the kernel's dynamic shared memory limit to `nbytes` (needed above 48 KB).
@@ -355,6 +464,23 @@ class _CudaBackend(_Backend):
         if isinstance(stream, int):
             return Stream.from_handle(stream)
         return self.device.create_stream(stream)
+
+
+def _device_bytes(x: Any, label: str) -> tuple[int, int]:
+    """(pointer, size in bytes) of a contiguous device array of any element type."""
+    if type(x).__module__.startswith("torch") and hasattr(x, "data_ptr"):
+        if not x.is_cuda or not x.is_contiguous():
+            raise TopKError(f"{label}: expected a contiguous CUDA tensor")
+        return x.data_ptr(), x.numel() * x.element_size()
+    cai = getattr(x, "__cuda_array_interface__", None)
+    if cai is not None:
+        itemsize = int(cai["typestr"][2:])
+        strides = None if cai.get("strides") is None else tuple(s // itemsize for s in cai["strides"])
+        if not _c_contiguous(tuple(cai["shape"]), strides):
+            raise TopKError(f"{label}: expected a contiguous device array")
+        return int(cai["data"][0]), int(np.prod(cai["shape"], dtype=np.int64)) * itemsize
+    raise TopKError(f"{label}: expected a contiguous device array (a torch tensor or __cuda_array_interface__), "
+                    f"got {type(x).__name__}")
 
 
 def _device_ptr(array: Any, shape: tuple[int, ...]) -> int:

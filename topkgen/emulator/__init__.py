@@ -209,8 +209,8 @@ class Module:
                shared_bytes: int = 0, schedule_seed: int | None = None,
                timeout: float = DEFAULT_TIMEOUT_S, workers: int | None = None,
                counters: bool = False) -> Counters | None:
-        """Run a kernel. Arrays are passed as device pointers (writes land in them); numpy
-        scalars carry their C type. schedule_seed shuffles the order in which threads run
+        """Run a kernel. Arrays are passed as device pointers (writes land in them), None as a
+        null pointer; numpy scalars carry their C type. schedule_seed shuffles the order in which threads run
         between barriers; None runs them in thread order. counters=True returns the launch's
         traffic counters (the same under every schedule seed and worker count)."""
         kernel = self.kernels.get(symbol)
@@ -238,6 +238,10 @@ class Module:
                     data = lib.tk_region_data(region)
                     ctypes.memmove(data, np.ascontiguousarray(arg).ctypes.data, arg.nbytes)
                     cell = ctypes.c_void_p(data)
+                elif arg is None:  # a null pointer
+                    if code != "p":
+                        raise EmulationError(f"argument #{i} of '{symbol}' is {_CODE_NAMES[code]}, got None")
+                    cell = ctypes.c_void_p(0)
                 elif isinstance(arg, np.generic):
                     got = _SCALAR_CODES.get((arg.dtype.kind, arg.dtype.itemsize))
                     if got != code:

@@ -1,12 +1,14 @@
 // topkgen-cpp: a small CLI over topkgen/loader.hpp, for tests, benchmarks and gpu-check.
 //
 //   topkgen-cpp verify DIR      load DIR (every check), print a summary
-//   topkgen-cpp select DIR      per stdin line "ARCH DTYPE K N MODE JIT" (JIT 0 or 1) print
-//                               "KERNEL" or "error: MESSAGE"
+//   topkgen-cpp select DIR      per stdin line "ARCH DTYPE K N MODE JIT [ROWS]" (JIT 0 or 1)
+//                               print "KERNEL" (no ROWS: the batch size unknown) or
+//                               "KERNEL CHUNKS WORKSPACE_BYTES VALUES_OFFSET", or "error: MESSAGE"
 //   topkgen-cpp bench DIR       time select over the stdin shapes: median ns per lookup
 //   topkgen-cpp launch DIR ARCH DTYPE K N ROWS MODE JIT LARGEST IN VALUES INDICES
-//                               top-k of ROWS x N elements read from IN on the GPU, outputs
-//                               written raw to VALUES and INDICES (int64); prints the kernel
+//                               top-k of ROWS x N elements read from IN on the GPU (split
+//                               when the bundle says so), outputs written raw to VALUES and
+//                               INDICES (int64); prints the kernel and its chunks per row
 //
 // Errors: "topkgen-cpp: error: MESSAGE" on stderr, exit 2 (1 for a driver failure in launch).
 #include <topkgen/loader.hpp>
@@ -24,7 +26,7 @@ namespace {
 
 struct Shape {
   std::string arch, dtype;
-  std::int64_t k = 0, n = 0;
+  std::int64_t k = 0, n = 0, rows = 0;  // rows 0: not given
   bool deterministic = false, jit = false;
 };
 
@@ -36,6 +38,7 @@ bool parse_shape(const std::string& line, Shape& s) {
   if (mode != "fast" && mode != "deterministic") return false;
   s.deterministic = mode == "deterministic";
   s.jit = jit != 0;
+  if (!(in >> s.rows)) s.rows = 0;
   return true;
 }
 
@@ -45,7 +48,7 @@ std::vector<Shape> read_shapes() {
   while (std::getline(std::cin, line)) {
     if (line.empty()) continue;
     Shape s;
-    if (!parse_shape(line, s)) throw topkgen::Error("stdin: expected 'ARCH DTYPE K N MODE JIT', got '" + line + "'");
+    if (!parse_shape(line, s)) throw topkgen::Error("stdin: expected 'ARCH DTYPE K N MODE JIT [ROWS]', got '" + line + "'");
     shapes.push_back(s);
   }
   return shapes;
@@ -65,7 +68,13 @@ int select(const std::string& dir) {
   std::string out;
   for (const Shape& s : read_shapes()) {
     try {
-      out += bundle.select(s.arch, s.dtype, s.k, s.n, s.deterministic, s.jit).name;
+      if (s.rows == 0) {
+        out += bundle.select(s.arch, s.dtype, s.k, s.n, s.deterministic, s.jit).name;
+      } else {
+        const topkgen::Plan p = bundle.plan(s.arch, s.dtype, s.k, s.n, s.rows, s.deterministic, s.jit);
+        out += p.kernel->name + " " + std::to_string(p.chunks) + " " + std::to_string(p.workspace_bytes) + " " +
+               std::to_string(p.values_offset);
+      }
     } catch (const topkgen::Error& err) {
       out += std::string("error: ") + err.what();
     }
@@ -115,27 +124,29 @@ int launch(const std::vector<std::string>& a) {
   const int rows = std::stoi(a[5]);
   const bool largest = a[8] != "0";
   const std::size_t elem = s.dtype == "float32" ? 4 : 2;
-  const topkgen::Kernel& kern = bundle.select(s.arch, s.dtype, s.k, s.n, s.deterministic, s.jit);
+  const topkgen::Plan plan = bundle.plan(s.arch, s.dtype, s.k, s.n, rows, s.deterministic, s.jit);
   const std::string x = slurp(a[9]);
   if (x.size() != static_cast<std::size_t>(rows) * s.n * elem)
     throw topkgen::Error(a[9] + ": expected " + std::to_string(rows * s.n * elem) + " bytes");
   const auto& d = topkgen::cu::Driver::get();
   topkgen::cu::current_arch();  // a current context
-  topkgen::cu::DevicePtr dx = 0, dv = 0, di = 0;
+  topkgen::cu::DevicePtr dx = 0, dv = 0, di = 0, dw = 0;
   const std::size_t out_elems = static_cast<std::size_t>(rows) * s.k;
   d.check(d.MemAlloc(&dx, x.size()), "cuMemAlloc");
   d.check(d.MemAlloc(&dv, out_elems * elem), "cuMemAlloc");
   d.check(d.MemAlloc(&di, out_elems * 8), "cuMemAlloc");
+  if (plan.workspace_bytes) d.check(d.MemAlloc(&dw, plan.workspace_bytes), "cuMemAlloc");
   d.check(d.MemcpyHtoD(dx, x.data(), x.size()), "cuMemcpyHtoD");
-  bundle.launch(kern, nullptr, dx, dv, di, rows, static_cast<int>(s.n), static_cast<int>(s.k), largest);
+  bundle.run(plan, nullptr, dx, dv, di, rows, static_cast<int>(s.n), static_cast<int>(s.k), largest, dw);
   d.check(d.CtxSynchronize(), "cuCtxSynchronize");
   std::string values(out_elems * elem, '\0'), indices(out_elems * 8, '\0');
   d.check(d.MemcpyDtoH(values.data(), dv, values.size()), "cuMemcpyDtoH");
   d.check(d.MemcpyDtoH(indices.data(), di, indices.size()), "cuMemcpyDtoH");
-  for (auto p : {dx, dv, di}) d.MemFree(p);
+  for (auto p : {dx, dv, di, dw})
+    if (p) d.MemFree(p);
   spill(a[10], values);
   spill(a[11], indices);
-  std::cout << kern.name << "\n";
+  std::cout << plan.kernel->name << " " << plan.chunks << "\n";
   return 0;
 }
 

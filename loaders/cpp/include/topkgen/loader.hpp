@@ -1,16 +1,18 @@
-// topkgen/loader.hpp: a header-only C++17 loader for topkgen bundles (manifest schema 2).
+// topkgen/loader.hpp: a header-only C++17 loader for topkgen bundles (manifest schema 3).
 //
 // It follows the manifest and nothing else: the load checks and the dispatch lookup that
 // topkgen/schemas/manifest.schema.json describes, with the messages topkgen's Python loader
-// gives, and a launch configured from the manifest alone. The CUDA driver is resolved at run
-// time (dlopen("libcuda.so.1") + cuGetProcAddress), so this builds and dispatches on machines
-// with no GPU and no CUDA toolkit. It has no NVRTC: select with jit_available = false, and
+// gives, and launches configured from the manifest alone (arguments passed by the names of
+// each kernel's params, in their order). The CUDA driver is resolved at run time
+// (dlopen("libcuda.so.1") + cuGetProcAddress), so this builds and dispatches on machines
+// with no GPU and no CUDA toolkit. It has no NVRTC: plan with jit_available = false, and
 // the row's aot_fallback serves.
 //
 //   topkgen::Bundle b("out");
-//   const topkgen::Kernel& kern = b.select("sm_90", "float32", k, n, /*deterministic=*/false,
-//                                          /*jit_available=*/false);
-//   b.launch(kern, stream, x, values, indices, rows, n, k, /*largest=*/true);
+//   topkgen::Plan p = b.plan("sm_90", "float32", k, n, rows, /*deterministic=*/false,
+//                            /*jit_available=*/false);
+//   // p.workspace_bytes of device memory, or 0 when the rows are not split
+//   b.run(p, stream, x, values, indices, rows, n, k, /*largest=*/true, workspace);
 //
 // Needs: nlohmann/json (the PyPI package nlohmann-json ships the header), OpenSSL's
 // libcrypto (-lcrypto) for SHA-256, and -ldl.
@@ -53,7 +55,9 @@ class Error : public std::runtime_error {
 
 constexpr std::int64_t K_MAX = 1024;
 constexpr std::int64_t N_MAX = 2147483647;
-constexpr int SCHEMA_VERSION = 2;
+constexpr std::int64_t ROWS_MAX = 2147483647;
+constexpr int SCHEMA_VERSION = 3;
+constexpr std::uint64_t WORKSPACE_ALIGN = 256;  // candidate values start at a multiple of it (topkgen.split)
 
 namespace cu {
 using Result = int;
@@ -183,11 +187,23 @@ struct Kernel {
   bool aot = true;    // a cubin (kernels) or CUDA source for NVRTC (jit_kernels)
   std::string name, arch, dtype, mode, symbol, path, sha256;
   std::vector<std::string> serves, nvrtc_options;
+  std::vector<std::string> params;  // parameter names in launch order (their C types are checked at load)
   std::int64_t k = 0, k_min = 0, n_min = 0, n_max = 0;
   unsigned threads_per_block = 0, rows_per_block = 0, dynamic_shared_bytes = 0;
   std::string data;  // the file's bytes, read and checked at load
 
   bool serves_mode(const std::string& m) const { return std::find(serves.begin(), serves.end(), m) != serves.end(); }
+  bool takes(const std::string& p) const { return std::find(params.begin(), params.end(), p) != params.end(); }
+};
+
+// How a request is served: the kernel and its chunks per row (1: one launch, one CTA per
+// row; more: the split of topkgen.split, two launches through a workspace).
+struct Plan {
+  const Kernel* kernel = nullptr;
+  std::int64_t chunks = 1;
+  std::int64_t chunk = 0;               // elements per chunk (the last takes the rest of the row)
+  std::uint64_t values_offset = 0;      // candidate values' offset in the workspace
+  std::uint64_t workspace_bytes = 0;    // 0 when the rows are not split
 };
 
 namespace detail {
@@ -297,18 +313,25 @@ inline int elf_sm(const std::string& d) {
 }
 
 struct Row {
-  std::int64_t k_lo, k_hi, n_lo, n_hi;
+  std::int64_t k_lo, k_hi, n_lo, n_hi, r_lo, r_hi;
   const Kernel* kernel;
   const Kernel* fallback;  // null: nothing serves the row without JIT
+  std::int64_t chunks, fallback_chunks;
 };
 
 // One dispatch list, checked to tile the domain and indexed for lookup (the same
-// procedure and messages as topkgen.dispatch_table.ListIndex).
+// procedure and messages as topkgen.dispatch_table.ListIndex): cut k at every row's k
+// bounds; in each k segment cut n at the bounds of the rows spanning it; in each n segment
+// the rows spanning it, sorted by rows, must tile the batch sizes 1..ROWS_MAX.
 struct List {
+  struct Cell {  // one n segment of one k segment
+    std::vector<std::int64_t> rows_starts;
+    std::vector<std::size_t> members;
+  };
   std::vector<Row> rows;
   std::vector<std::int64_t> k_starts;
   std::vector<std::vector<std::int64_t>> n_starts;
-  std::vector<std::vector<std::size_t>> members;
+  std::vector<std::vector<Cell>> cells;
   bool all_jit = true;  // no row has an AOT fallback
 
   void index(const std::string& path, const Doc& doc) {
@@ -320,39 +343,72 @@ struct List {
     k_starts.assign(starts.begin(), starts.end());
     for (std::size_t si = 0; si < k_starts.size(); ++si) {
       std::int64_t a = k_starts[si], b = si + 1 < k_starts.size() ? k_starts[si + 1] - 1 : K_MAX;
-      std::vector<std::size_t> m;
+      std::vector<std::size_t> spanning;
       for (std::size_t i = 0; i < rows.size(); ++i)
-        if (rows[i].k_lo <= a && a <= rows[i].k_hi) m.push_back(i);
-      std::stable_sort(m.begin(), m.end(), [&](std::size_t x, std::size_t y) { return rows[x].n_lo < rows[y].n_lo; });
-      std::int64_t covered = a;
-      const Row* prev = nullptr;
-      std::size_t prev_i = 0;
-      for (std::size_t i : m) {
-        const Row& r = rows[i];
-        if (prev != nullptr && r.n_lo <= prev->n_hi)
-          doc.fail(path, "rows [" + std::to_string(prev_i) + "] and [" + std::to_string(i) + "] overlap at k=" +
-                             range(a, b) + " n=" + range(r.n_lo, std::min(r.n_hi, prev->n_hi)));
-        if (r.n_lo > covered)
-          doc.fail(path, "no row serves k=" + std::to_string(a) + " n=" + range(covered, r.n_lo - 1));
-        covered = std::max(covered, r.n_hi + 1);
-        prev = &r;
-        prev_i = i;
+        if (rows[i].k_lo <= a && a <= rows[i].k_hi) spanning.push_back(i);
+      std::set<std::int64_t> cut{a};
+      for (std::size_t i : spanning) {
+        if (rows[i].n_lo > a) cut.insert(rows[i].n_lo);
+        if (a < rows[i].n_hi + 1 && rows[i].n_hi + 1 <= N_MAX) cut.insert(rows[i].n_hi + 1);
       }
-      if (covered <= N_MAX) doc.fail(path, "no row serves k=" + std::to_string(a) + " n=" + range(covered, N_MAX));
-      std::vector<std::int64_t> ns;
-      for (std::size_t i : m) ns.push_back(rows[i].n_lo);
-      n_starts.push_back(std::move(ns));
-      members.push_back(std::move(m));
+      std::vector<std::int64_t> cuts(cut.begin(), cut.end());
+      std::vector<Cell> seg;
+      for (std::size_t ci = 0; ci < cuts.size(); ++ci) {
+        std::int64_t c = cuts[ci], d = ci + 1 < cuts.size() ? cuts[ci + 1] - 1 : N_MAX;
+        Cell cell;
+        for (std::size_t i : spanning)
+          if (rows[i].n_lo <= c && c <= rows[i].n_hi) cell.members.push_back(i);
+        std::stable_sort(cell.members.begin(), cell.members.end(),
+                         [&](std::size_t x, std::size_t y) { return rows[x].r_lo < rows[y].r_lo; });
+        if (cell.members.empty()) doc.fail(path, "no row serves k=" + std::to_string(a) + " n=" + range(c, d));
+        std::int64_t covered = 1;
+        const Row* prev = nullptr;
+        std::size_t prev_i = 0;
+        for (std::size_t i : cell.members) {
+          const Row& r = rows[i];
+          if (prev != nullptr && r.r_lo <= prev->r_hi)
+            doc.fail(path, "rows [" + std::to_string(prev_i) + "] and [" + std::to_string(i) + "] overlap at k=" +
+                               range(a, b) + " n=" + range(c, d) + " rows=" + range(r.r_lo, std::min(r.r_hi, prev->r_hi)));
+          if (r.r_lo > covered)
+            doc.fail(path, "no row serves k=" + std::to_string(a) + " n=" + range(c, d) + " rows=" + range(covered, r.r_lo - 1));
+          covered = std::max(covered, r.r_hi + 1);
+          prev = &r;
+          prev_i = i;
+        }
+        if (covered <= ROWS_MAX)
+          doc.fail(path, "no row serves k=" + std::to_string(a) + " n=" + range(c, d) + " rows=" + range(covered, ROWS_MAX));
+        for (std::size_t i : cell.members) cell.rows_starts.push_back(rows[i].r_lo);
+        seg.push_back(std::move(cell));
+      }
+      n_starts.push_back(std::move(cuts));
+      cells.push_back(std::move(seg));
     }
   }
 
-  const Row& find(std::int64_t k, std::int64_t n) const {
+  const Row& find(std::int64_t k, std::int64_t n, std::int64_t r) const {
     std::size_t s = std::upper_bound(k_starts.begin(), k_starts.end(), k) - k_starts.begin() - 1;
     const auto& ns = n_starts[s];
-    std::size_t j = std::upper_bound(ns.begin(), ns.end(), n) - ns.begin() - 1;
-    return rows[members[s][j]];
+    std::size_t t = std::upper_bound(ns.begin(), ns.end(), n) - ns.begin() - 1;
+    const Cell& cell = cells[s][t];
+    std::size_t j = std::upper_bound(cell.rows_starts.begin(), cell.rows_starts.end(), r) - cell.rows_starts.begin() - 1;
+    return rows[cell.members[j]];
   }
 };
+
+// The C type of each parameter a loader can pass ("{t}": the element type), in the order
+// topkgen.render.PARAM_TYPES lists them.
+inline const std::vector<std::pair<std::string, std::string>>& param_types() {
+  static const std::vector<std::pair<std::string, std::string>> types = {
+      {"x", "const {t}*"}, {"x_indices", "const long long*"}, {"values", "{t}*"}, {"indices", "long long*"},
+      {"rows", "int"}, {"n", "int"}, {"k", "int"}, {"largest", "int"}, {"chunk", "int"}, {"row_stride", "long long"}};
+  return types;
+}
+
+inline std::string c_type(const std::string& dtype) {
+  return dtype == "float32" ? "float" : dtype == "bfloat16" ? "__nv_bfloat16" : "__half";
+}
+
+inline std::size_t dtype_size(const std::string& dtype) { return dtype == "float32" ? 4 : 2; }
 }  // namespace detail
 
 class Bundle {
@@ -384,45 +440,63 @@ class Bundle {
   const std::vector<std::string>& archs() const { return archs_; }
   const std::vector<std::unique_ptr<Kernel>>& kernels() const { return kernels_; }
 
-  // The kernel for a request: one lookup in dispatch[arch][dtype][mode]. Without JIT the
-  // row's aot_fallback serves. Errors read as topkgen.policy.select's.
+  // The kernel for a request whose batch size is unknown: one lookup in
+  // dispatch[arch][dtype][mode] (the row for rows = ROWS_MAX), launched unsplit. Without JIT
+  // the row's aot_fallback serves. Errors read as topkgen.policy.select's.
   const Kernel& select(const std::string& arch, const std::string& dtype, std::int64_t k, std::int64_t n,
                        bool deterministic, bool jit_available) const {
-    auto by_arch = tables_.find(arch);
-    if (by_arch == tables_.end()) throw Error("arch: '" + arch + "' is not in the bundle (known: " + known(tables_) + ")");
-    auto by_dtype = by_arch->second.find(dtype);
-    if (by_dtype == by_arch->second.end())
-      throw Error("dtype: '" + dtype + "' is not in the bundle (known: " + known(by_arch->second) + ")");
-    check_shape(k, n);
-    const std::string mode = deterministic ? "deterministic" : "fast";
-    const detail::List& list = by_dtype->second.at(mode);
-    if (!jit_available && list.all_jit && by_dtype->second.at(deterministic ? "fast" : "deterministic").all_jit)
-      throw Error("dtype: '" + dtype + "' has no AOT kernels and JIT is disabled");
-    const detail::Row& row = list.find(k, n);
-    if (jit_available) return *row.kernel;
-    if (row.fallback == nullptr)
-      throw Error("no kernel serves arch=" + arch + " dtype=" + dtype + " k=" + std::to_string(k) + " n=" +
-                  std::to_string(n) + " mode=" + mode + " without JIT");
-    return *row.fallback;
+    return *lookup(arch, dtype, k, n, ROWS_MAX, deterministic, jit_available).first;
   }
 
-  // Launches an AOT kernel on `stream` for `rows` rows of n elements at x (device pointers);
-  // grid, block and dynamic shared memory come from the manifest entry alone.
+  // How a batch of `rows` rows is served: the kernel, its chunks per row and, for a split,
+  // the workspace that run() needs (topkgen.split's arithmetic).
+  Plan plan(const std::string& arch, const std::string& dtype, std::int64_t k, std::int64_t n, std::int64_t rows,
+            bool deterministic, bool jit_available) const {
+    auto [kernel, chunks] = lookup(arch, dtype, k, n, rows, deterministic, jit_available);
+    Plan p;
+    p.kernel = kernel;
+    p.chunks = chunks;
+    p.chunk = n / chunks;
+    if (chunks > 1) {
+      const std::uint64_t count = static_cast<std::uint64_t>(rows) * chunks * k;
+      p.values_offset = (count * 8 + WORKSPACE_ALIGN - 1) / WORKSPACE_ALIGN * WORKSPACE_ALIGN;
+      p.workspace_bytes = p.values_offset + count * detail::dtype_size(dtype);
+    }
+    return p;
+  }
+
+  // Launches an AOT kernel once on `stream` for `rows` rows of n elements at x (device
+  // pointers), one CTA per row; grid, block and dynamic shared memory come from the manifest.
   void launch(const Kernel& kern, cu::Stream stream, cu::DevicePtr x, cu::DevicePtr values, cu::DevicePtr indices,
               int rows, int n, int k, bool largest) {
+    Plan p;
+    p.kernel = &kern;
+    p.chunk = n;
+    run(p, stream, x, values, indices, rows, n, k, largest, 0);
+  }
+
+  // Runs a plan on `stream`: one launch, or a split's two through `workspace` (at least
+  // plan.workspace_bytes of device memory; unused when the rows are not split). Arguments go
+  // by the names of the kernel's params, in their order. Nothing waits for the GPU.
+  void run(const Plan& p, cu::Stream stream, cu::DevicePtr x, cu::DevicePtr values, cu::DevicePtr indices, int rows,
+           int n, int k, bool largest, cu::DevicePtr workspace) {
+    const Kernel& kern = *p.kernel;
     if (!kern.aot)
       throw Error("kernel " + kern.name + ": served by JIT from " + kern.path +
-                  ", and this loader has no NVRTC; select with jit_available = false");
+                  ", and this loader has no NVRTC; plan with jit_available = false");
     if (rows < 0) throw Error("rows: must be >= 0, got " + std::to_string(rows));
     if (rows == 0) return;  // an empty batch launches nothing
-    const cu::Driver& d = cu::Driver::get();
+    if (p.chunks > 1 && workspace == 0) throw Error("workspace: a split needs " + std::to_string(p.workspace_bytes) + " bytes");
     cu::Function fn = function(kern);
-    unsigned grid = static_cast<unsigned>((static_cast<std::int64_t>(rows) + kern.rows_per_block - 1) / kern.rows_per_block);
-    int largest_arg = largest ? 1 : 0;
-    void* args[] = {&x, &values, &indices, &rows, &n, &k, &largest_arg};
-    d.check(d.LaunchKernel(fn, grid, 1, 1, kern.threads_per_block, 1, 1, kern.dynamic_shared_bytes, stream, args,
-                           nullptr),
-            "cuLaunchKernel");
+    const int flag = largest ? 1 : 0;
+    if (p.chunks == 1) {
+      stage(fn, kern, stream, rows, {x, 0, values, indices}, {rows, n, k, flag, n}, n);
+      return;
+    }
+    const int chunks = static_cast<int>(p.chunks), m = chunks * k;
+    const cu::DevicePtr cand_indices = workspace, cand_values = workspace + p.values_offset;
+    stage(fn, kern, stream, rows * chunks, {x, 0, cand_values, cand_indices}, {rows, n, k, flag, static_cast<int>(p.chunk)}, n);
+    stage(fn, kern, stream, rows, {cand_values, cand_indices, values, indices}, {rows, m, k, flag, m}, m);
   }
 
  private:
@@ -433,6 +507,65 @@ class Bundle {
     std::vector<std::string> keys;
     for (const auto& kv : m) keys.push_back(kv.first);
     return detail::join(keys, ", ");
+  }
+
+  struct Pointers {
+    cu::DevicePtr x, x_indices, values, indices;
+  };
+  struct Ints {
+    int rows, n, k, largest, chunk;
+  };
+
+  // One launch: grid.x = ceil_div(grid_rows, rows_per_block), arguments by param name.
+  void stage(cu::Function fn, const Kernel& kern, cu::Stream stream, std::int64_t grid_rows, Pointers ptr, Ints v,
+             long long row_stride) {
+    std::vector<void*> args;
+    for (const std::string& name : kern.params) {
+      if (name == "x") args.push_back(&ptr.x);
+      else if (name == "x_indices") args.push_back(&ptr.x_indices);
+      else if (name == "values") args.push_back(&ptr.values);
+      else if (name == "indices") args.push_back(&ptr.indices);
+      else if (name == "rows") args.push_back(&v.rows);
+      else if (name == "n") args.push_back(&v.n);
+      else if (name == "k") args.push_back(&v.k);
+      else if (name == "largest") args.push_back(&v.largest);
+      else if (name == "chunk") args.push_back(&v.chunk);
+      else if (name == "row_stride") args.push_back(&row_stride);
+      else throw Error("kernel " + kern.name + ": unknown parameter '" + name + "'");  // refused at load
+    }
+    const cu::Driver& d = cu::Driver::get();
+    unsigned grid = static_cast<unsigned>((grid_rows + kern.rows_per_block - 1) / kern.rows_per_block);
+    d.check(d.LaunchKernel(fn, grid, 1, 1, kern.threads_per_block, 1, 1, kern.dynamic_shared_bytes, stream, args.data(),
+                           nullptr),
+            "cuLaunchKernel");
+  }
+
+  // One lookup: the row's kernel and chunks (or its AOT fallback's, without JIT).
+  std::pair<const Kernel*, std::int64_t> lookup(const std::string& arch, const std::string& dtype, std::int64_t k,
+                                                std::int64_t n, std::int64_t rows, bool deterministic,
+                                                bool jit_available) const {
+    auto by_arch = tables_.find(arch);
+    if (by_arch == tables_.end()) throw Error("arch: '" + arch + "' is not in the bundle (known: " + known(tables_) + ")");
+    auto by_dtype = by_arch->second.find(dtype);
+    if (by_dtype == by_arch->second.end())
+      throw Error("dtype: '" + dtype + "' is not in the bundle (known: " + known(by_arch->second) + ")");
+    check_shape(k, n);
+    check_rows(rows);
+    const std::string mode = deterministic ? "deterministic" : "fast";
+    const detail::List& list = by_dtype->second.at(mode);
+    if (!jit_available && list.all_jit && by_dtype->second.at(deterministic ? "fast" : "deterministic").all_jit)
+      throw Error("dtype: '" + dtype + "' has no AOT kernels and JIT is disabled");
+    const detail::Row& row = list.find(k, n, rows);
+    if (jit_available) return {row.kernel, row.chunks};
+    if (row.fallback == nullptr)
+      throw Error("no kernel serves arch=" + arch + " dtype=" + dtype + " k=" + std::to_string(k) + " n=" +
+                  std::to_string(n) + " mode=" + mode + " without JIT");
+    return {row.fallback, row.fallback_chunks};
+  }
+
+  static void check_rows(std::int64_t rows) {
+    if (rows <= 0) throw Error("rows: must be >= 1, got " + std::to_string(rows));
+    if (rows > ROWS_MAX) throw Error("rows: must be <= " + std::to_string(ROWS_MAX) + ", got " + std::to_string(rows));
   }
 
   static void check_shape(std::int64_t k, std::int64_t n) {
@@ -455,8 +588,10 @@ class Bundle {
     }
     if (it != m.end() && *it == 1)
       throw Error(doc_.file + ": schema_version: 1 has no dispatch table; rebuild the bundle (topkgen build)");
+    if (it != m.end() && *it == 2)
+      throw Error(doc_.file + ": schema_version: 2 has no batch size in its dispatch table; rebuild the bundle (topkgen build)");
     throw Error(doc_.file + ": schema_version: " + (it == m.end() ? std::string("null") : it->dump()) +
-                " is not supported (this topkgen reads version 2)");
+                " is not supported (this topkgen reads version " + std::to_string(SCHEMA_VERSION) + ")");
   }
 
   void read_entries(const detail::json& m) {
@@ -499,8 +634,30 @@ class Bundle {
         const std::string expected = e.aot ? e.arch + "/" + e.name + ".cubin" : "jit/" + e.arch + "/" + e.name + ".cu";
         if (e.path != expected)
           doc_.fail(e.field + (e.aot ? ".cubin" : ".source"), "'" + e.path + "' must be '" + expected + "'");
+        read_params(j, e);
         kernels_.push_back(std::move(kern));
       }
+    }
+  }
+
+  // The parameter checks of topkgen.manifest_checks.check_entries: known names, their C types.
+  void read_params(const detail::json& j, Kernel& e) {
+    const detail::json& params = doc_.at(j, "params", e.field);
+    if (!params.is_array()) doc_.fail(e.field + ".params", "expected a list");
+    std::vector<std::string> known;
+    for (const auto& [name, type] : detail::param_types()) known.push_back(name);
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const std::string pf = e.field + ".params[" + std::to_string(i) + "]";
+      const std::string name = doc_.str(params[i], "name", pf), ctype = doc_.str(params[i], "ctype", pf);
+      auto it = std::find_if(detail::param_types().begin(), detail::param_types().end(),
+                             [&](const auto& t) { return t.first == name; });
+      if (it == detail::param_types().end())
+        doc_.fail(pf + ".name", "'" + name + "' is not a parameter a loader can pass (known: " + detail::join(known, ", ") + ")");
+      std::string expected = it->second;
+      const std::size_t at = expected.find("{t}");
+      if (at != std::string::npos) expected.replace(at, 3, detail::c_type(e.dtype));
+      if (ctype != expected) doc_.fail(pf + ".ctype", "'" + ctype + "' must be '" + expected + "'");
+      e.params.push_back(name);
     }
   }
 
@@ -523,13 +680,18 @@ class Bundle {
             const std::string rf = path + "[" + std::to_string(i) + "]";
             auto [k_lo, k_hi] = doc_.pair(rows[i], "k", rf, K_MAX);
             auto [n_lo, n_hi] = doc_.pair(rows[i], "n", rf, N_MAX);
-            list.rows.push_back({k_lo, k_hi, n_lo, n_hi, nullptr, nullptr});
+            auto [r_lo, r_hi] = doc_.pair(rows[i], "rows", rf, ROWS_MAX);
+            list.rows.push_back({k_lo, k_hi, n_lo, n_hi, r_lo, r_hi, nullptr, nullptr, 1, 0});
           }
           for (std::size_t i = 0; i < list.rows.size(); ++i) {
             const detail::Row& r = list.rows[i];
             const std::string rf = path + "[" + std::to_string(i) + "]";
-            if (r.k_lo > r.k_hi) doc_.fail(rf + ".k", "[" + std::to_string(r.k_lo) + ", " + std::to_string(r.k_hi) + "] is empty (lo > hi)");
-            if (r.n_lo > r.n_hi) doc_.fail(rf + ".n", "[" + std::to_string(r.n_lo) + ", " + std::to_string(r.n_hi) + "] is empty (lo > hi)");
+            auto empty = [&](const char* key, std::int64_t lo, std::int64_t hi) {
+              if (lo > hi) doc_.fail(rf + "." + key, "[" + std::to_string(lo) + ", " + std::to_string(hi) + "] is empty (lo > hi)");
+            };
+            empty("k", r.k_lo, r.k_hi);
+            empty("n", r.n_lo, r.n_hi);
+            empty("rows", r.r_lo, r.r_hi);
           }
           list.index(path, doc_);
           for (std::size_t i = 0; i < list.rows.size(); ++i) resolve_row(path, i, rows[i], arch, dtype, mode, list);
@@ -550,17 +712,41 @@ class Bundle {
       doc_.fail(rf + ".source", "'" + source + "' but " + name + " is " + it->second->field);
     check_fits(rf + ".kernel", row, *it->second, dtype, mode);
     row.kernel = it->second;
+    row.chunks = doc_.integer(j, "chunks", rf, 1, 256);
+    check_split(rf + ".chunks", row, row.chunks, *it->second);
     const detail::json& fallback = doc_.at(j, "aot_fallback", rf);
+    const detail::json& aot_chunks = doc_.at(j, "aot_chunks", rf);
+    if (fallback.is_null() != aot_chunks.is_null()) doc_.fail(rf + ".aot_chunks", "must be null exactly when aot_fallback is");
     if (fallback.is_null()) return;
     if (!fallback.is_string()) doc_.fail(rf + ".aot_fallback", "expected a string or null");
     const std::string fb = fallback.get<std::string>();
     if (source == "aot" && fb != name) doc_.fail(rf + ".aot_fallback", "must be " + name + ", the row's AOT kernel");
+    row.fallback_chunks = doc_.integer(j, "aot_chunks", rf, 1, 256);
+    if (source == "aot" && row.fallback_chunks != row.chunks)
+      doc_.fail(rf + ".aot_chunks", "must be " + std::to_string(row.chunks) + ", the row's chunks");
     auto fit = by_name_.find({arch, fb});
     if (fit == by_name_.end() || !fit->second->aot)
       doc_.fail(rf + ".aot_fallback", "no AOT kernel '" + fb + "' for " + arch);
     check_fits(rf + ".aot_fallback", row, *fit->second, dtype, mode);
+    check_split(rf + ".aot_chunks", row, row.fallback_chunks, *fit->second);
     row.fallback = fit->second;
     list.all_jit = false;
+  }
+
+  // topkgen.manifest_checks._check_split: a kernel that runs a row in chunks takes them, and
+  // every chunk and merge of the row fits it.
+  void check_split(const std::string& field, const detail::Row& row, std::int64_t chunks, const Kernel& e) const {
+    if (chunks == 1) return;
+    for (const char* p : {"x_indices", "chunk", "row_stride"})
+      if (!e.takes(p)) doc_.fail(field, e.name + " cannot run a split: it does not take x_indices, chunk, row_stride");
+    const std::int64_t first = std::max(row.n_lo, row.k_hi);
+    if (first / chunks < row.k_hi)
+      doc_.fail(field, std::to_string(chunks) + " chunks of rows from " + std::to_string(first) + " hold fewer than k=" +
+                           std::to_string(row.k_hi) + " elements");
+    const std::int64_t lo = std::min(std::max(row.n_lo, row.k_lo) / chunks, chunks * row.k_lo), hi = chunks * row.k_hi;
+    if (!(e.n_min <= lo && hi <= e.n_max))
+      doc_.fail(field, e.name + " serves n " + detail::range(e.n_min, e.n_max) + ", not its chunks and merges " +
+                           detail::range(lo, hi));
   }
 
   void check_fits(const std::string& field, const detail::Row& row, const Kernel& e, const std::string& dtype,

@@ -1,0 +1,98 @@
+"""Split rows: the layout of a request whose rows are cut into chunks.
+
+`topkgen.policy.select` decides whether a request splits and into how many chunks per row
+(the manifest's dispatch rows carry that number, so loaders look it up); everything else
+follows from it by the arithmetic here, which manifest schema 3 states for every loader
+(loaders/cpp repeats it, and tests hold the two together):
+
+- chunk c of a row covers elements [c * chunk, (c + 1) * chunk) with chunk = floor(n / chunks);
+  the last chunk also takes the n - chunks * chunk elements after it;
+- stage 1 launches the kernel on rows * chunks CTAs (x_indices null, chunk, row_stride n) and
+  writes each chunk's k candidates, ordered as any output is, to the workspace at
+  (row * chunks + c) * k: candidate indices (int64, global positions in the row) from byte 0,
+  candidate values from `values_offset`;
+- stage 2 launches the same kernel on rows CTAs over those rows of chunks * k candidates
+  (x = the candidate values, x_indices = the candidate indices, chunk = row_stride =
+  chunks * k) and writes the output.
+
+In deterministic mode stage 1 orders a chunk's candidates by (key desc, index asc) and
+chunks lie in chunk order, so a lower position among stage 2's candidates is a lower index
+in the row: stage 2's ties by lower position are the unsplit kernel's ties by lower index.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+ROWS_MAX = 2**31 - 1          # rows per request: the runtime refuses more
+WORKSPACE_ALIGN = 256         # the candidate values start at a multiple of this many bytes
+INDEX_BYTES = 8               # candidate indices are int64, as the output's are
+
+
+@dataclass(frozen=True)
+class ChunkPlan:
+    """The launches and workspace of one split request."""
+
+    rows: int
+    n: int
+    k: int
+    chunks: int    # per row: stage 1 runs rows * chunks CTAs
+    itemsize: int  # bytes per element of x
+
+    @property
+    def chunk(self) -> int:
+        """Elements of every chunk but the last (the kernel's `chunk` parameter in stage 1)."""
+        return self.n // self.chunks
+
+    @property
+    def last_chunk(self) -> int:
+        return self.n - (self.chunks - 1) * self.chunk
+
+    @property
+    def candidates(self) -> int:
+        """Candidates per row: stage 2's n, chunk and row stride."""
+        return self.chunks * self.k
+
+    @property
+    def values_offset(self) -> int:
+        """Where the candidate values start in the workspace (the indices start at 0)."""
+        index_bytes = self.rows * self.candidates * INDEX_BYTES
+        return -(-index_bytes // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
+
+    @property
+    def workspace_bytes(self) -> int:
+        return self.values_offset + self.rows * self.candidates * self.itemsize
+
+    def record(self) -> dict[str, int]:
+        """The plan as plain data (explain's JSON)."""
+        return {"chunks": self.chunks, "chunk": self.chunk, "last_chunk": self.last_chunk,
+                "stage1_ctas": self.rows * self.chunks, "merge_candidates": self.candidates,
+                "workspace_bytes": self.workspace_bytes, "values_offset": self.values_offset}
+
+
+@dataclass(frozen=True)
+class Stage:
+    """One launch of a request: CTAs for `grid_rows` rows (the grid is
+    ceil_div(grid_rows, rows_per_block)); `buffers` maps each pointer parameter to the buffer
+    it gets ("x", "values", "indices", "candidate_values", "candidate_indices", or None for
+    null), `scalars` holds the others. Every backend and loader launches these."""
+
+    grid_rows: int
+    buffers: dict[str, str | None]
+    scalars: dict[str, int]
+
+
+def stages(rows: int, n: int, k: int, largest: bool, plan: ChunkPlan | None) -> list[Stage]:
+    """The launches of a request: one, or a split's two (stage 1 over chunks into the
+    workspace's candidates, stage 2 over the candidates into the output)."""
+    flag = int(bool(largest))
+    if plan is None:
+        return [Stage(rows, {"x": "x", "x_indices": None, "values": "values", "indices": "indices"},
+                      {"rows": rows, "n": n, "k": k, "largest": flag, "chunk": n, "row_stride": n})]
+    m = plan.candidates
+    return [Stage(rows * plan.chunks,
+                  {"x": "x", "x_indices": None, "values": "candidate_values", "indices": "candidate_indices"},
+                  {"rows": rows, "n": n, "k": k, "largest": flag, "chunk": plan.chunk, "row_stride": n}),
+            Stage(rows,
+                  {"x": "candidate_values", "x_indices": "candidate_indices", "values": "values", "indices": "indices"},
+                  {"rows": rows, "n": m, "k": k, "largest": flag, "chunk": m, "row_stride": m})]
