@@ -480,6 +480,8 @@ def test_bad_sides(repo, tmp_path):
     ("radix_select.cu.j2", b"{% if %}\n", "HEAD:templates/radix_select.cu.j2:1: "),
     ("topk_common.cuh", b"\xff\xfe not text\n", "HEAD:templates/topk_common.cuh: not UTF-8 text (byte 0)"),
     ("radix_select.cu.j2", b"{{ no_such_value }}\n", "HEAD:templates/: cannot render kernel topk_radix_"),
+    ("radix_select.cu.j2", b"{{ no_such_value }}\n", "'no_such_value' is undefined; these templates expect values "
+                                                      "this topkgen does not provide (written for another version?)"),
     ("radix_select.cu.j2", b'{% include "gone.cuh" %}\n', "HEAD:templates/: no template 'gone.cuh'"),
 ])
 def test_a_revision_whose_templates_do_not_render(repo, name, content, message):
