@@ -206,8 +206,14 @@ def _jit_row_as_aot(doc, root, i):
     row["source"] = "aot"
 
 
+def _chunks_shorter_than_their_count(doc, root, i):
+    row = next(r for r in doc["dispatch"]["sm_90"]["float32"]["fast"] if r["k"] == [1, 16] and r["n"][0] == 1025)
+    row["chunks"] = row["aot_chunks"] = 64
+
+
 @pytest.mark.parametrize("mutate", [_schema_1, _gap, _overlap, _wrong_dtype_row, _jit_source_tampered, _missing_cubin,
-                                    _jit_row_as_aot], ids=lambda f: f.__name__.strip("_"))
+                                    _jit_row_as_aot, _chunks_shorter_than_their_count],
+                         ids=lambda f: f.__name__.strip("_"))
 def test_both_loaders_word_other_refusals_alike(cpp, built_bundle, tmp_path, mutate):
     root, _ = _tampered_copy(built_bundle, tmp_path, mutate)
     with pytest.raises(bundle.ManifestError) as err:

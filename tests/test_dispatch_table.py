@@ -225,7 +225,13 @@ def test_a_split_must_fit_its_kernel(manifest):
     rows[j]["chunks"] = rows[j]["aot_chunks"] = 256
     assert _refusal(doc) == (f"dispatch.sm_90.float32.fast[{j}].chunks: 256 chunks of rows from 131072 hold fewer "
                              f"than k=1024 elements")
-    i = _split_row(rows)
+    doc = copy.deepcopy(manifest)  # chunks of 16 to 31 elements: the kernel would count 64 to 127 of them
+    rows = doc["dispatch"]["sm_90"]["float32"]["fast"]
+    j = next(j for j, r in enumerate(rows) if r["k"] == [1, 16] and r["n"][0] == 1025)
+    rows[j]["chunks"] = rows[j]["aot_chunks"] = 64
+    assert _refusal(doc) == (f"dispatch.sm_90.float32.fast[{j}].chunks: 64 chunks of rows from 1025 are shorter than "
+                             f"64 elements: n / chunk would not be 64")
+    i = _split_row(manifest["dispatch"]["sm_90"]["float32"]["fast"])
     doc = copy.deepcopy(manifest)
     rows = doc["dispatch"]["sm_90"]["float32"]["fast"]
     rows[i]["aot_chunks"] = 16

@@ -131,8 +131,12 @@ def _check_split(path: str, row: dict, chunks: int, kernel: dict) -> None:
     names = [p["name"] for p in kernel["params"]]
     if not all(p in names for p in SPLIT_PARAMS):
         raise FieldError(path, f"{name} cannot run a split: it does not take {', '.join(SPLIT_PARAMS)}")
-    if max(n_lo, k_hi) // chunks < k_hi:
-        raise FieldError(path, f"{chunks} chunks of rows from {max(n_lo, k_hi)} hold fewer than k={k_hi} elements")
+    first = max(n_lo, k_hi)
+    if first // chunks < k_hi:
+        raise FieldError(path, f"{chunks} chunks of rows from {first} hold fewer than k={k_hi} elements")
+    if first // chunks < chunks:  # the kernel finds its chunk as n / chunk: that is `chunks` only when chunk >= chunks
+        raise FieldError(path, f"{chunks} chunks of rows from {first} are shorter than {chunks} elements: "
+                               f"n / chunk would not be {chunks}")
     lo, hi, window = min(max(n_lo, k_lo) // chunks, chunks * k_lo), chunks * k_hi, kernel["n_window"]
     if not (window["min"] <= lo and hi <= window["max"]):
         raise FieldError(path, f"{name} serves n {window['min']}..{window['max']}, not its chunks and merges "

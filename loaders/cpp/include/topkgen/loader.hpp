@@ -743,6 +743,9 @@ class Bundle {
     if (first / chunks < row.k_hi)
       doc_.fail(field, std::to_string(chunks) + " chunks of rows from " + std::to_string(first) + " hold fewer than k=" +
                            std::to_string(row.k_hi) + " elements");
+    if (first / chunks < chunks)  // the kernel finds its chunk as n / chunk: that is `chunks` only when chunk >= chunks
+      doc_.fail(field, std::to_string(chunks) + " chunks of rows from " + std::to_string(first) + " are shorter than " +
+                           std::to_string(chunks) + " elements: n / chunk would not be " + std::to_string(chunks));
     const std::int64_t lo = std::min(std::max(row.n_lo, row.k_lo) / chunks, chunks * row.k_lo), hi = chunks * row.k_hi;
     if (!(e.n_min <= lo && hi <= e.n_max))
       doc_.fail(field, e.name + " serves n " + detail::range(e.n_min, e.n_max) + ", not its chunks and merges " +
