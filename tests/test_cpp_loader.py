@@ -211,8 +211,13 @@ def _chunks_shorter_than_their_count(doc, root, i):
     row["chunks"] = row["aot_chunks"] = 64
 
 
+def _split_beyond_the_grid(doc, root, i):
+    row = next(r for r in doc["dispatch"]["sm_90"]["float32"]["fast"] if r["k"] == [1, 16] and r["n"][0] == 2049)
+    row["chunks"] = row["aot_chunks"] = 2
+
+
 @pytest.mark.parametrize("mutate", [_schema_1, _gap, _overlap, _wrong_dtype_row, _jit_source_tampered, _missing_cubin,
-                                    _jit_row_as_aot, _chunks_shorter_than_their_count],
+                                    _jit_row_as_aot, _chunks_shorter_than_their_count, _split_beyond_the_grid],
                          ids=lambda f: f.__name__.strip("_"))
 def test_both_loaders_word_other_refusals_alike(cpp, built_bundle, tmp_path, mutate):
     root, _ = _tampered_copy(built_bundle, tmp_path, mutate)
@@ -253,6 +258,37 @@ int main() {}
     proc = subprocess.run(["g++", "-std=c++17", "-fsyntax-only", f"-I{cuda_include_dir()}", f"-I{ROOT}/loaders/cpp/include",
                            "-isystem", nlohmann, str(probe)], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
+
+
+def test_run_refuses_a_plan_made_for_another_batch_and_a_misaligned_workspace(cpp, built_bundle, tmp_path):
+    """A Plan's chunk and workspace size are its request's; run() checks before touching
+    the driver (so this runs without a GPU)."""
+    probe = tmp_path / "run_checks.cpp"
+    probe.write_text("""
+#include <topkgen/loader.hpp>
+#include <cstdio>
+int main(int, char** argv) {
+  topkgen::Bundle b(argv[1]);
+  const topkgen::Plan p = b.plan("sm_90", "float32", 256, 131072, 1, false, false);
+  std::printf("chunks %lld\\n", static_cast<long long>(p.chunks));
+  for (auto [rows, workspace] : {std::pair<int, unsigned long long>{4, 4096}, {1, 4097}}) {
+    try {
+      b.run(p, nullptr, 0x1000, 0x2000, 0x3000, rows, 131072, 256, true, workspace);
+    } catch (const topkgen::Error& e) {
+      std::printf("%s\\n", e.what());
+    }
+  }
+}
+""")
+    nlohmann = subprocess.run([sys.executable, "-c", "import importlib.util, pathlib; print(pathlib.Path("
+                               "importlib.util.find_spec('nlohmann_json').origin).parent / 'include')"],
+                              capture_output=True, text=True, check=True).stdout.strip()
+    exe = tmp_path / "run_checks"
+    subprocess.run(["g++", "-std=c++17", "-O1", f"-I{ROOT}/loaders/cpp/include", "-isystem", nlohmann, str(probe), "-o",
+                    str(exe), "-lcrypto", "-ldl"], check=True, capture_output=True)
+    out = subprocess.run([exe, built_bundle], capture_output=True, text=True, check=True).stdout.splitlines()
+    assert out == ["chunks 32", "plan: made for rows=1 n=131072 k=256, run with rows=4 n=131072 k=256",
+                   "workspace: must start at a multiple of 16 bytes"]
 
 
 @pytest.mark.skipif(any(Path(d, "libcuda.so.1").exists() for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib")),

@@ -231,6 +231,12 @@ def test_a_split_must_fit_its_kernel(manifest):
     rows[j]["chunks"] = rows[j]["aot_chunks"] = 64
     assert _refusal(doc) == (f"dispatch.sm_90.float32.fast[{j}].chunks: 64 chunks of rows from 1025 are shorter than "
                              f"64 elements: n / chunk would not be 64")
+    doc = copy.deepcopy(manifest)  # stage 1 of a batch of 2^31-1 rows in 2 chunks: more CTAs than a grid holds
+    rows = doc["dispatch"]["sm_90"]["float32"]["fast"]
+    j = next(j for j, r in enumerate(rows) if r["k"] == [1, 16] and r["n"][0] == 2049)
+    rows[j]["chunks"] = rows[j]["aot_chunks"] = 2
+    assert _refusal(doc) == (f"dispatch.sm_90.float32.fast[{j}].chunks: 2 chunks of batches up to 2147483647 rows "
+                             f"are more CTAs than a grid holds (2147483647)")
     i = _split_row(manifest["dispatch"]["sm_90"]["float32"]["fast"])
     doc = copy.deepcopy(manifest)
     rows = doc["dispatch"]["sm_90"]["float32"]["fast"]

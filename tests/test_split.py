@@ -173,6 +173,13 @@ def test_a_workspace_too_small_is_refused(small):
     need = small.workspace_bytes("float32", 64, 8192, 2)
     with pytest.raises(TopKError, match=rf"workspace: {need - 1} bytes, this call needs {need}"):
         small(x, 64, workspace=np.zeros(need - 1, np.uint8))
+    buffer = np.zeros(need + 32, np.uint8)  # 16-byte loads: a workspace off a 16-byte boundary faults on a GPU
+    base = buffer.ctypes.data
+    off = next(o for o in range(1, 16) if (base + o) % 16)
+    with pytest.raises(TopKError, match="workspace: must start at a multiple of 16 bytes"):
+        small(x, 64, workspace=buffer[off:off + need])
+    aligned = (-base) % 16
+    check_topk(x, *small(x, 64, workspace=buffer[aligned:aligned + need]), 64, True, False, "float32", what="aligned")
     assert small.workspace_bytes("float32", 64, 8192, 8) == 0  # a batch of rows_below: not split
     assert small.workspace_bytes("float32", 64, 2047, 1) == 0  # rows below min_n
 

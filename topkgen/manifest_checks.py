@@ -20,6 +20,7 @@ from topkgen.render import C_TYPES, PARAM_TYPES
 
 # The parameters a kernel must take to run a split (topkgen.split).
 SPLIT_PARAMS = ("x_indices", "chunk", "row_stride")
+GRID_MAX = 2**31 - 1  # CTAs of one launch (grid.x): a split's stage 1 runs rows x chunks
 
 EM_CUDA = 190
 
@@ -137,6 +138,10 @@ def _check_split(path: str, row: dict, chunks: int, kernel: dict) -> None:
     if first // chunks < chunks:  # the kernel finds its chunk as n / chunk: that is `chunks` only when chunk >= chunks
         raise FieldError(path, f"{chunks} chunks of rows from {first} are shorter than {chunks} elements: "
                                f"n / chunk would not be {chunks}")
+    rows_hi = row["rows"][1]
+    if rows_hi > GRID_MAX // chunks:
+        raise FieldError(path, f"{chunks} chunks of batches up to {rows_hi} rows are more CTAs than a grid holds "
+                               f"({GRID_MAX})")
     lo, hi, window = min(max(n_lo, k_lo) // chunks, chunks * k_lo), chunks * k_hi, kernel["n_window"]
     if not (window["min"] <= lo and hi <= window["max"]):
         raise FieldError(path, f"{name} serves n {window['min']}..{window['max']}, not its chunks and merges "

@@ -29,7 +29,7 @@ from topkgen.manifest_checks import entries
 from topkgen.explain import Explanation, explain
 from topkgen.policy import DTYPE_SIZES, DispatchError, kernels_of_rule
 from topkgen.render import params, render
-from topkgen.split import ChunkPlan, Stage, stages
+from topkgen.split import WORKSPACE_ALIGNMENT, ChunkPlan, Stage, stages
 from topkgen.suggest import did_you_mean
 
 BACKENDS = ("cuda", "emulator")
@@ -271,6 +271,13 @@ class _Backend:
         raise NotImplementedError
 
 
+def _check_alignment(address: int) -> None:
+    """The kernels read the workspace's candidates with 16-byte vector loads and its int64
+    indices with 8-byte ones: an address off a 16-byte boundary faults on the GPU."""
+    if address % WORKSPACE_ALIGNMENT:
+        raise TopKError(f"workspace: must start at a multiple of {WORKSPACE_ALIGNMENT} bytes")
+
+
 # ----------------------------------------------------------------------------- emulator
 
 class _EmulatorBackend(_Backend):
@@ -326,6 +333,7 @@ class _EmulatorBackend(_Backend):
         if workspace.nbytes < plan.workspace_bytes:
             raise TopKError(f"workspace: {workspace.nbytes} bytes, this call needs {plan.workspace_bytes} "
                             f"(TopK.workspace_bytes)")
+        _check_alignment(workspace.ctypes.data)  # as on the GPU, though the emulator copies it
         raw = workspace.reshape(-1).view(np.uint8)
         count = plan.rows * plan.candidates
         return {"candidate_indices": raw[:count * 8].view(np.int64),
@@ -427,6 +435,7 @@ class _CudaBackend(_Backend):
             if nbytes < plan.workspace_bytes:
                 raise TopKError(f"workspace: {nbytes} bytes, this call needs {plan.workspace_bytes} "
                                 f"(TopK.workspace_bytes)")
+            _check_alignment(ptr)
             return ptr, None
         if torch is not None:
             with torch.cuda.stream(torch.cuda.ExternalStream(int(cuda_stream.handle), device=array.device)):

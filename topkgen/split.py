@@ -26,6 +26,7 @@ from dataclasses import dataclass
 
 ROWS_MAX = 2**31 - 1          # rows per request: the runtime refuses more
 WORKSPACE_ALIGN = 256         # the candidate values start at a multiple of this many bytes
+WORKSPACE_ALIGNMENT = 16      # and the workspace itself at a multiple of this (16-byte loads)
 INDEX_BYTES = 8               # candidate indices are int64, as the output's are
 
 

@@ -58,6 +58,8 @@ constexpr std::int64_t N_MAX = 2147483647;
 constexpr std::int64_t ROWS_MAX = 2147483647;
 constexpr int SCHEMA_VERSION = 3;
 constexpr std::uint64_t WORKSPACE_ALIGN = 256;  // candidate values start at a multiple of it (topkgen.split)
+constexpr std::uint64_t WORKSPACE_ALIGNMENT = 16;  // and the workspace itself at a multiple of this
+constexpr std::int64_t GRID_MAX = 2147483647;      // CTAs of one launch (grid.x)
 
 namespace cu {
 using Result = int;
@@ -200,6 +202,7 @@ struct Kernel {
 // row; more: the split of topkgen.split, two launches through a workspace).
 struct Plan {
   const Kernel* kernel = nullptr;
+  std::int64_t rows = 0, n = 0, k = 0;  // the request it was made for: run() takes no other
   std::int64_t chunks = 1;
   std::int64_t chunk = 0;               // elements per chunk (the last takes the rest of the row)
   std::uint64_t values_offset = 0;      // candidate values' offset in the workspace
@@ -455,6 +458,7 @@ class Bundle {
     auto [kernel, chunks] = lookup(arch, dtype, k, n, rows, deterministic, jit_available);
     Plan p;
     p.kernel = kernel;
+    p.rows = rows, p.n = n, p.k = k;
     p.chunks = chunks;
     p.chunk = n / chunks;
     if (chunks > 1) {
@@ -471,6 +475,7 @@ class Bundle {
               int rows, int n, int k, bool largest) {
     Plan p;
     p.kernel = &kern;
+    p.rows = rows, p.n = n, p.k = k;
     p.chunk = n;
     run(p, stream, x, values, indices, rows, n, k, largest, 0);
   }
@@ -486,7 +491,13 @@ class Bundle {
                   ", and this loader has no NVRTC; plan with jit_available = false");
     if (rows < 0) throw Error("rows: must be >= 0, got " + std::to_string(rows));
     if (rows == 0) return;  // an empty batch launches nothing
+    if (p.rows != rows || p.n != n || p.k != k)  // its chunk and workspace are that request's
+      throw Error("plan: made for rows=" + std::to_string(p.rows) + " n=" + std::to_string(p.n) + " k=" +
+                  std::to_string(p.k) + ", run with rows=" + std::to_string(rows) + " n=" + std::to_string(n) +
+                  " k=" + std::to_string(k));
     if (p.chunks > 1 && workspace == 0) throw Error("workspace: a split needs " + std::to_string(p.workspace_bytes) + " bytes");
+    if (p.chunks > 1 && workspace % WORKSPACE_ALIGNMENT != 0)
+      throw Error("workspace: must start at a multiple of " + std::to_string(WORKSPACE_ALIGNMENT) + " bytes");
     cu::Function fn = function(kern);
     const int flag = largest ? 1 : 0;
     if (p.chunks == 1) {
@@ -495,7 +506,7 @@ class Bundle {
     }
     const int chunks = static_cast<int>(p.chunks), m = chunks * k;
     const cu::DevicePtr cand_indices = workspace, cand_values = workspace + p.values_offset;
-    stage(fn, kern, stream, rows * chunks, {x, 0, cand_values, cand_indices}, {rows, n, k, flag, static_cast<int>(p.chunk)}, n);
+    stage(fn, kern, stream, static_cast<std::int64_t>(rows) * chunks, {x, 0, cand_values, cand_indices}, {rows, n, k, flag, static_cast<int>(p.chunk)}, n);
     stage(fn, kern, stream, rows, {cand_values, cand_indices, values, indices}, {rows, m, k, flag, m}, m);
   }
 
@@ -746,6 +757,9 @@ class Bundle {
     if (first / chunks < chunks)  // the kernel finds its chunk as n / chunk: that is `chunks` only when chunk >= chunks
       doc_.fail(field, std::to_string(chunks) + " chunks of rows from " + std::to_string(first) + " are shorter than " +
                            std::to_string(chunks) + " elements: n / chunk would not be " + std::to_string(chunks));
+    if (row.r_hi > GRID_MAX / chunks)
+      doc_.fail(field, std::to_string(chunks) + " chunks of batches up to " + std::to_string(row.r_hi) +
+                           " rows are more CTAs than a grid holds (" + std::to_string(GRID_MAX) + ")");
     const std::int64_t lo = std::min(std::max(row.n_lo, row.k_lo) / chunks, chunks * row.k_lo), hi = chunks * row.k_hi;
     if (!(e.n_min <= lo && hi <= e.n_max))
       doc_.fail(field, e.name + " serves n " + detail::range(e.n_min, e.n_max) + ", not its chunks and merges " +
