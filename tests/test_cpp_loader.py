@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import copy
 import fcntl
+import importlib.util
 import json
 import random
 import shutil
@@ -36,6 +37,12 @@ def cpp():
         proc = subprocess.run(["make", "-s", "cpp"], cwd=ROOT, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     return CPP
+
+
+def _loader_flags() -> list[str]:
+    """g++ flags for a program that includes loader.hpp (the headers the Makefile gives topkgen-cpp)."""
+    nlohmann = Path(importlib.util.find_spec("nlohmann_json").origin).parent / "include"
+    return ["-std=c++17", f"-I{ROOT}/loaders/cpp/include", "-isystem", str(nlohmann)]
 
 
 def cpp_select(cpp: Path, bundle_dir: Path, shapes: list[tuple]) -> list[str]:
@@ -252,11 +259,8 @@ static_assert(topkgen::cu::SUCCESS == CUDA_SUCCESS);
 static_assert(sizeof(CUresult) == sizeof(topkgen::cu::Result));  // an enum in cuda.h, returned as int
 int main() {}
 """)
-    nlohmann = subprocess.run([sys.executable, "-c", "import importlib.util, pathlib; print(pathlib.Path("
-                               "importlib.util.find_spec('nlohmann_json').origin).parent / 'include')"],
-                              capture_output=True, text=True, check=True).stdout.strip()
-    proc = subprocess.run(["g++", "-std=c++17", "-fsyntax-only", f"-I{cuda_include_dir()}", f"-I{ROOT}/loaders/cpp/include",
-                           "-isystem", nlohmann, str(probe)], capture_output=True, text=True)
+    proc = subprocess.run(["g++", *_loader_flags(), "-fsyntax-only", f"-I{cuda_include_dir()}", str(probe)],
+                          capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
 
 
@@ -280,12 +284,9 @@ int main(int, char** argv) {
   }
 }
 """)
-    nlohmann = subprocess.run([sys.executable, "-c", "import importlib.util, pathlib; print(pathlib.Path("
-                               "importlib.util.find_spec('nlohmann_json').origin).parent / 'include')"],
-                              capture_output=True, text=True, check=True).stdout.strip()
     exe = tmp_path / "run_checks"
-    subprocess.run(["g++", "-std=c++17", "-O1", f"-I{ROOT}/loaders/cpp/include", "-isystem", nlohmann, str(probe), "-o",
-                    str(exe), "-lcrypto", "-ldl"], check=True, capture_output=True)
+    subprocess.run(["g++", *_loader_flags(), "-O1", str(probe), "-o", str(exe), "-lcrypto", "-ldl"], check=True,
+                   capture_output=True)
     out = subprocess.run([exe, built_bundle], capture_output=True, text=True, check=True).stdout.splitlines()
     assert out == ["chunks 32", "plan: made for rows=1 n=131072 k=256, run with rows=4 n=131072 k=256",
                    "workspace: must start at a multiple of 16 bytes"]

@@ -724,12 +724,7 @@ def select(policy: Policy, arch: str, dtype: str, k: int, n: int, deterministic:
 
 def check_rows(rows: int) -> None:
     """Refuse a batch size outside 1 <= rows <= ROWS_MAX, with the message every loader gives."""
-    if isinstance(rows, bool) or not isinstance(rows, int):
-        raise DispatchError(f"rows: must be an integer, got {rows!r}")
-    if rows <= 0:
-        raise DispatchError(f"rows: must be >= 1, got {rows}")
-    if rows > ROWS_MAX:
-        raise DispatchError(f"rows: must be <= {ROWS_MAX}, got {rows}")
+    _check_counts(("rows", rows, ROWS_MAX))
 
 
 def resident_elements(spec: KernelSpec) -> int:
@@ -787,19 +782,21 @@ def _split_reason(tuning: SplitTuning | None, spec: KernelSpec, rows: int, n: in
 def check_shape(k: int, n: int) -> None:
     """Refuse a (k, n) outside the dispatch domain, 1 <= k <= K_MAX, k <= n <= N_MAX, with
     the message every loader gives (the manifest's table lookups call this too)."""
-    for value, label in ((k, "k"), (n, "n")):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise DispatchError(f"{label}: must be an integer, got {value!r}")
-    if k <= 0:
-        raise DispatchError(f"k: must be >= 1, got {k}")
-    if k > K_MAX:
-        raise DispatchError(f"k: must be <= {K_MAX}, got {k}")
-    if n <= 0:
-        raise DispatchError(f"n: must be >= 1, got {n}")
-    if n > N_MAX:
-        raise DispatchError(f"n: must be <= {N_MAX}, got {n}")
+    _check_counts(("k", k, K_MAX), ("n", n, N_MAX))
     if k > n:
         raise DispatchError(f"k: must be <= n, got k={k} > n={n}")
+
+
+def _check_counts(*counts: tuple[str, object, int]) -> None:
+    """Each (label, value, most) an integer in 1..most: every type first, then every range."""
+    for label, value, _ in counts:
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise DispatchError(f"{label}: must be an integer, got {value!r}")
+    for label, value, most in counts:
+        if value <= 0:
+            raise DispatchError(f"{label}: must be >= 1, got {value}")
+        if value > most:
+            raise DispatchError(f"{label}: must be <= {most}, got {value}")
 
 
 def _reason(policy: Policy, rule: Rule, spec: KernelSpec, dtype: str, k: int, n: int, mode: str,
