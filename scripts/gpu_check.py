@@ -414,8 +414,7 @@ class Spinner:
 
         self.core = _cuda_core()
         compiled = compile_kernel(SPIN_SOURCE, "topkgen_spin", arch)
-        self.kernel = self.core.ObjectCode.from_cubin(compiled.cubin, symbol_mapping={
-            "topkgen_spin": compiled.symbol}).get_kernel("topkgen_spin")
+        self.kernel = self.core.ObjectCode.from_cubin(compiled.cubin).get_kernel(compiled.symbol)
         self.config = self.core.LaunchConfig(grid=1, block=1)
         self.cycles = np.uint64(SPIN_CYCLES)
 

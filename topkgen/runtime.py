@@ -382,7 +382,9 @@ class _CudaBackend(_Backend):
     def load_aot(self, name: str, cubin: bytes, symbol: str, source: str) -> Any:
         ObjectCode = _cuda_core().ObjectCode
 
-        return ObjectCode.from_cubin(cubin, symbol_mapping={name: symbol}).get_kernel(name)
+        # By its symbol: get_kernel encodes a name it does not find in symbol_mapping, but
+        # passes a mapped one as is to cuLibraryGetKernel, whose char* refuses a str.
+        return ObjectCode.from_cubin(cubin).get_kernel(symbol)
 
     def load_jit(self, name: str, source: str) -> Any:
         from topkgen.compile import compile_kernel
