@@ -242,6 +242,28 @@ def test_cuda_backend_jit_kernels_are_launched_as_compiled(built_bundle, fake_co
     _check_launch(launch, entry, static.static_shared_bytes)
 
 
+def test_cuda_backend_raises_the_shared_limit_below_48_kib_of_dynamic_shared_memory(built_bundle, fake_core):
+    """A policy's shared_row_bytes may leave dynamic shared memory under 48 KiB while static
+    plus dynamic pass it (K=1024's 16.2 KiB of static and 40 KiB of rows): the launch then
+    needs the raised limit too. Same kernel, same launch as the runtime's, other launch record."""
+    from topkgen.split import stages
+
+    manifest = json.loads((built_bundle / "manifest.json").read_text())
+    entry = next(e for e in manifest["kernels"] if e["arch"] == "sm_90" and e["k"] == 1024)
+    assert entry["resources"]["static_shared_bytes"] + 40960 > DEFAULT_SHARED_LIMIT
+    backend = runtime._CudaBackend()
+    kernel = backend.load_aot(entry["name"], (built_bundle / entry["cubin"]).read_bytes(), entry["symbol"], "")
+    x, values, indices = _arrays("float32", 2, 5000, 1000)
+    view = backend.view(x, None)
+    work = runtime._Work(kernel, entry["name"], runtime.Launch(entry["launch"]["threads_per_block"], 1, 40960),
+                         entry["params"], stages(2, 5000, 1000, True, None), None)
+    for _ in range(2):
+        backend.run(work, view, 1000, (values, indices), FakeStream(7), None)
+    entry = {**entry, "launch": {**entry["launch"], "dynamic_shared_bytes": 40960}}
+    for launch in fake_core["launches"]:
+        _check_launch(launch, entry, entry["resources"]["static_shared_bytes"])
+
+
 def test_fake_get_kernel_refuses_a_str_symbol_as_cuda_bindings_does():
     """The stand-in's one strictness that the tests above rely on, held to the real binding."""
     driver = pytest.importorskip("cuda.bindings.driver")
