@@ -6,14 +6,15 @@ The driver copies each kernel argument by the size the cubin records for that pa
   order and with those C types' sizes (the C++ loader packs by the manifest's names);
 - the Python runtime's cuda backend, run against a stand-in for cuda.core that accepts
   what the real one accepts (str symbol names are refused as cuda.bindings refuses them;
-  arguments are sized by cuda.core's ParamHolder rules: a Python int is an intptr_t, a numpy
-  scalar its own type), launches every AOT kernel, a split and a JIT kernel with arguments
+  arguments go through cuda.core's own ParamHolder, read back at the cubin's sizes: a
+  Python int is an intptr_t, a numpy scalar its own type), launches every AOT kernel, a split and a JIT kernel with arguments
   the cubin takes, in a block its launch bounds allow, and raises the dynamic shared memory
   limit whenever static plus dynamic shared memory passes the driver's default of 48 KiB.
 """
 
 from __future__ import annotations
 
+import ctypes
 import json
 import types
 
@@ -64,6 +65,23 @@ def _arg_size(arg) -> int:
     if isinstance(arg, np.generic) and arg.dtype.kind in "iuf":
         return arg.dtype.itemsize
     pytest.fail(f"cuda.core refuses a kernel argument of type {type(arg).__name__}")
+
+
+def _param_holder():
+    """cuda.core's own argument packer (it needs no GPU), wherever this version keeps it."""
+    try:
+        from cuda.core.experimental._kernel_arg_handler import ParamHolder
+    except ImportError:
+        from cuda.core._kernel_arg_handler import ParamHolder
+    return ParamHolder
+
+
+def _as_the_driver_reads(args, params) -> list[int]:
+    """The values the driver copies: `size` bytes of each argument as cuda.core packs it."""
+    holder = _param_holder()(list(args))
+    slots = (ctypes.c_void_p * len(args)).from_address(holder.ptr)
+    types_ = {4: ctypes.c_int32, 8: ctypes.c_int64}
+    return [types_[p.size].from_address(slots[i]).value for i, p in enumerate(params)]
 
 
 class FakeStream:
@@ -163,6 +181,7 @@ def _check_launch(log_entry, entry: dict, static_shared: int) -> dict:
     assert isinstance(stream, FakeStream), name
     assert kernel.symbol == entry["symbol"], name
     assert [_arg_size(a) for a in args] == [p.size for p in kernel.info.params], name
+    assert _as_the_driver_reads(args, kernel.info.params) == [int(a) for a in args], name
     for arg, param in zip(args, entry["params"]):  # a pointer goes as a Python int (0: null), a scalar as numpy
         assert isinstance(arg, int) == param["ctype"].endswith("*"), (name, param)
     assert config.block == entry["launch"]["threads_per_block"] <= kernel.info.max_threads[0], name
