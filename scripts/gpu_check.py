@@ -343,39 +343,43 @@ def cpp_against_python(out: str, arch: str) -> bool:
 
 
 def sanitize(bundle: str, deadline: float) -> bool:
+    """memcheck and racecheck, each over one kernel of each family (SANITIZER_SHAPES) in one
+    process: torch's start under a sanitizer costs tens of seconds, paid once per tool."""
     tool = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
     if not Path(tool).exists():
         print("compute-sanitizer not found: skipped")
         return False
+    code = (f"import sys; sys.path.insert(0, {str(ROOT)!r});"
+            "import torch; from topkgen.runtime import TopK;"
+            f"op = TopK({bundle!r}, backend='cuda');"
+            "t = {'float32': torch.float32, 'bfloat16': torch.bfloat16};"
+            f"shapes = {[shape[1:] for shape in SANITIZER_SHAPES]!r}\n"
+            "for dtype, k, n in shapes:\n"
+            "    x = torch.randn(3, n, device='cuda').to(t[dtype])\n"
+            "    print(op.explain(dtype, k, n).kernel.name, flush=True)\n"
+            "    v, i = op(x, k); v2, i2 = op(x, k, deterministic=True); torch.cuda.synchronize()\n")
+    shapes = ", ".join(f"{family} {dtype} k={k} n={n}" for family, dtype, k, n in SANITIZER_SHAPES)
     failed = False
-    for family, dtype, k, n in SANITIZER_SHAPES:
-        code = (f"import sys; sys.path.insert(0, {str(ROOT)!r});"
-                "import torch; from topkgen.runtime import TopK;"
-                f"op = TopK({bundle!r}, backend='cuda');"
-                f"t = {{'float32': torch.float32, 'bfloat16': torch.bfloat16}}[{dtype!r}];"
-                f"x = torch.randn(3, {n}, device='cuda').to(t);"
-                f"print(op.explain({dtype!r}, {k}, {n}).kernel.name);"
-                f"v, i = op(x, {k}); v2, i2 = op(x, {k}, deterministic=True); torch.cuda.synchronize()")
-        for check in ("memcheck", "racecheck"):
-            if time.monotonic() > deadline:
-                print("time budget spent: the remaining sanitizer runs are skipped")
-                return failed
-            cmd = [tool, "--tool", check, "--error-exitcode", "3", sys.executable, "-c", code]
-            print("$ " + " ".join(cmd), flush=True)
-            try:
-                proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
-                                      timeout=max(1.0, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired:
-                print(f"{check} {family} {dtype} k={k} n={n}: ran past the time budget; the rest are skipped")
-                return failed
-            output = proc.stdout + proc.stderr
-            print(output[-4000:], end="" if output.endswith("\n") else "\n", flush=True)
-            if proc.returncode not in (0, 3) and SANITIZER_REFUSED in output:
-                print(f"compute-sanitizer refused this device ({SANITIZER_REFUSED!r}): skipped, not a failure")
-                return failed
-            rc = proc.returncode
-            print(f"{check} {family} {dtype} k={k} n={n}: {'clean' if rc == 0 else f'FAILED (exit {rc})'}")
-            failed |= rc != 0
+    for check in ("memcheck", "racecheck"):
+        if time.monotonic() > deadline:
+            print("time budget spent: the remaining sanitizer runs are skipped")
+            return failed
+        cmd = [tool, "--tool", check, "--error-exitcode", "3", sys.executable, "-c", code]
+        print(f"$ {tool} --tool {check} --error-exitcode 3 {sys.executable} -c ...", flush=True)
+        try:
+            proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True,
+                                  timeout=max(1.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            print(f"{check}: ran past the time budget; the rest are skipped")
+            return failed
+        output = proc.stdout + proc.stderr
+        print(output[-4000:], end="" if output.endswith("\n") else "\n", flush=True)
+        if proc.returncode not in (0, 3) and SANITIZER_REFUSED in output:
+            print(f"compute-sanitizer refused this device ({SANITIZER_REFUSED!r}): skipped, not a failure")
+            return failed
+        rc = proc.returncode
+        print(f"{check} ({shapes}): {'clean' if rc == 0 else f'FAILED (exit {rc})'}")
+        failed |= rc != 0
     return failed
 
 

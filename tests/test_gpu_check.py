@@ -187,3 +187,16 @@ def test_cpp_stage_is_skipped_not_failed_where_nothing_can_build_the_loader(gc, 
     monkeypatch.setattr(gc, "ROOT", tmp_path)  # no build/cpp, no .venv
     assert gc.cpp_against_python(str(tmp_path / "bundle"), "sm_90") is False
     assert "SKIPPED: build/cpp/topkgen-cpp is not built" in capsys.readouterr().out
+
+
+def test_sanitizer_runs_each_tool_once_over_every_shape(gc, tmp_path, monkeypatch):
+    """One process per tool; its code is valid Python that covers every SANITIZER_SHAPES kernel."""
+    tool = tmp_path / "compute-sanitizer"
+    tool.write_text(f"#!/bin/sh\nprintf '%s' \"$7\" > {tmp_path}/code.$2.py\n")
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{gc.os.environ['PATH']}")
+    assert gc.sanitize(str(tmp_path / "bundle"), gc.time.monotonic() + 60) is False
+    assert sorted(p.name for p in tmp_path.glob("code.*.py")) == ["code.memcheck.py", "code.racecheck.py"]
+    code = (tmp_path / "code.memcheck.py").read_text()
+    compile(code, "sanitizer-child", "exec")
+    assert all(repr((dtype, k, n)) in code for _, dtype, k, n in gc.SANITIZER_SHAPES)
