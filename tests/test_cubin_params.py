@@ -283,6 +283,16 @@ def test_cuda_backend_raises_the_shared_limit_below_48_kib_of_dynamic_shared_mem
         _check_launch(launch, entry, entry["resources"]["static_shared_bytes"])
 
 
+def test_cuda_backend_takes_a_torch_stream_by_its_handle(built_bundle, fake_core):
+    """torch.cuda.Stream has `cuda_stream` (an int); the __cuda_stream__ protocol only in
+    recent torch: the launch goes on that stream either way."""
+    op = runtime.TopK(built_bundle, backend="cuda")
+    x, values, indices = _arrays("float32", 2, 1000, 16)
+    op(x, 16, out=(values, indices), stream=types.SimpleNamespace(cuda_stream=0x5150))
+    (launch,) = fake_core["launches"]
+    assert launch[0].handle == 0x5150
+
+
 def test_fake_get_kernel_refuses_a_str_symbol_as_cuda_bindings_does():
     """The stand-in's one strictness that the tests above rely on, held to the real binding."""
     driver = pytest.importorskip("cuda.bindings.driver")

@@ -478,6 +478,9 @@ class _CudaBackend(_Backend):
                 stream = torch.cuda.current_stream(array.device).cuda_stream
             else:
                 return self.device.default_stream
+        if not isinstance(stream, int) and not hasattr(stream, "__cuda_stream__") \
+                and isinstance(getattr(stream, "cuda_stream", None), int):
+            stream = stream.cuda_stream  # a torch.cuda.Stream of a torch without the stream protocol
         if isinstance(stream, int):
             return Stream.from_handle(stream)
         return self.device.create_stream(stream)
