@@ -144,3 +144,59 @@ def test_without_a_gpu_it_says_so_builds_and_exits_0(tmp_path):
     assert proc.stdout.startswith("no GPU: ")
     assert "would time 130 cases x 3 implementations" in proc.stdout
     assert json.loads((out / "manifest.json").read_text())["archs"] == ["sm_90"]
+
+
+def test_toolkit_headers_serve_where_the_header_wheels_are_missing(gc, tmp_path, monkeypatch):
+    """The accelerator machine's Python has no nvidia-cuda-crt/-cccl wheels, but a toolkit
+    beside its nvcc: gpu-check points TOPKGEN_CUDA_INCLUDE there rather than fail the build."""
+    from topkgen import paths
+
+    include = tmp_path / "cuda" / "include"
+    for f in ("cuda_bf16.h", "crt/host_defines.h", "nv/target"):
+        (include / f).parent.mkdir(parents=True, exist_ok=True)
+        (include / f).write_text("")
+    monkeypatch.delenv("TOPKGEN_CUDA_INCLUDE", raising=False)
+    monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
+
+    def missing():
+        if "TOPKGEN_CUDA_INCLUDE" in paths.os.environ:
+            return Path(paths.os.environ["TOPKGEN_CUDA_INCLUDE"])
+        raise RuntimeError("CUDA headers not found")
+
+    missing.cache_clear = lambda: None
+    monkeypatch.setattr(paths, "cuda_include_dir", missing)
+    gc.use_toolkit_headers_if_wheels_lack_them()
+    assert paths.os.environ["TOPKGEN_CUDA_INCLUDE"] == str(include)
+
+
+@pytest.mark.parametrize("exit_code,output,failed", [(255, "========= Device not supported\n", False),
+                                                      (3, "========= Invalid __global__ write of size 4\n", True),
+                                                      (0, "========= ERROR SUMMARY: 0 errors\n", False)])
+def test_sanitizer_refusal_is_no_failure_but_its_findings_are(gc, tmp_path, monkeypatch, capsys, exit_code, output,
+                                                              failed):
+    tool = tmp_path / "compute-sanitizer"
+    tool.write_text(f"#!/bin/sh\nprintf '{output}'\nexit {exit_code}\n")
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{gc.os.environ['PATH']}")
+    assert gc.sanitize(str(tmp_path / "bundle"), gc.time.monotonic() + 60) is failed
+    printed = capsys.readouterr().out
+    assert ("refused this device" in printed) is (exit_code == 255)
+
+
+def test_cpp_stage_is_skipped_not_failed_where_nothing_can_build_the_loader(gc, tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(gc, "ROOT", tmp_path)  # no build/cpp, no .venv
+    assert gc.cpp_against_python(str(tmp_path / "bundle"), "sm_90") is False
+    assert "SKIPPED: build/cpp/topkgen-cpp is not built" in capsys.readouterr().out
+
+
+def test_sanitizer_runs_each_tool_once_over_every_shape(gc, tmp_path, monkeypatch):
+    """One process per tool; its code is valid Python that covers every SANITIZER_SHAPES kernel."""
+    tool = tmp_path / "compute-sanitizer"
+    tool.write_text(f"#!/bin/sh\nprintf '%s' \"$7\" > {tmp_path}/code.$2.py\n")
+    tool.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{gc.os.environ['PATH']}")
+    assert gc.sanitize(str(tmp_path / "bundle"), gc.time.monotonic() + 60) is False
+    assert sorted(p.name for p in tmp_path.glob("code.*.py")) == ["code.memcheck.py", "code.racecheck.py"]
+    code = (tmp_path / "code.memcheck.py").read_text()
+    compile(code, "sanitizer-child", "exec")
+    assert all(repr((dtype, k, n)) in code for _, dtype, k, n in gc.SANITIZER_SHAPES)

@@ -33,7 +33,6 @@ from topkgen.split import WORKSPACE_ALIGNMENT, ChunkPlan, Stage, stages
 from topkgen.suggest import did_you_mean
 
 BACKENDS = ("cuda", "emulator")
-STATIC_SHARED_LIMIT = 48 * 1024  # above it, a kernel must opt in to more dynamic shared memory
 # The C types of the non-pointer parameters (topkgen.render.PARAM_TYPES) as numpy scalars,
 # which both backends pass with their C types.
 SCALAR_TYPES = {"int": np.int32, "long long": np.int64}
@@ -367,6 +366,7 @@ class _CudaBackend(_Backend):
             self.device.set_current()
         except Exception as err:  # no driver, no GPU
             raise NoGpuError(f"backend 'cuda': no usable GPU ({err})") from None
+        self._shared_allowed: dict[int, tuple[Any, int]] = {}  # id(kernel) -> (kernel, bytes allowed)
 
     def current_arch(self) -> str:
         major, minor = self.device.compute_capability
@@ -382,7 +382,9 @@ class _CudaBackend(_Backend):
     def load_aot(self, name: str, cubin: bytes, symbol: str, source: str) -> Any:
         ObjectCode = _cuda_core().ObjectCode
 
-        return ObjectCode.from_cubin(cubin, symbol_mapping={name: symbol}).get_kernel(name)
+        # By its symbol: get_kernel encodes a name it does not find in symbol_mapping, but
+        # passes a mapped one as is to cuLibraryGetKernel, whose char* refuses a str.
+        return ObjectCode.from_cubin(cubin).get_kernel(symbol)
 
     def load_jit(self, name: str, source: str) -> Any:
         from topkgen.compile import compile_kernel
@@ -412,8 +414,13 @@ class _CudaBackend(_Backend):
         if work.plan is not None:
             base, release = self._workspace(work.plan, workspace, cuda_stream, torch, view.array)
             pointers["candidate_indices"], pointers["candidate_values"] = base, base + work.plan.values_offset
-        if work.launch.dynamic_shared_bytes > STATIC_SHARED_LIMIT:
-            self._allow_dynamic_shared(work.kernel, work.launch.dynamic_shared_bytes)
+        # The driver's default limit on dynamic shared memory is 48 KiB less the kernel's
+        # static shared memory (cuda.h, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES), so
+        # any kernel launched with some gets its limit set, once.
+        nbytes = work.launch.dynamic_shared_bytes
+        if nbytes and self._shared_allowed.get(id(work.kernel), (None, 0))[1] < nbytes:
+            self._allow_dynamic_shared(work.kernel, nbytes)
+            self._shared_allowed[id(work.kernel)] = (work.kernel, nbytes)
         for stage in work.stages:
             config = core.LaunchConfig(grid=work.launch.grid(stage.grid_rows), block=work.launch.threads,
                                        shmem_size=work.launch.dynamic_shared_bytes)
@@ -445,7 +452,8 @@ class _CudaBackend(_Backend):
         return int(buffer.handle), lambda: buffer.close(cuda_stream)
 
     def _allow_dynamic_shared(self, kernel: Any, nbytes: int) -> None:
-        """Raise the kernel's dynamic shared memory limit to `nbytes` (needed above 48 KB).
+        """Set the kernel's dynamic shared memory limit to `nbytes` (needed once static plus
+        dynamic shared memory pass 48 KiB).
         cuda.core hands out CUkernel (library) or CUfunction (module) handles."""
         from cuda.bindings import driver
 
@@ -470,6 +478,9 @@ class _CudaBackend(_Backend):
                 stream = torch.cuda.current_stream(array.device).cuda_stream
             else:
                 return self.device.default_stream
+        if not isinstance(stream, int) and not hasattr(stream, "__cuda_stream__") \
+                and isinstance(getattr(stream, "cuda_stream", None), int):
+            stream = stream.cuda_stream  # a torch.cuda.Stream of a torch without the stream protocol
         if isinstance(stream, int):
             return Stream.from_handle(stream)
         return self.device.create_stream(stream)

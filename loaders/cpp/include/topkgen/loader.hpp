@@ -74,7 +74,6 @@ constexpr int FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
 constexpr int DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75;
 constexpr int DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
 constexpr int API_VERSION = 12000;  // the ABI of each entry point we ask cuGetProcAddress for
-constexpr unsigned STATIC_SHARED_LIMIT = 48 * 1024;
 
 // The entry points the loader uses, resolved once through cuGetProcAddress.
 struct Driver {
@@ -806,7 +805,10 @@ class Bundle {
     d.check(d.ModuleLoadData(&module, kern.data.data()), "cuModuleLoadData");
     cu::Function fn = nullptr;
     d.check(d.ModuleGetFunction(&fn, module, kern.symbol.c_str()), "cuModuleGetFunction");
-    if (kern.dynamic_shared_bytes > cu::STATIC_SHARED_LIMIT)
+    // The driver's default limit on dynamic shared memory is 48 KiB less the kernel's static
+    // shared memory (CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES in cuda.h): set it for any
+    // kernel launched with some.
+    if (kern.dynamic_shared_bytes > 0)
       d.check(d.FuncSetAttribute(fn, cu::FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES,
                                  static_cast<int>(kern.dynamic_shared_bytes)),
               "cuFuncSetAttribute(MAX_DYNAMIC_SHARED_SIZE_BYTES)");
