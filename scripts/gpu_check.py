@@ -16,9 +16,14 @@
    dispatch stays outside the window, with an L2 flush before every sample, until the
    noise threshold; batches whose SM clock fell below 90% of the highest seen are dropped.
    Raw samples go to RESULTS/gpu_check_samples.json;
-6. `ncu` DRAM bytes per row of each shape (normal data), where ncu exists and is allowed.
-Everything stops within --budget-s. Without a GPU it says so, builds for sm_90, collects the
-GPU tests, lists the cases it would time, and exits 0.
+6. the split crossover (issue 14): each batch of benchmarks/split_crossover.py's grid timed
+   from a bundle whose policy splits every batch it can and from one whose policy splits
+   none (the same kernels), into RESULTS/split_crossover.json; `python
+   benchmarks/split_crossover.py RESULTS/split_crossover.json --write` puts the rows_below
+   they favour into the policy;
+7. `ncu` DRAM bytes per row of each shape (normal data), where ncu exists and is allowed.
+Everything stops within --budget-s. Without a GPU it says so, builds for sm_90 (and the two
+crossover bundles), collects the GPU tests, lists the cases it would time, and exits 0.
 """
 
 from __future__ import annotations
@@ -40,11 +45,12 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
 sys.path.insert(0, str(ROOT))
 
+import split_crossover  # noqa: E402
 from shapes import DATA_KINDS, select_sets  # noqa: E402
 
 PEAK_BYTES_PER_S = 4.8e12
 IMPLS = ("topkgen", "torch", "flashinfer")
-STAGES = ("tests", "cpp", "sanitizer", "bench", "ncu")
+STAGES = ("tests", "cpp", "sanitizer", "bench", "crossover", "ncu")
 SANITIZER_SHAPES = (("register", "float32", 16, 1000), ("radix", "float32", 64, 300000),
                     ("radix", "bfloat16", 200, 1500))
 SPIN_SOURCE = """extern "C" __global__ void topkgen_spin(unsigned long long cycles) {
@@ -200,6 +206,9 @@ def main(argv: list[str] | None = None) -> int:
         status = run([*topkgen, "build", "--arch", "sm_90", "--out", args.out])
         step("GPU tests: collection only")
         status |= run([sys.executable, "-m", "pytest", "-q", "--collect-only", "tests/test_gpu.py"])
+        if "crossover" not in args.skip:
+            step("split crossover: the two bundles (sm_90)")
+            status |= crossover_listing(args, "sm_90", topkgen)
         print(f"\nwould time {len(args.cases)} cases x {len(IMPLS)} implementations ({timer_name(args.timer)})")
         return status
     started = time.monotonic()
@@ -229,11 +238,15 @@ def main(argv: list[str] | None = None) -> int:
         failed |= sanitize(args.out, deadline)
     args.results.mkdir(parents=True, exist_ok=True)
     timings: dict[tuple[str, str], Timing] = {}
+    ncu_reserve = 0 if "ncu" in args.skip else 90
+    crossover_reserve = 0 if "crossover" in args.skip else 150
     if "bench" not in args.skip:
         step(f"kernel timings ({timer_name(args.timer)})")
-        ncu_reserve = 0 if "ncu" in args.skip else 90
-        timings, mismatches = benchmark(args, deadline - ncu_reserve)
+        timings, mismatches = benchmark(args, deadline - ncu_reserve - crossover_reserve)
         failed |= bool(mismatches)
+    if "crossover" not in args.skip:
+        step("split crossover: each batch split and unsplit (CUDA events)")
+        failed |= measure_crossover(args, arch, topkgen, deadline - ncu_reserve)
     chunks = chunks_per_row(args.cases, arch)
     dram = {}
     if "ncu" not in args.skip:
@@ -383,6 +396,90 @@ def sanitize(bundle: str, deadline: float) -> bool:
     return failed
 
 
+# ----------------------------------------------------------------------------- split crossover
+
+def crossover_bundles(args, arch: str, topkgen: list[str]) -> dict[str, Path] | None:
+    """Two bundles of the same kernels whose policies split every batch they can ('split')
+    and none ('unsplit'); the compile cache makes the second build of each kernel free."""
+    from topkgen import policy
+
+    args.results.mkdir(parents=True, exist_ok=True)
+    variants = split_crossover.variant_policies(policy.default_policy_path().read_text(), arch)
+    bundles = {}
+    for name, text in variants.items():
+        path = args.results / f"policy-{name}.yaml"
+        path.write_text(text)
+        bundles[name] = args.results / f"bundle-{name}"
+        if run([*topkgen, "build", "--policy", str(path), "--arch", arch, "--out", str(bundles[name]),
+                "-j", str(os.cpu_count() or 2)]) != 0:
+            return None
+    return bundles
+
+
+def crossover_listing(args, arch: str, topkgen: list[str]) -> int:
+    """Without a GPU: the bundles are built and the grid's chunks listed, nothing timed."""
+    from topkgen.runtime import TopK
+
+    bundles = crossover_bundles(args, arch, topkgen)
+    if bundles is None:
+        return 1
+    ops = {name: TopK(path, arch=arch, backend="emulator") for name, path in bundles.items()}
+    grid = [(d, n, k, r) for d, n, k in split_crossover.SHAPES for r in split_crossover.ROWS]
+    split = sum(ops["split"].choose(d, k, n, rows=r).chunks > 1 for d, n, k, r in grid)
+    unsplit = sum(ops["unsplit"].choose(d, k, n, rows=r).chunks > 1 for d, n, k, r in grid)
+    print(f"would time {len(grid)} batches twice: the split bundle splits {split} of them, the unsplit one {unsplit}")
+    return 0
+
+
+def measure_crossover(args, arch: str, topkgen: list[str], deadline: float) -> bool:
+    """Issue 14's crossover: each batch of benchmarks/split_crossover.py's grid, checked
+    against torch.topk and timed from both bundles; RESULTS/split_crossover.json is what
+    `python benchmarks/split_crossover.py ... --write` writes into the policy."""
+    import torch
+
+    from topkgen import policy
+    from topkgen.runtime import TopK
+
+    bundles = crossover_bundles(args, arch, topkgen)
+    if bundles is None:
+        return True
+    ops = {name: TopK(path, backend="cuda") for name, path in bundles.items()}
+    timer = EventTimer(torch, args.max_noise)
+    measured, failed = [], False
+    grid = [(d, n, k, r) for d, n, k in split_crossover.SHAPES for r in split_crossover.ROWS]
+    for dtype, n, k, rows in grid:
+        if time.monotonic() > deadline:
+            print(f"time budget spent: {len(measured)} of {len(grid)} batches measured")
+            break
+        case = Case("crossover", rows, dtype, n, k, "normal")
+        x = make_input(torch, case)
+        expect, _ = torch.topk(x, k, dim=-1)
+        medians = {}
+        for name, op in ops.items():
+            if not torch.equal(op(x, k)[0], expect):
+                print(f"MISMATCH against torch.topk ({name} bundle): {case.id}")
+                failed = True
+            medians[name] = timer(launchers(torch, op, case, x)["topkgen"], max_seconds=0.5).median
+        m = split_crossover.Measured(dtype, n, k, rows, ops["split"].choose(dtype, k, n, rows=rows).chunks,
+                                     medians["split"], medians["unsplit"])
+        print(f"{case.id}: {m.chunks} chunks {m.split_us:.1f} us, unsplit {m.unsplit_us:.1f} us", flush=True)
+        measured.append(m)
+        del x
+    if not measured:
+        return failed
+    device = torch.cuda.get_device_name(0)
+    split_crossover.write_results(args.results / "split_crossover.json", arch, device, measured)
+    (args.results / "split_crossover.md").write_text(split_crossover.table(measured) + "\n")
+    now = policy.load().archs[arch].split
+    try:
+        found = split_crossover.choose_rows_below(measured)
+    except ValueError as err:
+        print(f"no crossover: {err}")
+        return True
+    print("\n" + split_crossover.summary(arch, device, now.rows_below if now else None, found))
+    return failed
+
+
 # ----------------------------------------------------------------------------- inputs and launches
 
 def torch_dtype(torch, name: str):
@@ -500,14 +597,52 @@ def sm_clock_mhz(torch) -> float | None:
         return None
 
 
-def time_events(args, torch, op, deadline: float, min_samples: int = 20, max_samples: int = 200,
-                max_seconds: float = 1.5) -> dict[tuple[str, str], Timing]:
-    from topkgen.runtime import _CudaBackend
+class EventTimer:
+    """CUDA events around one enqueue at a time: a spin kernel ahead of it keeps Python's
+    dispatch out of the window, and the L2 is flushed before every sample."""
 
-    spin = Spinner(_CudaBackend().current_arch())
-    l2 = torch.cuda.get_device_properties(0).L2_cache_size
-    flush = torch.empty(2 * l2, dtype=torch.uint8, device="cuda")
-    stream = torch.cuda.Stream()
+    def __init__(self, torch, max_noise: float) -> None:
+        from topkgen.runtime import _CudaBackend
+
+        self.torch, self.max_noise = torch, max_noise
+        self.spin = Spinner(_CudaBackend().current_arch())
+        l2 = torch.cuda.get_device_properties(0).L2_cache_size
+        self.flush = torch.empty(2 * l2, dtype=torch.uint8, device="cuda")
+        self.stream = torch.cuda.Stream()
+
+    def __call__(self, enqueue, min_samples: int = 20, max_samples: int = 200, max_seconds: float = 1.5) -> Timing:
+        """Batches of 10 samples until the noise is below max_noise, or max_samples, or
+        max_seconds; a batch whose SM clock fell below 90% of the highest seen is dropped."""
+        torch, stream = self.torch, self.stream
+        timing = Timing("events")
+        started, top_clock = time.monotonic(), 0.0
+        while True:
+            pairs = []
+            with torch.cuda.stream(stream):
+                for _ in range(10):
+                    self.flush.zero_()
+                    self.spin(stream.cuda_stream)
+                    begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                    begin.record(stream)
+                    enqueue(stream.cuda_stream)
+                    end.record(stream)
+                    pairs.append((begin, end))
+            stream.synchronize()
+            batch = [begin.elapsed_time(end) * 1e3 for begin, end in pairs]
+            clock = sm_clock_mhz(torch)
+            top_clock = max(top_clock, clock or 0.0)
+            if clock is not None and clock < 0.9 * top_clock:
+                timing.dropped += len(batch)  # throttled
+            else:
+                timing.samples += batch
+            n = len(timing.samples)
+            if n >= max_samples or time.monotonic() - started > max_seconds or (
+                    n >= min_samples and relative_error(timing.samples) < self.max_noise / 100):
+                return timing
+
+
+def time_events(args, torch, op, deadline: float) -> dict[tuple[str, str], Timing]:
+    timer = EventTimer(torch, args.max_noise)
     timings: dict[tuple[str, str], Timing] = {}
     for case in args.cases:
         x = make_input(torch, case)
@@ -515,32 +650,7 @@ def time_events(args, torch, op, deadline: float, min_samples: int = 20, max_sam
             if time.monotonic() > deadline:
                 timings[(case.id, impl)] = Timing("events", note="time budget spent")
                 continue
-            timing = Timing("events")
-            started, top_clock = time.monotonic(), 0.0
-            while True:
-                pairs = []
-                with torch.cuda.stream(stream):
-                    for _ in range(10):
-                        flush.zero_()
-                        spin(stream.cuda_stream)
-                        begin, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-                        begin.record(stream)
-                        enqueue(stream.cuda_stream)
-                        end.record(stream)
-                        pairs.append((begin, end))
-                stream.synchronize()
-                batch = [begin.elapsed_time(end) * 1e3 for begin, end in pairs]
-                clock = sm_clock_mhz(torch)
-                top_clock = max(top_clock, clock or 0.0)
-                if clock is not None and clock < 0.9 * top_clock:
-                    timing.dropped += len(batch)  # throttled
-                else:
-                    timing.samples += batch
-                n = len(timing.samples)
-                if n >= max_samples or time.monotonic() - started > max_seconds or (
-                        n >= min_samples and relative_error(timing.samples) < args.max_noise / 100):
-                    break
-            timings[(case.id, impl)] = timing
+            timings[(case.id, impl)] = timer(enqueue)
         del x
     return timings
 

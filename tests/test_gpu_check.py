@@ -143,6 +143,13 @@ def test_without_a_gpu_it_says_so_builds_and_exits_0(tmp_path):
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.startswith("no GPU: ")
     assert "would time 130 cases x 3 implementations" in proc.stdout
+    # Issue 14's crossover: two bundles of the same kernels, one splitting every batch of the
+    # grid (108: 2 dtypes x 2 n x 3 K x 9 batches) and one splitting none.
+    assert "would time 108 batches twice: the split bundle splits 108 of them, the unsplit one 0" in proc.stdout
+    names = {name: [k["name"] for k in json.loads((out / "results" / f"bundle-{name}" / "manifest.json").read_text())[
+        "kernels"]] for name in ("split", "unsplit")}
+    assert names["split"] == names["unsplit"] == [k["name"] for k in json.loads((out / "manifest.json").read_text())[
+        "kernels"]]
     assert json.loads((out / "manifest.json").read_text())["archs"] == ["sm_90"]
 
 
