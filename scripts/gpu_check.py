@@ -225,28 +225,30 @@ def main(argv: list[str] | None = None) -> int:
     step(f"build ({arch})")
     if run([*topkgen, "build", "--arch", arch, "--out", args.out, "-j", str(os.cpu_count() or 2)], deadline) != 0:
         return 1
+    # Each stage stops by the deadline less what the stages after it reserve (a share of the
+    # budget), so that a slow sanitizer or a hanging test leaves the timings their time.
+    reserve = {stage: 0 if stage in args.skip else share * args.budget_s
+               for stage, share in (("bench", 0.25), ("crossover", 0.25), ("ncu", 0.15))}
     failed = False
     if "tests" not in args.skip:
         step("GPU tests")
         failed |= run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_gpu.py"],
-                      deadline) != 0
+                      deadline - sum(reserve.values())) != 0
     if "cpp" not in args.skip:
         step("C++ loader against the Python runtime: every AOT kernel")
         failed |= cpp_against_python(args.out, arch)
     if "sanitizer" not in args.skip:
         step("compute-sanitizer")
-        failed |= sanitize(args.out, deadline)
+        failed |= sanitize(args.out, deadline - sum(reserve.values()))
     args.results.mkdir(parents=True, exist_ok=True)
     timings: dict[tuple[str, str], Timing] = {}
-    ncu_reserve = 0 if "ncu" in args.skip else 90
-    crossover_reserve = 0 if "crossover" in args.skip else 150
     if "bench" not in args.skip:
         step(f"kernel timings ({timer_name(args.timer)})")
-        timings, mismatches = benchmark(args, deadline - ncu_reserve - crossover_reserve)
+        timings, mismatches = benchmark(args, deadline - reserve["crossover"] - reserve["ncu"])
         failed |= bool(mismatches)
     if "crossover" not in args.skip:
         step("split crossover: each batch split and unsplit (CUDA events)")
-        failed |= measure_crossover(args, arch, topkgen, deadline - ncu_reserve)
+        failed |= measure_crossover(args, arch, topkgen, deadline - reserve["ncu"])
     chunks = chunks_per_row(args.cases, arch)
     dram = {}
     if "ncu" not in args.skip:
@@ -398,7 +400,7 @@ def sanitize(bundle: str, deadline: float) -> bool:
 
 # ----------------------------------------------------------------------------- split crossover
 
-def crossover_bundles(args, arch: str, topkgen: list[str]) -> dict[str, Path] | None:
+def crossover_bundles(args, arch: str, topkgen: list[str], deadline: float | None = None) -> dict[str, Path] | None:
     """Two bundles of the same kernels whose policies split every batch they can ('split')
     and none ('unsplit'); the compile cache makes the second build of each kernel free."""
     from topkgen import policy
@@ -411,7 +413,7 @@ def crossover_bundles(args, arch: str, topkgen: list[str]) -> dict[str, Path] | 
         path.write_text(text)
         bundles[name] = args.results / f"bundle-{name}"
         if run([*topkgen, "build", "--policy", str(path), "--arch", arch, "--out", str(bundles[name]),
-                "-j", str(os.cpu_count() or 2)]) != 0:
+                "-j", str(os.cpu_count() or 2)], deadline) != 0:
             return None
     return bundles
 
@@ -440,7 +442,7 @@ def measure_crossover(args, arch: str, topkgen: list[str], deadline: float) -> b
     from topkgen import policy
     from topkgen.runtime import TopK
 
-    bundles = crossover_bundles(args, arch, topkgen)
+    bundles = crossover_bundles(args, arch, topkgen, deadline)
     if bundles is None:
         return True
     ops = {name: TopK(path, backend="cuda") for name, path in bundles.items()}

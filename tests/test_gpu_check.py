@@ -162,7 +162,8 @@ def test_toolkit_headers_serve_where_the_header_wheels_are_missing(gc, tmp_path,
     for f in ("cuda_bf16.h", "crt/host_defines.h", "nv/target"):
         (include / f).parent.mkdir(parents=True, exist_ok=True)
         (include / f).write_text("")
-    monkeypatch.delenv("TOPKGEN_CUDA_INCLUDE", raising=False)
+    monkeypatch.setenv("TOPKGEN_CUDA_INCLUDE", "")  # recorded, so what the script sets is undone after
+    monkeypatch.delenv("TOPKGEN_CUDA_INCLUDE")
     monkeypatch.setenv("CUDA_HOME", str(tmp_path / "cuda"))
 
     def missing():
