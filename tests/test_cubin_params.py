@@ -293,6 +293,22 @@ def test_cuda_backend_takes_a_torch_stream_by_its_handle(built_bundle, fake_core
     assert launch[0].handle == 0x5150
 
 
+@pytest.mark.parametrize("dtype,values_type,indices_type,message", [
+    ("float32", "<f4", "<i4", "out[1] (indices): expected int64 elements, got int32"),
+    ("bfloat16", "<f4", "<i8", "out[0] (values): expected bfloat16 or uint16 elements, got float32"),
+    ("float32", "<u2", "<i8", "out[0] (values): expected float32 elements, got uint16"),
+])
+def test_cuda_backend_refuses_out_arrays_of_another_type_before_launching(built_bundle, fake_core, dtype,
+                                                                           values_type, indices_type, message):
+    """The kernels write x's type and int64: a narrower `out` would be written past its end."""
+    op = runtime.TopK(built_bundle, backend="cuda")
+    x, _, _ = _arrays(dtype, 2, 1000, 16)
+    out = (DeviceArray((2, 16), values_type, 0x2000_0000), DeviceArray((2, 16), indices_type, 0x3000_0000))
+    with pytest.raises(runtime.TopKError) as err:
+        op(x, 16, out=out, dtype=dtype, stream=FakeStream(7))
+    assert str(err.value) == message and not fake_core["launches"]
+
+
 def test_fake_get_kernel_refuses_a_str_symbol_as_cuda_bindings_does():
     """The stand-in's one strictness that the tests above rely on, held to the real binding."""
     driver = pytest.importorskip("cuda.bindings.driver")

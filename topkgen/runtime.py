@@ -406,7 +406,11 @@ class _CudaBackend(_Backend):
             out = (torch.empty(shape, dtype=view.array.dtype, device=view.array.device),
                    torch.empty(shape, dtype=torch.int64, device=view.array.device))
         values, indices = out
-        pointers = {"x": int(view.ptr), "values": _device_ptr(values, shape), "indices": _device_ptr(indices, shape)}
+        # The kernels write k elements of x's type and k int64 per row: an `out` of a narrower
+        # type would be written past its end.
+        value_types = (view.dtype, "uint16") if DTYPE_SIZES[view.dtype] == 2 else (view.dtype,)
+        pointers = {"x": int(view.ptr), "values": _device_ptr(values, shape, value_types, "out[0] (values)"),
+                    "indices": _device_ptr(indices, shape, ("int64",), "out[1] (indices)")}
         if not work.stages:  # an empty batch launches nothing
             return values, indices
         cuda_stream = self._stream(stream, view.array)
@@ -503,10 +507,13 @@ def _device_bytes(x: Any, label: str) -> tuple[int, int]:
                     f"got {type(x).__name__}")
 
 
-def _device_ptr(array: Any, shape: tuple[int, ...]) -> int:
-    ptr, found_shape, strides, _ = _device_array(array, "out")
+def _device_ptr(array: Any, shape: tuple[int, ...], dtypes: tuple[str, ...], label: str) -> int:
+    """The address of an output array that has `shape`, is contiguous and holds one of `dtypes`."""
+    ptr, found_shape, strides, found = _device_array(array, label)
     if found_shape != shape or not _c_contiguous(found_shape, strides):
-        raise TopKError(f"out: expected contiguous arrays of shape {list(shape)}, got {list(found_shape)}")
+        raise TopKError(f"{label}: expected a contiguous array of shape {list(shape)}, got {list(found_shape)}")
+    if found not in dtypes:
+        raise TopKError(f"{label}: expected {' or '.join(dtypes)} elements, got {found}")
     return ptr
 
 
@@ -523,8 +530,11 @@ def _device_array(x: Any, label: str) -> tuple[int, tuple[int, ...], tuple[int, 
     if cai is not None:
         itemsize = int(cai["typestr"][2:])
         strides = None if cai.get("strides") is None else tuple(s // itemsize for s in cai["strides"])
-        names = {"<f4": "float32", "<f2": "float16", "<u2": "uint16"}
-        return int(cai["data"][0]), tuple(cai["shape"]), strides, names.get(cai["typestr"], cai["typestr"])
+        try:
+            name = np.dtype(cai["typestr"]).name  # "<u2": uint16, raw bfloat16 or float16 bits
+        except TypeError:
+            name = cai["typestr"]
+        return int(cai["data"][0]), tuple(cai["shape"]), strides, name
     if hasattr(x, "__dlpack__"):
         try:
             smv = _cuda_core().StridedMemoryView(x, stream_ptr=-1)
