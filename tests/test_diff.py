@@ -483,6 +483,13 @@ def test_bad_sides(repo, tmp_path):
     ("radix_select.cu.j2", b"{{ no_such_value }}\n", "'no_such_value' is undefined; these templates expect values "
                                                       "this topkgen does not provide (written for another version?)"),
     ("radix_select.cu.j2", b'{% include "gone.cuh" %}\n', "HEAD:templates/: no template 'gone.cuh'"),
+    # A branch under review must not run code on the reviewer's machine, nor loop for hours.
+    ("radix_select.cu.j2", b"{{ cycler.__init__.__globals__.os.system('touch PWNED') }}\n",
+     "access to attribute '__init__' of 'type' object is unsafe"),
+    ("radix_select.cu.j2", b"{{ lipsum.__globals__['os'].system('touch PWNED') }}\n",
+     "access to attribute '__globals__' of 'function' object is unsafe"),
+    ("radix_select.cu.j2", b"{% for i in range(100000000) %}{% endfor %}\n",
+     "range() of 100000000 items: templates may loop over at most 4096"),
 ])
 def test_a_revision_whose_templates_do_not_render(repo, name, content, message):
     (repo / "templates" / name).write_bytes(content)
@@ -490,6 +497,7 @@ def test_a_revision_whose_templates_do_not_render(repo, name, content, message):
     proc = topkgen("diff", "HEAD~1", "HEAD", cwd=repo)
     assert proc.returncode == 2 and proc.stdout == ""
     assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert not (repo / "PWNED").exists()
 
 
 def schema_1(manifest: dict) -> dict:

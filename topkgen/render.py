@@ -21,12 +21,21 @@ def template_dir() -> Path:
     return _data_dir("templates")
 
 
+MAX_TEMPLATE_RANGE = 4096  # range() in a template: our templates unroll at most a few dozen
+
+
 def environment(loader: Any) -> Any:
     """A Jinja environment with the settings every render uses, over any loader: the
-    installed templates, or another revision's (topkgen diff reads them from git)."""
-    import jinja2
+    installed templates, or another revision's (topkgen diff reads them from git).
 
-    return jinja2.Environment(
+    Sandboxed: `topkgen diff` renders the templates of any revision it is given, and a
+    reviewer's machine must not run the Python that a template of a branch under review
+    could reach through attributes (`cycler.__init__.__globals__.os`). The sandbox refuses
+    such access; range() is bounded so that a loop cannot run for hours."""
+    import jinja2
+    from jinja2.sandbox import SandboxedEnvironment
+
+    env = SandboxedEnvironment(
         loader=loader,
         undefined=jinja2.StrictUndefined,
         autoescape=False,
@@ -34,6 +43,16 @@ def environment(loader: Any) -> Any:
         trim_blocks=True,
         lstrip_blocks=True,
     )
+
+    def bounded_range(*args: int) -> range:
+        values = range(*args)
+        if len(values) > MAX_TEMPLATE_RANGE:
+            raise jinja2.sandbox.SecurityError(f"range() of {len(values)} items: templates may loop over at most "
+                                               f"{MAX_TEMPLATE_RANGE}")
+        return values
+
+    env.globals["range"] = bounded_range
+    return env
 
 
 @lru_cache(maxsize=1)
