@@ -235,3 +235,28 @@ def test_the_manifest_names_the_policy_alike_from_any_working_directory(default_
     assert [len(found) for found in manifests.values()] == [1, 1]
     assert json.loads(next(iter(manifests["in a repo"])))["policy"]["path"] == "policies/mine/topk.yaml"
     assert json.loads(next(iter(manifests["outside"])))["policy"]["path"] == "copy.yaml"
+
+
+@pytest.mark.parametrize("content,message", [
+    ("{{ no_such_value }}\n", "templates/: cannot render kernel topk_radix_"),
+    ("{% if %}\n", "templates/radix_select.cu.j2:1: Expected an expression"),
+])
+def test_an_installed_template_that_does_not_render_is_an_input_error(tmp_path, monkeypatch, content, message):
+    """A checkout whose templates were edited into an error: build says which file (and
+    line), exit 2, rather than an internal error."""
+    import shutil
+
+    from topkgen import errors, render as rendering
+
+    templates = tmp_path / "templates"
+    shutil.copytree(rendering.template_dir(), templates)
+    (templates / "radix_select.cu.j2").write_text(content)
+    monkeypatch.setattr(rendering, "template_dir", lambda: templates)
+    rendering._environment.cache_clear()
+    try:
+        spec = next(s for s in pol.plan(pol.load(), "sm_90") if s.family == "radix")
+        with pytest.raises(errors.InputError) as err:
+            rendering.render(spec)
+        assert message in str(err.value) and "another version" not in str(err.value)
+    finally:
+        rendering._environment.cache_clear()

@@ -157,16 +157,16 @@ class TemplateError(InputError, ValueError):
     the file and line, or the kernel."""
 
 
-def template_problem(err: Exception, where: str, kernel: str) -> str:
+def template_problem(err: Exception, where: str, kernel: str, *, other_version: bool = True) -> str:
     """What went wrong rendering `kernel` from the templates in `where` ("templates/",
-    "HEAD~1:templates/"), in one line."""
+    "HEAD~1:templates/"), in one line; `other_version`: they may be another revision's."""
     import jinja2
 
     if isinstance(err, jinja2.TemplateNotFound):
         return f"{where}: no template {err.name!r} (kernel {kernel})"
     if isinstance(err, jinja2.TemplateSyntaxError):
         return f"{where}{err.name}:{err.lineno}: {err.message}"
-    if isinstance(err, jinja2.UndefinedError):
+    if isinstance(err, jinja2.UndefinedError) and other_version:
         # Templates and the render context change together: an older revision's templates
         # may name values this topkgen no longer provides.
         return (f"{where}: cannot render kernel {kernel}: {err}; these templates expect values this topkgen "
@@ -185,7 +185,7 @@ def render(spec: KernelSpec, env: Any = None) -> str:
     try:
         return _environment().get_template(template_name(spec)).render(**context(spec))
     except (jinja2.TemplateError, UnicodeDecodeError) as err:  # a ValueError of context(): a bug, exit 70
-        raise TemplateError(template_problem(err, "templates/", spec.name)) from None
+        raise TemplateError(template_problem(err, "templates/", spec.name, other_version=False)) from None
 
 
 def loaded_templates(env: Any, name: str) -> tuple[str, ...]:
