@@ -460,6 +460,22 @@ def test_bad_workload_entries(repo, entry, message):
     assert f"bad.json: {message}" in proc.stderr
 
 
+def test_workload_files_name_the_line_take_dtype_spellings_and_json_errors_are_json(repo):
+    path = repo / "shapes.yaml"
+    path.write_text("- {arch: sm_90, dtype: fp32, k: 32, n: 256}\n"
+                    "- {arch: sm_90, dtype: bf16, k: 4, n: 1000, rows: 2}\n"
+                    "- {arch: sm_90, dtype: float32, k: 5}\n")
+    proc = topkgen("diff", "HEAD~1", "HEAD", "--shapes", path, cwd=repo)
+    assert proc.returncode == 2 and "shapes.yaml:3: shape #3: missing 'n'" in proc.stderr
+    path.write_text("\n".join(path.read_text().splitlines()[:2]) + "\n")
+    proc = topkgen("diff", "HEAD~1", "HEAD", "--shapes", path, cwd=repo)
+    assert proc.returncode == 1 and "dispatch: 1 of 2 shapes change" in proc.stdout, proc.stderr
+    broken = repo / "shapes.json"
+    broken.write_text('[{"arch": "sm_90",}]')
+    proc = topkgen("diff", "HEAD~1", "HEAD", "--shapes", broken, cwd=repo)
+    assert proc.returncode == 2 and "shapes.json:1:" in proc.stderr and "YAML" not in proc.stderr, proc.stderr
+
+
 def test_bad_sides(repo, tmp_path):
     proc = topkgen("diff", "no-such-rev", "HEAD", cwd=repo)
     assert proc.returncode == 2 and "no-such-rev: not a file, directory or git revision" in proc.stderr
