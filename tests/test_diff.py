@@ -373,6 +373,10 @@ def test_a_build_failure_is_trouble_not_a_difference(repo):
     proc = topkgen("diff", "HEAD~1", "HEAD", "--build", "-j", "2", cwd=repo)
     assert proc.returncode == 2 and proc.stdout == ""
     assert "--build: kernel topk_register_ladder_k16_det_f32_sm_90 (sm_90) failed to compile" in proc.stderr
+    # NVRTC's log on lines of its own, as build prints it, not one line of literal \n
+    assert any(line.strip().startswith("#error this template does not compile")
+               or "error directive: this template does not compile" in line for line in proc.stderr.splitlines())
+    assert "\\n" not in proc.stderr
 
 
 # ----------------------------------------------------------------------------- the report

@@ -588,8 +588,9 @@ def _build_diff_sides(differ: Any, sides: list[Any], jobs: int, show_progress: b
     try:
         with console.BuildProgress(total, label="compiling both sides", stream=sys.stderr, lines=False) as progress:
             differ.build_sides(sides, jobs, lambda spec, compiled, s: progress(spec.name, compiled.outcome.origin, s))
-    except nvrtc_compile.CompileError as err:
-        raise InputError(f"--build: {err}") from None
+    except nvrtc_compile.CompileError as err:  # NVRTC's log, line by line as build prints it
+        console.error("\n".join(printable(line) for line in f"--build: {err}".splitlines()))
+        sys.exit(EXIT_INPUT)
     except (OSError, RuntimeError) as err:  # the compile cache, the CUDA headers, NVRTC itself
         raise InputError(f"--build: cannot compile: {err}") from None
 
