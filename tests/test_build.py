@@ -208,3 +208,55 @@ def test_bad_arguments_exit_2(tmp_path):
     proc = run("build", "--arch", "sm_80", "--out", tmp_path / "x", cache=tmp_path, check=False)
     assert proc.returncode == 2 and "--arch sm_80" in proc.stderr
     assert not (tmp_path / "x").exists()
+
+
+def test_the_manifest_names_the_policy_alike_from_any_working_directory(default_bundle, tmp_path):
+    """policy.path is relative to the git work tree that holds the file (else its name),
+    never to the working directory: the same inputs give the same manifest wherever topkgen
+    runs, and shards built in different folders merge."""
+    base, _ = default_bundle
+    repo = tmp_path / "repo"
+    (repo / "policies" / "mine").mkdir(parents=True)
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    policy = repo / "policies" / "mine" / "topk.yaml"
+    policy.write_text(DEFAULT_POLICY.read_text())
+    outside = tmp_path / "elsewhere" / "copy.yaml"
+    outside.parent.mkdir()
+    outside.write_text(DEFAULT_POLICY.read_text())
+    manifests = {}
+    for label, path in (("in a repo", policy), ("outside", outside)):
+        for cwd in (tmp_path, path.parent, Path("/")):
+            out = tmp_path / f"out-{len(manifests)}"
+            subprocess.run([sys.executable, "-m", "topkgen.cli", "build", "--policy", str(path), "--arch", "sm_90",
+                            "--out", str(out)], cwd=cwd, check=True, capture_output=True,
+                           env={**os.environ, "TOPKGEN_CACHE_DIR": str(base / "cache"),
+                                "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})
+            manifests.setdefault(label, set()).add((out / "manifest.json").read_bytes())
+    assert [len(found) for found in manifests.values()] == [1, 1]
+    assert json.loads(next(iter(manifests["in a repo"])))["policy"]["path"] == "policies/mine/topk.yaml"
+    assert json.loads(next(iter(manifests["outside"])))["policy"]["path"] == "copy.yaml"
+
+
+@pytest.mark.parametrize("content,message", [
+    ("{{ no_such_value }}\n", "templates/: cannot render kernel topk_radix_"),
+    ("{% if %}\n", "templates/radix_select.cu.j2:1: Expected an expression"),
+])
+def test_an_installed_template_that_does_not_render_is_an_input_error(tmp_path, monkeypatch, content, message):
+    """A checkout whose templates were edited into an error: build says which file (and
+    line), exit 2, rather than an internal error."""
+    import shutil
+
+    from topkgen import errors, render as rendering
+
+    templates = tmp_path / "templates"
+    shutil.copytree(rendering.template_dir(), templates)
+    (templates / "radix_select.cu.j2").write_text(content)
+    monkeypatch.setattr(rendering, "template_dir", lambda: templates)
+    rendering._environment.cache_clear()
+    try:
+        spec = next(s for s in pol.plan(pol.load(), "sm_90") if s.family == "radix")
+        with pytest.raises(errors.InputError) as err:
+            rendering.render(spec)
+        assert message in str(err.value) and "another version" not in str(err.value)
+    finally:
+        rendering._environment.cache_clear()

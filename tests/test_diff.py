@@ -373,6 +373,10 @@ def test_a_build_failure_is_trouble_not_a_difference(repo):
     proc = topkgen("diff", "HEAD~1", "HEAD", "--build", "-j", "2", cwd=repo)
     assert proc.returncode == 2 and proc.stdout == ""
     assert "--build: kernel topk_register_ladder_k16_det_f32_sm_90 (sm_90) failed to compile" in proc.stderr
+    # NVRTC's log on lines of its own, as build prints it, not one line of literal \n
+    assert any(line.strip().startswith("#error this template does not compile")
+               or "error directive: this template does not compile" in line for line in proc.stderr.splitlines())
+    assert "\\n" not in proc.stderr
 
 
 # ----------------------------------------------------------------------------- the report
@@ -460,6 +464,22 @@ def test_bad_workload_entries(repo, entry, message):
     assert f"bad.json: {message}" in proc.stderr
 
 
+def test_workload_files_name_the_line_take_dtype_spellings_and_json_errors_are_json(repo):
+    path = repo / "shapes.yaml"
+    path.write_text("- {arch: sm_90, dtype: fp32, k: 32, n: 256}\n"
+                    "- {arch: sm_90, dtype: bf16, k: 4, n: 1000, rows: 2}\n"
+                    "- {arch: sm_90, dtype: float32, k: 5}\n")
+    proc = topkgen("diff", "HEAD~1", "HEAD", "--shapes", path, cwd=repo)
+    assert proc.returncode == 2 and "shapes.yaml:3: shape #3: missing 'n'" in proc.stderr
+    path.write_text("\n".join(path.read_text().splitlines()[:2]) + "\n")
+    proc = topkgen("diff", "HEAD~1", "HEAD", "--shapes", path, cwd=repo)
+    assert proc.returncode == 1 and "dispatch: 1 of 2 shapes change" in proc.stdout, proc.stderr
+    broken = repo / "shapes.json"
+    broken.write_text('[{"arch": "sm_90",}]')
+    proc = topkgen("diff", "HEAD~1", "HEAD", "--shapes", broken, cwd=repo)
+    assert proc.returncode == 2 and "shapes.json:1:" in proc.stderr and "YAML" not in proc.stderr, proc.stderr
+
+
 def test_bad_sides(repo, tmp_path):
     proc = topkgen("diff", "no-such-rev", "HEAD", cwd=repo)
     assert proc.returncode == 2 and "no-such-rev: not a file, directory or git revision" in proc.stderr
@@ -483,6 +503,13 @@ def test_bad_sides(repo, tmp_path):
     ("radix_select.cu.j2", b"{{ no_such_value }}\n", "'no_such_value' is undefined; these templates expect values "
                                                       "this topkgen does not provide (written for another version?)"),
     ("radix_select.cu.j2", b'{% include "gone.cuh" %}\n', "HEAD:templates/: no template 'gone.cuh'"),
+    # A branch under review must not run code on the reviewer's machine, nor loop for hours.
+    ("radix_select.cu.j2", b"{{ cycler.__init__.__globals__.os.system('touch PWNED') }}\n",
+     "access to attribute '__init__' of 'type' object is unsafe"),
+    ("radix_select.cu.j2", b"{{ lipsum.__globals__['os'].system('touch PWNED') }}\n",
+     "access to attribute '__globals__' of 'function' object is unsafe"),
+    ("radix_select.cu.j2", b"{% for i in range(100000000) %}{% endfor %}\n",
+     "range() of 100000000 items: templates may loop over at most 4096"),
 ])
 def test_a_revision_whose_templates_do_not_render(repo, name, content, message):
     (repo / "templates" / name).write_bytes(content)
@@ -490,6 +517,7 @@ def test_a_revision_whose_templates_do_not_render(repo, name, content, message):
     proc = topkgen("diff", "HEAD~1", "HEAD", cwd=repo)
     assert proc.returncode == 2 and proc.stdout == ""
     assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert not (repo / "PWNED").exists()
 
 
 def schema_1(manifest: dict) -> dict:

@@ -180,6 +180,16 @@ def test_run_prints_rows_without_o_and_keeps_the_bfloat16_convention(cli, mine, 
     assert lines[1] == f"  row 0: {first} ... 2 more"
     assert len(lines) == 12 and lines[-1] == "  ... 2 more rows; -o OUT.npz saves them all"
 
+    np.save(tmp_path / "cube.npy", x.reshape(3, 4, 300))  # rows labelled by their leading indices
+    shown = cli(*args, tmp_path / "cube.npy")
+    assert shown.exit_code == 0, shown.stderr
+    assert shown.stdout.splitlines()[1].startswith("  row [0, 0]: ")
+    assert shown.stdout.splitlines()[6].startswith("  row [1, 1]: ")
+    np.save(tmp_path / "complex.npy", np.zeros((2, 300), np.complex64))  # what the input cannot be names the file
+    refused = cli(*args, tmp_path / "complex.npy")
+    assert refused.exit_code == 2
+    assert f"{tmp_path / 'complex.npy'}: complex64[2, 300]: x: dtype complex64 is not supported" in refused.stderr
+
 
 def test_run_without_a_gpu_suggests_the_emulator(cli, mine_bundle, tmp_path):
     from topkgen.runtime import gpu_unavailable

@@ -186,6 +186,13 @@ RUN_INPUTS = {
         "{'descr': '<f4', 'fortran_order': False, 'shape': (1, 1099511627776), }", b"\0" * 8)),
         "the header declares shape (1, 1099511627776) of float32 (4398046511104 bytes of data) but the file "
         "holds 8 bytes after the header"),
+    # found by a hostile-user trial: numpy raised from reshape (exit 70) on both
+    "negative_dims": (lambda p: p.write_bytes(_npy_with_header(
+        "{'descr': '<f4', 'fortran_order': False, 'shape': (-4, -300), }", b"\0" * 4800)),
+        "the header declares a negative dimension: shape (-4, -300)"),
+    "empty_but_huge": (lambda p: p.write_bytes(_npy_with_header(
+        "{'descr': '<f4', 'fortran_order': False, 'shape': (0, 4611686018427387904), }")),
+        "the header declares shape (0, 4611686018427387904): a dimension over 2147483647"),
     "structured": (lambda p: np.save(p, np.zeros(4, dtype=[("a", "<f4"), ("b", "<f4")])), "a structured dtype"),
     "objects": (lambda p: p.write_bytes(_npy_with_header("{'descr': '|O', 'fortran_order': False, 'shape': (2,), }",
                                                          b"\0" * 16)), "holds Python objects"),

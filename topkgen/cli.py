@@ -588,8 +588,9 @@ def _build_diff_sides(differ: Any, sides: list[Any], jobs: int, show_progress: b
     try:
         with console.BuildProgress(total, label="compiling both sides", stream=sys.stderr, lines=False) as progress:
             differ.build_sides(sides, jobs, lambda spec, compiled, s: progress(spec.name, compiled.outcome.origin, s))
-    except nvrtc_compile.CompileError as err:
-        raise InputError(f"--build: {err}") from None
+    except nvrtc_compile.CompileError as err:  # NVRTC's log, line by line as build prints it
+        console.error("\n".join(printable(line) for line in f"--build: {err}".splitlines()))
+        sys.exit(EXIT_INPUT)
     except (OSError, RuntimeError) as err:  # the compile cache, the CUDA headers, NVRTC itself
         raise InputError(f"--build: cannot compile: {err}") from None
 
@@ -652,8 +653,11 @@ def run(bundle_dir: str, arch: str | None, backend: str, k: int, smallest: bool,
     x, stored = read_npy_stored(input_path)
     try:
         op = TopK(bundle_dir, arch=arch, backend=backend)
-        name = dtype_name(str(x.dtype), dtype)
-        answer = op.explain(name, k, x.shape[-1], deterministic)
+        try:  # what the input's shape and type allow: the message names the file
+            name = dtype_name(str(x.dtype), dtype)
+            answer = op.explain(name, k, x.shape[-1], deterministic)
+        except TopKError as err:
+            raise InputError(f"{input_path}: {x.dtype}{list(x.shape)}: {err}") from None
         if backend == "cuda":
             values, indices = _run_on_gpu(op, x, k, smallest, deterministic, dtype)
         else:
@@ -704,7 +708,7 @@ def _print_rows(input_path: str, shape: tuple[int, ...], dtype: str, values: Any
     click.echo(f"{input_path}: {'smallest' if smallest else 'largest'} {k} of {rows} row(s) of {shape[-1]} "
                f"{dtype} {by}")
     for row in range(min(rows, ROWS_SHOWN)):
-        label = row if len(shape) <= 2 else list(np.unravel_index(row, shape[:-1]))
+        label = row if len(shape) <= 2 else [int(i) for i in np.unravel_index(row, shape[:-1])]
         items = [f"{v:.6g}[{i}]" for v, i in zip(values[row, :VALUES_SHOWN], indices[row, :VALUES_SHOWN])]
         more = f" ... {k - VALUES_SHOWN} more" if k > VALUES_SHOWN else ""
         click.echo(f"  row {label}: {' '.join(items)}{more}")

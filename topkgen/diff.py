@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from topkgen import reader
+from topkgen import reader, suggest
 from topkgen.errors import InputError
 from topkgen.policy import DispatchError, KernelSpec, Policy, PolicyError, kernels_of_rule, loads, plan, \
     rule_record, select
@@ -268,9 +268,14 @@ MAX_SHAPES_BYTES = 16 << 20
 
 
 def load_shapes(path: str) -> list[Shape]:
-    """A workload file: YAML or JSON, a list of {arch, dtype, k, n, rows?, deterministic?}."""
+    """A workload file: YAML or JSON (read as JSON when named .json, so that its errors are
+    JSON's), a list of {arch, dtype, k, n, rows?, deterministic?}; dtypes may be spelled as
+    on the command line (fp32, bf16, ...)."""
     try:
-        document = reader.read_yaml(path, limit=MAX_SHAPES_BYTES, what="workload file")
+        if path.lower().endswith(".json"):
+            document = reader.Document(reader.read_json(path, limit=MAX_SHAPES_BYTES, what="workload file"))
+        else:
+            document = reader.read_yaml(path, limit=MAX_SHAPES_BYTES, what="workload file")
     except reader.ReadError as err:
         raise DiffInputError(str(err)) from None
     doc = document.value
@@ -278,7 +283,8 @@ def load_shapes(path: str) -> list[Shape]:
         raise DiffInputError(f"{path}: expected a non-empty list of shapes")
     shapes = []
     for i, item in enumerate(doc):
-        where = f"{path}: shape #{i + 1}"
+        line = document.position((i,))[0]
+        where = f"{path}{'' if line is None else f':{line}'}: shape #{i + 1}"
         if not isinstance(item, dict):
             raise DiffInputError(f"{where}: expected a mapping with arch, dtype, k, n")
         unknown = set(item) - {"arch", "dtype", "k", "n", "rows", "deterministic"}
@@ -297,7 +303,7 @@ def load_shapes(path: str) -> list[Shape]:
         rows = item.get("rows")
         if rows is not None and (not isinstance(rows, int) or isinstance(rows, bool) or rows < 1):
             raise DiffInputError(f"{where}: rows: expected a positive integer, got {rows!r}")
-        shapes.append(Shape(item["arch"], item["dtype"], item["k"], item["n"], det, rows))
+        shapes.append(Shape(item["arch"], suggest.dtype(item["dtype"]), item["k"], item["n"], det, rows))
     return shapes
 
 

@@ -16,6 +16,7 @@ import stat
 import numpy as np
 
 from topkgen.errors import InputError
+from topkgen.policy import N_MAX
 from topkgen.reader import printable
 
 MAGIC = b"\x93NUMPY"
@@ -75,6 +76,8 @@ def read_npy_stored(path: str | os.PathLike) -> tuple[np.ndarray, np.dtype]:
         _check_dtype(dtype, fail)
         if shape == ():
             raise fail("a 0-d array (a single value); top-k needs an array with at least one dimension")
+        if any(dim < 0 for dim in shape):
+            raise fail(f"the header declares a negative dimension: shape {tuple(shape)}")
         count = 1
         for dim in shape:
             count *= dim
@@ -83,6 +86,9 @@ def read_npy_stored(path: str | os.PathLike) -> tuple[np.ndarray, np.dtype]:
         if declared != available:
             raise fail(f"the header declares shape {tuple(shape)} of {dtype} ({declared} bytes of data) "
                        f"but the file holds {available} bytes after the header")
+        if max(shape) > N_MAX:  # an empty array may still declare one (numpy cannot even shape it)
+            raise fail(f"the header declares shape {tuple(shape)}: a dimension over {N_MAX} "
+                       f"(rows and row lengths are 32-bit in the kernels)")
         flat = np.empty(count, dtype=dtype)
         if handle.readinto(flat.view(np.uint8)) != declared:
             raise fail("the file changed while it was read")

@@ -271,16 +271,20 @@ class Policy:
 
     @property
     def display_path(self) -> str:
-        """The policy's path as it may appear in shipped output: never absolute."""
+        """The policy's path as it may appear in shipped output: never absolute, and the
+        same from whatever directory topkgen runs (manifests are byte-identical, shards built
+        in different folders merge): relative to the git work tree that holds the file,
+        else the file's name."""
         path = Path(self.path)
         if not path.is_file():  # not a file here (a git revision, a manifest): keep the label
             return self.path
         if self.is_packaged_default:
             return "policies/topk.yaml"
-        try:
-            return path.resolve().relative_to(Path.cwd()).as_posix()
-        except ValueError:
-            return path.name
+        resolved = path.resolve()
+        for folder in resolved.parents:
+            if (folder / ".git").exists():
+                return resolved.relative_to(folder).as_posix()
+        return resolved.name
 
 
 def rule_record(rule: Rule) -> dict[str, Any]:

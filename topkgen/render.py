@@ -11,6 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
+from topkgen.errors import InputError
 from topkgen.policy import FAMILY_TEMPLATES, SHARED_BYTES_PER_BLOCK, KernelSpec, _data_dir
 
 # C types of the kernel parameters, per dtype; the same names go into the manifest.
@@ -21,12 +22,21 @@ def template_dir() -> Path:
     return _data_dir("templates")
 
 
+MAX_TEMPLATE_RANGE = 4096  # range() in a template: our templates unroll at most a few dozen
+
+
 def environment(loader: Any) -> Any:
     """A Jinja environment with the settings every render uses, over any loader: the
-    installed templates, or another revision's (topkgen diff reads them from git)."""
-    import jinja2
+    installed templates, or another revision's (topkgen diff reads them from git).
 
-    return jinja2.Environment(
+    Sandboxed: `topkgen diff` renders the templates of any revision it is given, and a
+    reviewer's machine must not run the Python that a template of a branch under review
+    could reach through attributes (`cycler.__init__.__globals__.os`). The sandbox refuses
+    such access; range() is bounded so that a loop cannot run for hours."""
+    import jinja2
+    from jinja2.sandbox import SandboxedEnvironment
+
+    env = SandboxedEnvironment(
         loader=loader,
         undefined=jinja2.StrictUndefined,
         autoescape=False,
@@ -34,6 +44,16 @@ def environment(loader: Any) -> Any:
         trim_blocks=True,
         lstrip_blocks=True,
     )
+
+    def bounded_range(*args: int) -> range:
+        values = range(*args)
+        if len(values) > MAX_TEMPLATE_RANGE:
+            raise jinja2.sandbox.SecurityError(f"range() of {len(values)} items: templates may loop over at most "
+                                               f"{MAX_TEMPLATE_RANGE}")
+        return values
+
+    env.globals["range"] = bounded_range
+    return env
 
 
 @lru_cache(maxsize=1)
@@ -132,10 +152,40 @@ def template_name(spec: KernelSpec) -> str:
     return template
 
 
+class TemplateError(InputError, ValueError):
+    """An installed template that does not render (an edited checkout); the message names
+    the file and line, or the kernel."""
+
+
+def template_problem(err: Exception, where: str, kernel: str, *, other_version: bool = True) -> str:
+    """What went wrong rendering `kernel` from the templates in `where` ("templates/",
+    "HEAD~1:templates/"), in one line; `other_version`: they may be another revision's."""
+    import jinja2
+
+    if isinstance(err, jinja2.TemplateNotFound):
+        return f"{where}: no template {err.name!r} (kernel {kernel})"
+    if isinstance(err, jinja2.TemplateSyntaxError):
+        return f"{where}{err.name}:{err.lineno}: {err.message}"
+    if isinstance(err, jinja2.UndefinedError) and other_version:
+        # Templates and the render context change together: an older revision's templates
+        # may name values this topkgen no longer provides.
+        return (f"{where}: cannot render kernel {kernel}: {err}; these templates expect values this topkgen "
+                f"does not provide (written for another version?)")
+    return f"{where}: cannot render kernel {kernel}: {err}"
+
+
 def render(spec: KernelSpec, env: Any = None) -> str:
     """The CUDA source of one kernel. The same text goes to NVRTC and to the emulator.
-    `env` (from `environment`) renders from other templates than the installed ones."""
-    return (env or _environment()).get_template(template_name(spec)).render(**context(spec))
+    `env` (from `environment`) renders from other templates than the installed ones; its
+    caller words the errors (topkgen.sources)."""
+    if env is not None:
+        return env.get_template(template_name(spec)).render(**context(spec))
+    import jinja2
+
+    try:
+        return _environment().get_template(template_name(spec)).render(**context(spec))
+    except (jinja2.TemplateError, UnicodeDecodeError) as err:  # a ValueError of context(): a bug, exit 70
+        raise TemplateError(template_problem(err, "templates/", spec.name, other_version=False)) from None
 
 
 def loaded_templates(env: Any, name: str) -> tuple[str, ...]:

@@ -92,17 +92,8 @@ class Templates:
             return renderer.render(spec)
         except SourceError:
             raise
-        except jinja2.TemplateNotFound as err:
-            raise SourceError(f"{self.where}: no template {err.name!r} (kernel {spec.name})") from None
-        except jinja2.TemplateSyntaxError as err:
-            raise SourceError(f"{self.where}{err.name}:{err.lineno}: {err.message}") from None
-        except jinja2.UndefinedError as err:
-            # Templates and the render context change together: an older revision's templates
-            # may name values this topkgen no longer provides.
-            raise SourceError(f"{self.where}: cannot render kernel {spec.name}: {err}; these templates expect "
-                              f"values this topkgen does not provide (written for another version?)") from None
         except (jinja2.TemplateError, ValueError) as err:
-            raise SourceError(f"{self.where}: cannot render kernel {spec.name}: {err}") from None
+            raise SourceError(render.template_problem(err, self.where, spec.name)) from None
 
 
 def directory_templates(path: Path, where: str) -> Templates:
