@@ -92,3 +92,5 @@ def test_unknown_arch_argument(cli):
 def test_explain_rejects_bad_arguments(cli):
     result = cli("explain", "--arch", "sm_90", "--dtype", "float32", "--k", "20", "--n", "10")
     assert result.exit_code == 2 and "--k: must be <= n" in result.stderr
+    result = cli("explain", "--arch", "sm_90,sm_100", "--dtype", "float32", "--k", "20", "--n", "100")
+    assert result.exit_code == 2 and "--arch sm_90,sm_100: takes one arch here (known: sm_90, sm_100)" in result.stderr

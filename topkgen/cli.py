@@ -256,6 +256,8 @@ def _policy_label(policy: pol.Policy) -> str:
 
 
 def _check_arch(policy: pol.Policy, arch: str) -> None:
+    if "," in arch:
+        raise InputError(f"--arch {arch}: takes one arch here (known: {', '.join(policy.archs)})")
     if arch not in policy.archs:
         raise InputError(f"--arch {arch}: not in {_policy_label(policy)} (known: {', '.join(policy.archs)})"
                          f"{suggest.did_you_mean(arch, policy.archs)}")

@@ -241,8 +241,8 @@ def _check_tag(tag: str | None, allowed: tuple[str, ...], fail: Any, mark: Any) 
     kind = tag[len(_CORE_TAG):] if tag.startswith(_CORE_TAG) else None
     if kind not in allowed:
         shown = f"!!{kind or tag[len(_CORE_TAG):]}" if tag.startswith(_CORE_TAG) else tag
-        raise fail(f"tag {printable(shown)} is not allowed here (only the core schema: "
-                   f"{', '.join('!!' + t for t in allowed)})", mark)
+        raise fail(f"tag {printable(shown)} is not allowed: only the YAML core schema's tags are, here "
+                   f"{', '.join('!!' + t for t in allowed)}", mark)
     return kind
 
 
