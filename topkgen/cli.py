@@ -402,9 +402,11 @@ def build(policy_path: str | None, archs: tuple[str, ...], out_dir: str, jobs: i
     from pathlib import Path
 
     from topkgen import bundle, cache, compile as nvrtc_compile, shards
+    from topkgen.destinations import check_bundle_destination
 
     policy = _load_policy(policy_path)
     chosen = _archs(policy, archs)
+    check_bundle_destination(Path(out_dir), force=force, inputs=(Path(policy.path),))  # never its own policy
     try:
         shard = shards.parse(shard_text) if shard_text is not None else None
     except shards.ShardError as err:
