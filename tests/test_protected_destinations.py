@@ -5,15 +5,28 @@ trial wiped each of them with --force; merge wrote over one of its own parts wit
 
 from __future__ import annotations
 
+import shutil
+import subprocess
 from pathlib import Path
 
 import pytest
 
 from topkgen.destinations import DestinationError, check_bundle_destination
 
-from .test_user_files import _one_line_error, _tree, tiny_policy  # noqa: F401 (a fixture)
+from .test_user_files import TOPKGEN, _one_line_error, _tree, tiny_policy  # noqa: F401 (a fixture)
 
 NEVER = "the --out directory is replaced as a whole, --force or not"
+
+
+@pytest.fixture(scope="module")
+def tiny_shards(tmp_path_factory, tiny_policy) -> Path:  # noqa: F811
+    """The tiny policy's two shards, parts/s1 and parts/s2 (read-only: copy before writing)."""
+    parts = tmp_path_factory.mktemp("shards") / "parts"
+    for i in (1, 2):
+        proc = subprocess.run([*TOPKGEN, "build", "--policy", str(tiny_policy), "--shard", f"{i}/2",
+                               "--out", str(parts / f"s{i}")], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+    return parts
 
 
 def _precious(directory: Path) -> dict[str, bytes]:
@@ -21,6 +34,35 @@ def _precious(directory: Path) -> dict[str, bytes]:
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "precious.txt").write_text("mine\n")
     return _tree(directory)
+
+
+# ----------------------------------------------------------------------------- merge
+
+def test_merge_never_writes_over_its_own_parts(cli, tmp_path, tiny_shards, monkeypatch):
+    parts = tmp_path / "parts"
+    shutil.copytree(tiny_shards, parts)
+    before = _tree(parts)
+    monkeypatch.chdir(tmp_path)
+    for out, relation, force in (("parts/s1", "is the input parts/s1", ()),
+                                 ("parts/s1", "is the input parts/s1", ("--force",)),
+                                 ("parts/s1/sub", "lies inside the input parts/s1", ("--force",)),
+                                 ("parts", "holds the input parts/s1", ("--force",))):
+        result = cli("merge", "parts/s1", "parts/s2", "--out", out, *force)
+        _one_line_error(result, f"--out {out}: {relation}; {NEVER}")
+    assert _tree(parts) == before  # s1 was replaced by the merged bundle (exit 0)
+
+
+def test_merge_force_replaces_a_directory_that_is_not_a_bundle(cli, tmp_path, tiny_shards):
+    target = tmp_path / "target"
+    _precious(target)
+    result = cli("merge", tiny_shards / "s1", tiny_shards / "s2", "--out", target)
+    _one_line_error(result, "is not a topkgen bundle (no manifest.json, and it holds precious.txt); "
+                            "pass --force to replace it")
+    assert (target / "precious.txt").exists()
+    result = cli("merge", tiny_shards / "s1", tiny_shards / "s2", "--out", target, "--force")  # was: no such option
+    assert result.exit_code == 0, result.stderr
+    assert sorted(_tree(target)) == ["manifest.json", "sm_90/topk_radix_dyn_k1024_det_f32_sm_90.cubin",
+                                     "sm_90/topk_radix_dyn_k64_det_f32_sm_90.cubin"]
 
 
 # ----------------------------------------------------------------------------- build --force

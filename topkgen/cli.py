@@ -737,8 +737,9 @@ def _run_on_gpu(op: Any, x: Any, k: int, smallest: bool, deterministic: bool, dt
 @main.command(short_help="Join the bundles of build --shard into one.")
 @click.argument("parts", nargs=-1, required=True, type=click.Path(file_okay=False))
 @click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), metavar="DIR",
-              help="The full bundle to write.")
-def merge(parts: tuple[str, ...], out_dir: str) -> None:
+              help="The full bundle to write. Must be new, empty or a bundle (else --force), and not a part.")
+@click.option("--force", is_flag=True, help="Replace --out even when it is a directory that is not a bundle.")
+def merge(parts: tuple[str, ...], out_dir: str, force: bool) -> None:
     """Join the bundles of `build --shard I/N` into the full bundle. Refuses (exit 2) unless
     the parts share policy, generator, toolchain and plan, cover it exactly once, and every
     cubin verifies."""
@@ -747,7 +748,7 @@ def merge(parts: tuple[str, ...], out_dir: str) -> None:
     from topkgen import shards
 
     try:
-        manifest = shards.merge([Path(p) for p in parts], Path(out_dir))
+        manifest = shards.merge([Path(p) for p in parts], Path(out_dir), force=force)
     except shards.ShardError as err:
         raise InputError(str(err)) from None
     counts = {a: sum(1 for k in manifest["kernels"] if k["arch"] == a) for a in manifest["archs"]}
