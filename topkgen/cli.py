@@ -2,18 +2,20 @@
 
 Exit status: 0 success, 1 a failed build or "the sides differ" (diff), 2 usage or input
 errors (for diff, any trouble), 70 an internal error (a bug: one line, and the traceback with
-TOPKGEN_DEBUG=1). Heavy modules (NVRTC, numpy, the emulator) are imported inside the
-commands that need them, so `topkgen plan` stays fast.
+TOPKGEN_DEBUG=1), 130 interrupted (Ctrl-C), 141 the reader of stdout left (`| head`).
+Heavy modules (NVRTC, numpy, the emulator) are imported inside the commands that need them,
+so `topkgen plan` stays fast.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import traceback
 from functools import lru_cache
-from typing import Any
+from typing import Any, Iterator
 
 import click
 from click.shell_completion import CompletionItem
@@ -25,6 +27,8 @@ from topkgen.split import ROWS_MAX
 
 EXIT_INPUT = 2
 EXIT_INTERNAL = 70  # EX_SOFTWARE
+EXIT_INTERRUPTED = 130  # 128 + SIGINT: what a shell reports for a command Ctrl-C ended
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for `cat file | head -1`'s cat
 PLAN_SCHEMA_VERSION = 2  # schemas/plan.schema.json
 SHOW_SCHEMA_VERSION = 2  # schemas/show.schema.json
 # `topkgen --help` lists the commands in the order of a first session, then the rest.
@@ -45,6 +49,8 @@ Exit status:
   1   a build failed; for diff: the two sides differ
   2   bad usage or input (one line naming the file, key or argument)
   70  an internal error: a bug in topkgen (TOPKGEN_DEBUG=1 shows where)
+  130 interrupted (Ctrl-C)
+  141 the output's reader left early (topkgen plan | head -1)
 
 \b
 Environment:
@@ -88,22 +94,24 @@ class _Group(click.Group):
 class _Main(_Group):
     """Every command runs inside one handler, so no traceback reaches a user: input errors
     (topkgen.errors.InputError) exit 2 with one line; anything else is a bug in topkgen and
-    exits 70 with one line (and the traceback when TOPKGEN_DEBUG=1)."""
+    exits 70 with one line (and the traceback when TOPKGEN_DEBUG=1). Ctrl-C and a reader
+    that left are neither (see `_interruptions`)."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return [n for n in WORKFLOW if n in self.commands] + sorted(set(self.commands) - set(WORKFLOW))
 
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        with _interruptions():  # --version and --color run here, before invoke
+            return super().make_context(*args, **kwargs)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
-        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort,
-                SystemExit, KeyboardInterrupt):
+            with _interruptions():
+                return super().invoke(ctx)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort, SystemExit):
             raise
         except errors.InputError as err:
             raise InputError(str(err)) from None
-        except BrokenPipeError:  # `topkgen plan | head`: the reader left, nothing to report
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            ctx.exit(1)
         except Exception as err:  # noqa: BLE001 - the one place that catches everything
             if os.environ.get("TOPKGEN_DEBUG", "") not in ("", "0"):
                 traceback.print_exc()
@@ -111,6 +119,25 @@ class _Main(_Group):
             console.echo(f"{click.style('topkgen: internal error:', fg='red', bold=True)} {detail[:500]}; "
                          f"set TOPKGEN_DEBUG=1 for the traceback", err=True)
             ctx.exit(EXIT_INTERNAL)
+
+
+@contextlib.contextmanager
+def _interruptions() -> Iterator[None]:
+    """Ctrl-C and a closed stdout end a command with statuses of their own, never 1 (click's
+    "Aborted!" and its broken-pipe exit were 1, which for diff reads as "the sides differ").
+    Ctrl-C: one line on stderr, exit 130. A reader of stdout that left (`topkgen plan |
+    head -1`): nothing printed, exit 141, the status a shell reports for any program SIGPIPE
+    ends (cat, diff(1)); not 0, since the output was not all delivered and for diff 0 means
+    "the same". stdout is pointed at /dev/null so that the interpreter's last flush cannot
+    complain either."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        console.echo(f"{chr(10) if console._isatty(sys.stderr) else ''}topkgen: interrupted", err=True)
+        raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise click.exceptions.Exit(EXIT_BROKEN_PIPE) from None
 
 
 def version_text() -> str:
@@ -597,13 +624,10 @@ def _build_diff_sides(differ: Any, sides: list[Any], jobs: int, show_progress: b
 
 
 def _write_stdout(text: str, *, color: bool) -> None:
-    """A reader that closes the pipe early (`| head`) is not an error of ours."""
-    try:
-        click.echo(text, nl=False, color=color)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+    """The report, flushed here: a reader that left early (`| head`) ends diff with 141, as
+    any command (`_interruptions`), not with the sides' 0 or 1, since it was not all read."""
+    click.echo(text, nl=False, color=color)
+    sys.stdout.flush()
 
 
 # ----------------------------------------------------------------------------- run
