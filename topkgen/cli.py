@@ -244,6 +244,27 @@ class DtypeType(click.ParamType):
         return [CompletionItem(d) for d in self.choices if d.startswith(incomplete)]
 
 
+class PathArg(click.Path):
+    """A path argument that may not be empty: the OS reads "" as the current directory, so
+    `--out ""` was refused as `--out .` and `--policy ""` as a directory, naming neither."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value == "":
+            self.fail("must not be empty", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+class TextArg(click.ParamType):
+    """A word that may not be empty: diff's OLD and NEW (a path or a git revision)."""
+
+    name = "text"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value == "":
+            self.fail("must not be empty", param, ctx)
+        return value
+
+
 class _ArchHelpOption(click.Option):
     """An --arch option whose help lists the packaged default policy's archs, read only
     when the help is shown (so no command pays for it)."""
@@ -258,7 +279,7 @@ def _flatten(_ctx: click.Context, _param: click.Parameter, value: tuple[tuple[st
     return tuple(arch for group in value for arch in group)
 
 
-POLICY_OPTION = click.option("--policy", "policy_path", type=click.Path(dir_okay=False), metavar="FILE",
+POLICY_OPTION = click.option("--policy", "policy_path", type=PathArg(dir_okay=False), metavar="FILE",
                              help="Policy YAML (default: the packaged default policy). README: 'Writing a policy'.")
 ARCH_OPTION = click.option("--arch", "archs", cls=_ArchHelpOption, type=ArchType(many=True), multiple=True,
                            callback=_flatten, metavar="ARCH",
@@ -413,7 +434,7 @@ The compile cache is TOPKGEN_CACHE_DIR (local), then TOPKGEN_CACHE_URL (any fssp
 by CI jobs; TOPKGEN_CACHE_READONLY=1 reads it without writing).""")
 @POLICY_OPTION
 @ARCH_OPTION
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out", show_default=True, metavar="DIR",
+@click.option("--out", "out_dir", type=PathArg(file_okay=False), default="out", show_default=True, metavar="DIR",
               help="Bundle directory: <arch>/<kernel>.cubin and manifest.json. Must be new, empty or a bundle "
                    "(else --force); checked before compiling.")
 @click.option("-j", "--jobs", type=click.IntRange(1, 256), default=console.available_cpus,
@@ -479,7 +500,7 @@ def _cache_warnings(stats: Any) -> None:
 # ----------------------------------------------------------------------------- show
 
 @main.command(short_help="List what a bundle holds.")
-@click.argument("bundle_dir", metavar="BUNDLE", type=click.Path(file_okay=False))
+@click.argument("bundle_dir", metavar="BUNDLE", type=PathArg(file_okay=False))
 @click.option("--arch", "archs", type=ArchType(many=True), multiple=True, callback=_flatten, metavar="ARCH",
               help="Architecture(s) to show; repeat or comma-separate them. Default: all in the bundle.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
@@ -559,11 +580,12 @@ Examples:
   topkgen diff HEAD~1                      the last commit against the working tree
   topkgen diff main HEAD --build --stat    with registers, spills and cubin sizes
   topkgen diff old/ new/ --format markdown a pull-request comment""")
-@click.argument("old")
-@click.argument("new", required=False)
-@click.option("--policy", "policy_in_repo", default="policies/topk.yaml", show_default=True, metavar="PATH",
+@click.argument("old", type=TextArg())
+@click.argument("new", type=TextArg(), required=False)
+@click.option("--policy", "policy_in_repo", type=TextArg(), default="policies/topk.yaml", show_default=True,
+              metavar="PATH",
               help="The policy file inside a git revision or the working tree, from the repository's top.")
-@click.option("--shapes", "shapes_file", type=click.Path(dir_okay=False), metavar="FILE",
+@click.option("--shapes", "shapes_file", type=PathArg(dir_okay=False), metavar="FILE",
               help="Workload file (YAML or JSON): a list of {arch, dtype, k, n, deterministic?}.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text", show_default=True,
               help="json: schemas/diff.schema.json; markdown: under 60,000 characters, for a pull-request comment.")
@@ -645,7 +667,7 @@ Examples:
 The emulator backend runs the same kernels on the CPU, without a GPU. bfloat16 input is
 read as numpy saves ml_dtypes.bfloat16 (2-byte records), or as raw uint16 bits (--dtype says
 which 16-bit type those hold); the values are saved the same way.""")
-@click.option("--bundle", "bundle_dir", required=True, type=click.Path(file_okay=False), metavar="DIR",
+@click.option("--bundle", "bundle_dir", required=True, type=PathArg(file_okay=False), metavar="DIR",
               help="Bundle directory (from topkgen build).")
 @click.option("--arch", type=ArchType(), default=None, metavar="ARCH",
               help="Target arch, one of the bundle's policy (default: the GPU's; required for the emulator).")
@@ -656,8 +678,8 @@ which 16-bit type those hold); the values are saved the same way.""")
 @click.option("--deterministic", is_flag=True, help="Ties by lower index, bit-exact run to run.")
 @click.option("--dtype", type=DtypeType(("bfloat16", "float16")), default=None,
               help="What raw uint16 input holds: bfloat16 (default) or float16 (bf16, fp16 too).")
-@click.argument("input_path", metavar="IN.npy", type=click.Path(dir_okay=False))
-@click.option("-o", "--output", "output_path", default=None, type=click.Path(dir_okay=False), metavar="OUT.npz",
+@click.argument("input_path", metavar="IN.npy", type=PathArg(dir_okay=False))
+@click.option("-o", "--output", "output_path", default=None, type=PathArg(dir_okay=False), metavar="OUT.npz",
               help="Save arrays 'values' and 'indices' here. Without it, each row's top-k is printed.")
 @click.option("--force", is_flag=True, help="Replace -o even when it is not the output of an earlier run.")
 def run(bundle_dir: str, arch: str | None, backend: str, k: int, smallest: bool, deterministic: bool,
@@ -759,8 +781,8 @@ def _run_on_gpu(op: Any, x: Any, k: int, smallest: bool, deterministic: bool, dt
 # ----------------------------------------------------------------------------- merge, cache
 
 @main.command(short_help="Join the bundles of build --shard into one.")
-@click.argument("parts", nargs=-1, required=True, type=click.Path(file_okay=False))
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), metavar="DIR",
+@click.argument("parts", nargs=-1, required=True, type=PathArg(file_okay=False))
+@click.option("--out", "out_dir", required=True, type=PathArg(file_okay=False), metavar="DIR",
               help="The full bundle to write. Must be new, empty or a bundle (else --force), and not a part.")
 @click.option("--force", is_flag=True, help="Replace --out even when it is a directory that is not a bundle.")
 def merge(parts: tuple[str, ...], out_dir: str, force: bool) -> None:
@@ -786,7 +808,7 @@ def cache_group() -> None:
 
 
 @cache_group.command("import", short_help="Fill the compile cache from a bundle.")
-@click.argument("bundle_dir", metavar="BUNDLE", type=click.Path(file_okay=False))
+@click.argument("bundle_dir", metavar="BUNDLE", type=PathArg(file_okay=False))
 def cache_import(bundle_dir: str) -> None:
     """Fill the compile cache from a bundle (a release, a base revision's build), so that
     builds of the same kernels compile nothing."""
