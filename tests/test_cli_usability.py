@@ -196,3 +196,34 @@ def test_jobs_default_to_the_cpus_the_process_may_use():
 def test_times_and_sizes_read_as_people_write_them(seconds, text):
     assert console.seconds(seconds) == text
     assert [console.size(n) for n in (512, 36 * 1024, 2_000_000)] == ["512 B", "36.0 KiB", "1.9 MiB"]
+
+
+# ----------------------------------------------------------------------------- empty arguments
+
+EMPTY_ARGUMENTS = [
+    (["build", "--out", ""], "--out"),
+    (["plan", "--policy", ""], "--policy"),
+    (["diff", "", "x"], "OLD"),
+    (["diff", "HEAD", ""], "[NEW]"),
+    (["diff", "--policy", "", "HEAD"], "--policy"),
+    (["diff", "a", "b", "--shapes", ""], "--shapes"),
+    (["show", ""], "BUNDLE"),
+    (["run", "--bundle", "", "--k", "1", "x.npy"], "--bundle"),
+    (["run", "--bundle", "b", "--k", "1", ""], "IN.npy"),
+    (["run", "--bundle", "b", "--k", "1", "x.npy", "-o", ""], "-o' / '--output"),
+    (["merge", "a", "", "--out", "m"], "PARTS..."),
+    (["merge", "a", "--out", ""], "--out"),
+    (["cache", "import", ""], "BUNDLE"),
+]
+
+
+@pytest.mark.parametrize("args, name", EMPTY_ARGUMENTS,
+                         ids=[" ".join(a or '""' for a in args) for args, _ in EMPTY_ARGUMENTS])
+def test_an_empty_path_is_refused_by_name(cli, tmp_path, monkeypatch, args, name):
+    """"" is the current directory to the OS: `--out ""` was refused as `--out .`,
+    `--policy ""` as "., a directory", `diff "" x` as manifest.json."""
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner(mix_stderr=False).invoke(cli_module.main, args)
+    assert result.exit_code == 2, (result.exit_code, result.stderr)
+    assert result.stderr.endswith(f"Error: Invalid value for '{name}': must not be empty\n"), result.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -2,18 +2,20 @@
 
 Exit status: 0 success, 1 a failed build or "the sides differ" (diff), 2 usage or input
 errors (for diff, any trouble), 70 an internal error (a bug: one line, and the traceback with
-TOPKGEN_DEBUG=1). Heavy modules (NVRTC, numpy, the emulator) are imported inside the
-commands that need them, so `topkgen plan` stays fast.
+TOPKGEN_DEBUG=1), 130 interrupted (Ctrl-C), 141 the reader of stdout left (`| head`).
+Heavy modules (NVRTC, numpy, the emulator) are imported inside the commands that need them,
+so `topkgen plan` stays fast.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import traceback
 from functools import lru_cache
-from typing import Any
+from typing import Any, Iterator
 
 import click
 from click.shell_completion import CompletionItem
@@ -25,6 +27,8 @@ from topkgen.split import ROWS_MAX
 
 EXIT_INPUT = 2
 EXIT_INTERNAL = 70  # EX_SOFTWARE
+EXIT_INTERRUPTED = 130  # 128 + SIGINT: what a shell reports for a command Ctrl-C ended
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for `cat file | head -1`'s cat
 PLAN_SCHEMA_VERSION = 2  # schemas/plan.schema.json
 SHOW_SCHEMA_VERSION = 2  # schemas/show.schema.json
 # `topkgen --help` lists the commands in the order of a first session, then the rest.
@@ -45,6 +49,8 @@ Exit status:
   1   a build failed; for diff: the two sides differ
   2   bad usage or input (one line naming the file, key or argument)
   70  an internal error: a bug in topkgen (TOPKGEN_DEBUG=1 shows where)
+  130 interrupted (Ctrl-C)
+  141 the output's reader left early (topkgen plan | head -1)
 
 \b
 Environment:
@@ -88,22 +94,24 @@ class _Group(click.Group):
 class _Main(_Group):
     """Every command runs inside one handler, so no traceback reaches a user: input errors
     (topkgen.errors.InputError) exit 2 with one line; anything else is a bug in topkgen and
-    exits 70 with one line (and the traceback when TOPKGEN_DEBUG=1)."""
+    exits 70 with one line (and the traceback when TOPKGEN_DEBUG=1). Ctrl-C and a reader
+    that left are neither (see `_interruptions`)."""
 
     def list_commands(self, ctx: click.Context) -> list[str]:
         return [n for n in WORKFLOW if n in self.commands] + sorted(set(self.commands) - set(WORKFLOW))
 
+    def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
+        with _interruptions():  # --version and --color run here, before invoke
+            return super().make_context(*args, **kwargs)
+
     def invoke(self, ctx: click.Context) -> Any:
         try:
-            return super().invoke(ctx)
-        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort,
-                SystemExit, KeyboardInterrupt):
+            with _interruptions():
+                return super().invoke(ctx)
+        except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort, SystemExit):
             raise
         except errors.InputError as err:
             raise InputError(str(err)) from None
-        except BrokenPipeError:  # `topkgen plan | head`: the reader left, nothing to report
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            ctx.exit(1)
         except Exception as err:  # noqa: BLE001 - the one place that catches everything
             if os.environ.get("TOPKGEN_DEBUG", "") not in ("", "0"):
                 traceback.print_exc()
@@ -111,6 +119,25 @@ class _Main(_Group):
             console.echo(f"{click.style('topkgen: internal error:', fg='red', bold=True)} {detail[:500]}; "
                          f"set TOPKGEN_DEBUG=1 for the traceback", err=True)
             ctx.exit(EXIT_INTERNAL)
+
+
+@contextlib.contextmanager
+def _interruptions() -> Iterator[None]:
+    """Ctrl-C and a closed stdout end a command with statuses of their own, never 1 (click's
+    "Aborted!" and its broken-pipe exit were 1, which for diff reads as "the sides differ").
+    Ctrl-C: one line on stderr, exit 130. A reader of stdout that left (`topkgen plan |
+    head -1`): nothing printed, exit 141, the status a shell reports for any program SIGPIPE
+    ends (cat, diff(1)); not 0, since the output was not all delivered and for diff 0 means
+    "the same". stdout is pointed at /dev/null so that the interpreter's last flush cannot
+    complain either."""
+    try:
+        yield
+    except KeyboardInterrupt:
+        console.echo(f"{chr(10) if console._isatty(sys.stderr) else ''}topkgen: interrupted", err=True)
+        raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise click.exceptions.Exit(EXIT_BROKEN_PIPE) from None
 
 
 def version_text() -> str:
@@ -217,6 +244,27 @@ class DtypeType(click.ParamType):
         return [CompletionItem(d) for d in self.choices if d.startswith(incomplete)]
 
 
+class PathArg(click.Path):
+    """A path argument that may not be empty: the OS reads "" as the current directory, so
+    `--out ""` was refused as `--out .` and `--policy ""` as a directory, naming neither."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value == "":
+            self.fail("must not be empty", param, ctx)
+        return super().convert(value, param, ctx)
+
+
+class TextArg(click.ParamType):
+    """A word that may not be empty: diff's OLD and NEW (a path or a git revision)."""
+
+    name = "text"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value == "":
+            self.fail("must not be empty", param, ctx)
+        return value
+
+
 class _ArchHelpOption(click.Option):
     """An --arch option whose help lists the packaged default policy's archs, read only
     when the help is shown (so no command pays for it)."""
@@ -231,7 +279,7 @@ def _flatten(_ctx: click.Context, _param: click.Parameter, value: tuple[tuple[st
     return tuple(arch for group in value for arch in group)
 
 
-POLICY_OPTION = click.option("--policy", "policy_path", type=click.Path(dir_okay=False), metavar="FILE",
+POLICY_OPTION = click.option("--policy", "policy_path", type=PathArg(dir_okay=False), metavar="FILE",
                              help="Policy YAML (default: the packaged default policy). README: 'Writing a policy'.")
 ARCH_OPTION = click.option("--arch", "archs", cls=_ArchHelpOption, type=ArchType(many=True), multiple=True,
                            callback=_flatten, metavar="ARCH",
@@ -388,7 +436,7 @@ The compile cache is TOPKGEN_CACHE_DIR (local), then TOPKGEN_CACHE_URL (any fssp
 by CI jobs; TOPKGEN_CACHE_READONLY=1 reads it without writing).""")
 @POLICY_OPTION
 @ARCH_OPTION
-@click.option("--out", "out_dir", type=click.Path(file_okay=False), default="out", show_default=True, metavar="DIR",
+@click.option("--out", "out_dir", type=PathArg(file_okay=False), default="out", show_default=True, metavar="DIR",
               help="Bundle directory: <arch>/<kernel>.cubin and manifest.json. Must be new, empty or a bundle "
                    "(else --force); checked before compiling.")
 @click.option("-j", "--jobs", type=click.IntRange(1, 256), default=console.available_cpus,
@@ -404,9 +452,11 @@ def build(policy_path: str | None, archs: tuple[str, ...], out_dir: str, jobs: i
     from pathlib import Path
 
     from topkgen import bundle, cache, compile as nvrtc_compile, shards
+    from topkgen.destinations import check_bundle_destination
 
     policy = _load_policy(policy_path)
     chosen = _archs(policy, archs)
+    check_bundle_destination(Path(out_dir), force=force, inputs=(Path(policy.path),))  # never its own policy
     try:
         shard = shards.parse(shard_text) if shard_text is not None else None
     except shards.ShardError as err:
@@ -452,7 +502,7 @@ def _cache_warnings(stats: Any) -> None:
 # ----------------------------------------------------------------------------- show
 
 @main.command(short_help="List what a bundle holds.")
-@click.argument("bundle_dir", metavar="BUNDLE", type=click.Path(file_okay=False))
+@click.argument("bundle_dir", metavar="BUNDLE", type=PathArg(file_okay=False))
 @click.option("--arch", "archs", type=ArchType(many=True), multiple=True, callback=_flatten, metavar="ARCH",
               help="Architecture(s) to show; repeat or comma-separate them. Default: all in the bundle.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
@@ -532,11 +582,12 @@ Examples:
   topkgen diff HEAD~1                      the last commit against the working tree
   topkgen diff main HEAD --build --stat    with registers, spills and cubin sizes
   topkgen diff old/ new/ --format markdown a pull-request comment""")
-@click.argument("old")
-@click.argument("new", required=False)
-@click.option("--policy", "policy_in_repo", default="policies/topk.yaml", show_default=True, metavar="PATH",
+@click.argument("old", type=TextArg())
+@click.argument("new", type=TextArg(), required=False)
+@click.option("--policy", "policy_in_repo", type=TextArg(), default="policies/topk.yaml", show_default=True,
+              metavar="PATH",
               help="The policy file inside a git revision or the working tree, from the repository's top.")
-@click.option("--shapes", "shapes_file", type=click.Path(dir_okay=False), metavar="FILE",
+@click.option("--shapes", "shapes_file", type=PathArg(dir_okay=False), metavar="FILE",
               help="Workload file (YAML or JSON): a list of {arch, dtype, k, n, deterministic?}.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text", show_default=True,
               help="json: schemas/diff.schema.json; markdown: under 60,000 characters, for a pull-request comment.")
@@ -598,13 +649,10 @@ def _build_diff_sides(differ: Any, sides: list[Any], jobs: int, show_progress: b
 
 
 def _write_stdout(text: str, *, color: bool) -> None:
-    """A reader that closes the pipe early (`| head`) is not an error of ours."""
-    try:
-        click.echo(text, nl=False, color=color)
-        sys.stdout.flush()
-    except BrokenPipeError:
-        devnull = os.open(os.devnull, os.O_WRONLY)
-        os.dup2(devnull, sys.stdout.fileno())
+    """The report, flushed here: a reader that left early (`| head`) ends diff with 141, as
+    any command (`_interruptions`), not with the sides' 0 or 1, since it was not all read."""
+    click.echo(text, nl=False, color=color)
+    sys.stdout.flush()
 
 
 # ----------------------------------------------------------------------------- run
@@ -622,7 +670,7 @@ Examples:
 The emulator backend runs the same kernels on the CPU, without a GPU. bfloat16 input is
 read as numpy saves ml_dtypes.bfloat16 (2-byte records), or as raw uint16 bits (--dtype says
 which 16-bit type those hold); the values are saved the same way.""")
-@click.option("--bundle", "bundle_dir", required=True, type=click.Path(file_okay=False), metavar="DIR",
+@click.option("--bundle", "bundle_dir", required=True, type=PathArg(file_okay=False), metavar="DIR",
               help="Bundle directory (from topkgen build).")
 @click.option("--arch", type=ArchType(), default=None, metavar="ARCH",
               help="Target arch, one of the bundle's policy (default: the GPU's; required for the emulator).")
@@ -633,8 +681,8 @@ which 16-bit type those hold); the values are saved the same way.""")
 @click.option("--deterministic", is_flag=True, help="Ties by lower index, bit-exact run to run.")
 @click.option("--dtype", type=DtypeType(("bfloat16", "float16")), default=None,
               help="What raw uint16 input holds: bfloat16 (default) or float16 (bf16, fp16 too).")
-@click.argument("input_path", metavar="IN.npy", type=click.Path(dir_okay=False))
-@click.option("-o", "--output", "output_path", default=None, type=click.Path(dir_okay=False), metavar="OUT.npz",
+@click.argument("input_path", metavar="IN.npy", type=PathArg(dir_okay=False))
+@click.option("-o", "--output", "output_path", default=None, type=PathArg(dir_okay=False), metavar="OUT.npz",
               help="Save arrays 'values' and 'indices' here. Without it, each row's top-k is printed.")
 @click.option("--force", is_flag=True, help="Replace -o even when it is not the output of an earlier run.")
 def run(bundle_dir: str, arch: str | None, backend: str, k: int, smallest: bool, deterministic: bool,
@@ -739,10 +787,11 @@ def _run_on_gpu(op: Any, x: Any, k: int, smallest: bool, deterministic: bool, dt
 # ----------------------------------------------------------------------------- merge, cache
 
 @main.command(short_help="Join the bundles of build --shard into one.")
-@click.argument("parts", nargs=-1, required=True, type=click.Path(file_okay=False))
-@click.option("--out", "out_dir", required=True, type=click.Path(file_okay=False), metavar="DIR",
-              help="The full bundle to write.")
-def merge(parts: tuple[str, ...], out_dir: str) -> None:
+@click.argument("parts", nargs=-1, required=True, type=PathArg(file_okay=False))
+@click.option("--out", "out_dir", required=True, type=PathArg(file_okay=False), metavar="DIR",
+              help="The full bundle to write. Must be new, empty or a bundle (else --force), and not a part.")
+@click.option("--force", is_flag=True, help="Replace --out even when it is a directory that is not a bundle.")
+def merge(parts: tuple[str, ...], out_dir: str, force: bool) -> None:
     """Join the bundles of `build --shard I/N` into the full bundle. Refuses (exit 2) unless
     the parts share policy, generator, toolchain and plan, cover it exactly once, and every
     cubin verifies."""
@@ -751,7 +800,7 @@ def merge(parts: tuple[str, ...], out_dir: str) -> None:
     from topkgen import shards
 
     try:
-        manifest = shards.merge([Path(p) for p in parts], Path(out_dir))
+        manifest = shards.merge([Path(p) for p in parts], Path(out_dir), force=force)
     except shards.ShardError as err:
         raise InputError(str(err)) from None
     counts = {a: sum(1 for k in manifest["kernels"] if k["arch"] == a) for a in manifest["archs"]}
@@ -765,7 +814,7 @@ def cache_group() -> None:
 
 
 @cache_group.command("import", short_help="Fill the compile cache from a bundle.")
-@click.argument("bundle_dir", metavar="BUNDLE", type=click.Path(file_okay=False))
+@click.argument("bundle_dir", metavar="BUNDLE", type=PathArg(file_okay=False))
 def cache_import(bundle_dir: str) -> None:
     """Fill the compile cache from a bundle (a release, a base revision's build), so that
     builds of the same kernels compile nothing."""

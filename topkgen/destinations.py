@@ -2,8 +2,12 @@
 is compiled or run only to fail at the end, and nothing of the user's is replaced unless
 they asked for it.
 
-`topkgen build --out DIR` replaces DIR only when DIR is missing, empty or a topkgen bundle
-(or with --force); never the current directory or one of its parents. `topkgen run -o FILE`
+`topkgen build --out DIR` (and `merge --out DIR`) replaces DIR only when DIR is missing, empty
+or a topkgen bundle (or with --force). Some directories are never replaced, --force or not,
+because losing them cannot be what the user meant (`protected`): the current directory and
+its parents, a file system's root, the home directory, a git repository, the compile cache
+and the command's own inputs; nor does --force reach a top-level directory of the file
+system or a tree holding a git repository (`_forced_too_far`). `topkgen run -o FILE`
 replaces FILE only when it is the output of an earlier run (or with --force). Locks live in
 the cache directory, keyed by the destination, so nothing is left beside it.
 """
@@ -18,7 +22,7 @@ import re
 import tempfile
 import zipfile
 from pathlib import Path
-from typing import Iterator
+from typing import Iterable, Iterator
 
 from topkgen.errors import InputError
 from topkgen.paths import cache_root
@@ -36,30 +40,89 @@ def _show(path: Path) -> str:
     return printable(os.fspath(path))
 
 
-def check_bundle_destination(out: Path, *, force: bool = False) -> None:
-    """Refuse a bundle destination that would lose the user's files or cannot be written."""
+def check_bundle_destination(out: Path, *, force: bool = False, inputs: Iterable[Path] = ()) -> None:
+    """Refuse a bundle destination that would lose the user's files or cannot be written.
+    `inputs` are the files and directories the command reads (its policy, merge's parts):
+    the destination may not be, hold or lie inside any of them, even with `force`."""
     try:
-        _check_bundle_destination(Path(out), force)
+        _check_bundle_destination(Path(out), force, tuple(Path(i) for i in inputs))
     except OSError as err:  # a directory on the way that cannot be read
         raise DestinationError(f"--out {_show(Path(out))}: {err.strerror} ({_show(Path(err.filename or out))})") from None
 
 
-def _check_bundle_destination(out: Path, force: bool) -> None:
+def _check_bundle_destination(out: Path, force: bool, inputs: tuple[Path, ...]) -> None:
     if out.is_symlink():
         raise DestinationError(f"--out {_show(out)}: is a symbolic link; name the directory itself")
-    resolved = out.resolve()
-    cwd = Path.cwd().resolve()
-    if resolved == cwd or resolved in cwd.parents:
-        raise DestinationError(f"--out {_show(out)}: is the current directory or one of its parents; "
-                               f"a build replaces its --out directory, so name a new or bundle directory")
+    reason = protected(out, inputs)
+    if reason is not None:
+        raise DestinationError(f"--out {_show(out)}: {reason}; the --out directory is replaced as a whole, "
+                               f"--force or not, so name a new directory or an earlier bundle")
     if out.exists() or os.path.lexists(out):
         if not out.is_dir():
             raise DestinationError(f"--out {_show(out)}: exists and is not a directory")
-        problem = None if force else foreign_content(out)
-        if problem is not None:
+        problem = foreign_content(out)
+        if problem is not None and not force:
             raise DestinationError(f"--out {_show(out)}: exists, is not empty and is not a topkgen bundle "
                                    f"({problem}); pass --force to replace it, or choose another directory")
-    _check_writable(resolved.parent, f"--out {_show(out)}")
+        reason = _forced_too_far(out) if problem is not None else None
+        if reason is not None:
+            raise DestinationError(f"--out {_show(out)}: {reason}; --force replaces the whole directory, "
+                                   f"so name a new directory or an earlier bundle")
+    _check_writable(out.resolve().parent, f"--out {_show(out)}")
+
+
+def protected(out: Path, inputs: tuple[Path, ...] = ()) -> str | None:
+    """Why `out` must never be replaced, even with --force (None when it may be): a build
+    swaps the whole directory for the bundle, and for these that loses what the user cannot
+    have meant to give up: the current directory or a parent (where the user works), a file
+    system's root or the home directory (everything), a git repository (its history), the
+    compile cache (the build's own store) or the command's inputs (what it reads)."""
+    resolved = out.resolve()
+    cwd = Path.cwd().resolve()
+    if resolved == cwd or resolved in cwd.parents:
+        return "is the current directory or one of its parents"
+    if resolved == Path(resolved.anchor) or os.path.ismount(resolved):
+        return "is the root of a file system"
+    with contextlib.suppress(RuntimeError, KeyError):  # no HOME and no passwd entry: nothing to protect
+        home = Path.home().resolve()
+        if resolved == home or resolved in home.parents:
+            return f"{'is' if resolved == home else 'holds'} the home directory {_show(home)}"
+    for source in inputs:
+        relation = _relation(resolved, source.resolve())
+        if relation:
+            return f"{relation} the input {_show(source)}"
+    relation = _relation(resolved, cache_root().resolve())
+    if relation:
+        return f"{relation} the compile cache {_show(cache_root())} (TOPKGEN_CACHE_DIR)"
+    if os.path.lexists(resolved / ".git"):
+        return "is a git repository (it holds .git)"
+    return None
+
+
+def _relation(out: Path, other: Path) -> str | None:
+    """How the directory `out` stands to the path `other`: 'is', 'holds', 'lies inside', or None."""
+    if out == other:
+        return "is"
+    if out in other.parents:
+        return "holds"
+    if other in out.parents:
+        return "lies inside"
+    return None
+
+
+def _forced_too_far(out: Path) -> str | None:
+    """Why --force must not replace `out`, a directory with files that are not a bundle's
+    (None when it may): a top-level directory of the file system (/usr, /home, /etc: the
+    system's, or other users'; an empty one, or a bundle, such as a container's /out, is
+    still fine), or one that holds a git repository (history that exists nowhere else)."""
+    resolved = out.resolve()
+    if resolved.parent == Path(resolved.anchor):
+        return "is a top-level directory of the file system"
+    for top, dirs, files in os.walk(out):
+        if ".git" in dirs or ".git" in files:  # a submodule or worktree has a .git file
+            return f"holds a git repository ({_show(Path(top).relative_to(out) / '.git')})"
+        dirs.sort()
+    return None
 
 
 def foreign_content(out: Path) -> str | None:

@@ -51,13 +51,15 @@ def shard_record(specs: list[KernelSpec], archs: list[str], index: int, count: i
 SHARED_FIELDS = ("generator", "toolchain", "policy", "archs", "jit_only", "nvrtc_version")
 
 
-def merge(parts: list[Path], out: Path) -> dict:
-    """Validate the parts and write the full bundle to `out`; returns its manifest."""
+def merge(parts: list[Path], out: Path, *, force: bool = False) -> dict:
+    """Validate the parts and write the full bundle to `out`; returns its manifest. `force`
+    lets it replace a directory that is not a bundle, as for build; never one of the parts."""
     from topkgen.compile import cache_key
     from topkgen.destinations import check_bundle_destination
     from topkgen.render import render
 
-    check_bundle_destination(out)  # before any work: never replace a directory of the user's
+    # Before any work: never replace a directory of the user's, nor a part being read.
+    check_bundle_destination(out, force=force, inputs=parts)
     loaded = []
     for part in parts:
         try:
@@ -134,7 +136,7 @@ def merge(parts: list[Path], out: Path) -> dict:
 
     manifest, jit_files = bundle.manifest_document(policy, first["policy"], archs, [entries[s.name] for s in specs],
                                                    first["toolchain"])
-    bundle.write_bundle(out, manifest, cubins | jit_files)
+    bundle.write_bundle(out, manifest, cubins | jit_files, force=force)
     return manifest
 
 

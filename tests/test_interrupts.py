@@ -1,0 +1,103 @@
+"""Ctrl-C and a closed stdout have exit statuses of their own: 130 with one line, and 141
+with nothing, for every command. Both were 1 (click's "Aborted!" and its broken-pipe exit),
+which for diff reads as "the sides differ"."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from .conftest import DEFAULT_POLICY, ROOT
+from .test_user_files import TOPKGEN, tiny_bundle, tiny_policy  # noqa: F401 (fixtures)
+
+ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
+
+
+def test_ctrl_c_is_exit_130_and_one_line_for_every_command(cli, tiny_bundle, tiny_policy, tmp_path,  # noqa: F811
+                                                           monkeypatch):
+    from topkgen import policy
+
+    np.save(tmp_path / "x.npy", np.zeros((1, 100), np.float32))
+    commands = {
+        "plan": ["plan"],
+        "explain": ["explain", "--arch", "sm_90", "--dtype", "float32", "--k", "1", "--n", "8"],
+        "build": ["build", "--policy", tiny_policy, "--out", tmp_path / "out"],
+        "diff": ["diff", tiny_policy, tiny_policy, "--stat"],
+        "run": ["run", "--bundle", tiny_bundle, "--arch", "sm_90", "--backend", "emulator", "--k", "1",
+                tmp_path / "x.npy", "-o", tmp_path / "o.npz"],
+    }
+
+    def interrupted(*args, **kwargs):  # every command loads a policy: Ctrl-C arrives there
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(policy, "_build", interrupted)
+    for name, args in commands.items():
+        result = cli(*args)
+        assert (result.exit_code, result.stderr, result.stdout) == (130, "topkgen: interrupted\n", ""), name
+    assert not (tmp_path / "out").exists() and not (tmp_path / "o.npz").exists()
+
+
+def _interrupt(args: list[str], cache: Path, ready) -> subprocess.CompletedProcess:
+    """Run topkgen with a cold compile cache, send SIGINT (as Ctrl-C does) once `ready(proc)`
+    says it is at work, and collect what it printed."""
+    env = {**ENV, "TOPKGEN_CACHE_DIR": str(cache)}
+    env.pop("TOPKGEN_CACHE_URL", None)
+    proc = subprocess.Popen([*TOPKGEN, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # pytest may ignore it
+    try:
+        ready(proc)
+        assert proc.poll() is None, "finished before it was interrupted"
+        proc.send_signal(signal.SIGINT)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    return subprocess.CompletedProcess(args, proc.returncode, stdout, stderr)
+
+
+def test_ctrl_c_during_a_build_is_exit_130_and_leaves_nothing(tmp_path):
+    def first_kernel_compiled(proc):  # in a pipe, build prints a line per kernel
+        assert proc.stdout.readline().startswith("[ 1/29] ")
+
+    out = tmp_path / "out"
+    done = _interrupt(["build", "--arch", "sm_90", "-j", "1", "--out", str(out)], tmp_path / "cache",
+                      first_kernel_compiled)
+    assert (done.returncode, done.stderr) == (130, "topkgen: interrupted\n"), done.stderr
+    assert "Traceback" not in done.stdout + done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]  # no bundle, no staging directory
+
+
+def test_ctrl_c_during_diff_build_is_exit_130_not_a_result(tmp_path):
+    cache = tmp_path / "cache"
+
+    def compiling(proc):  # diff's progress goes to a terminal only: wait for the first cache entry
+        deadline = time.monotonic() + 120
+        while not any(p.is_file() for p in cache.rglob("*")) and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    done = _interrupt(["diff", str(DEFAULT_POLICY), str(DEFAULT_POLICY), "--build", "--stat", "-j", "1"], cache,
+                      compiling)
+    assert (done.returncode, done.stdout, done.stderr) == (130, "", "topkgen: interrupted\n")
+
+
+@pytest.mark.parametrize("args", [
+    ["plan"], ["plan", "--format", "json"], ["--help"],
+    ["explain", "--arch", "sm_90", "--dtype", "float32", "--k", "8", "--n", "4096"],
+    ["diff", str(DEFAULT_POLICY), "{tiny}"],  # they differ: 1 would read as a result
+], ids=["plan", "plan-json", "help", "explain", "diff"])
+def test_a_reader_that_left_is_exit_141_and_quiet(tiny_policy, args):  # noqa: F811
+    """`topkgen plan | head -1`, with the reader gone before the first write so that the
+    pipe is broken every time, whatever the output's size."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run([*TOPKGEN, *(a.format(tiny=tiny_policy) for a in args)], stdout=write_end,
+                              stderr=subprocess.PIPE, text=True, env=ENV)
+    finally:
+        os.close(write_end)
+    assert (proc.returncode, proc.stderr) == (141, "")
