@@ -10,6 +10,7 @@ so `topkgen plan` stays fast.
 from __future__ import annotations
 
 import contextlib
+import errno
 import json
 import os
 import sys
@@ -27,6 +28,7 @@ from topkgen.split import ROWS_MAX
 
 EXIT_INPUT = 2
 EXIT_INTERNAL = 70  # EX_SOFTWARE
+_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a write the file system refused for want of room
 EXIT_INTERRUPTED = 130  # 128 + SIGINT: what a shell reports for a command Ctrl-C ended
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for `cat file | head -1`'s cat
 PLAN_SCHEMA_VERSION = 2  # schemas/plan.schema.json
@@ -112,13 +114,27 @@ class _Main(_Group):
             raise
         except errors.InputError as err:
             raise InputError(str(err)) from None
+        except OSError as err:
+            if err.errno not in _FULL:
+                return self._internal_error(ctx, err)
+            # A full disk: the environment, not a bug. When it is stdout's, stdout goes to
+            # /dev/null so that the interpreter's last flush does not fail again.
+            if err.filename is None:
+                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            where = printable(os.fsdecode(err.filename)) if err.filename is not None else "the output"
+            raise InputError(f"cannot write {where}: {err.strerror}") from None
         except Exception as err:  # noqa: BLE001 - the one place that catches everything
-            if os.environ.get("TOPKGEN_DEBUG", "") not in ("", "0"):
-                traceback.print_exc()
-            detail = printable(f"{type(err).__name__}: {err}")
-            console.echo(f"{click.style('topkgen: internal error:', fg='red', bold=True)} {detail[:500]}; "
-                         f"set TOPKGEN_DEBUG=1 for the traceback", err=True)
-            ctx.exit(EXIT_INTERNAL)
+            return self._internal_error(ctx, err)
+
+    @staticmethod
+    def _internal_error(ctx: click.Context, err: Exception) -> Any:
+        """A bug: one line, and the traceback with TOPKGEN_DEBUG=1 (called while handling `err`)."""
+        if os.environ.get("TOPKGEN_DEBUG", "") not in ("", "0"):
+            traceback.print_exc()
+        detail = printable(f"{type(err).__name__}: {err}")
+        console.echo(f"{click.style('topkgen: internal error:', fg='red', bold=True)} {detail[:500]}; "
+                     f"set TOPKGEN_DEBUG=1 for the traceback", err=True)
+        ctx.exit(EXIT_INTERNAL)
 
 
 @contextlib.contextmanager
