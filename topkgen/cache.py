@@ -9,6 +9,12 @@ action record last, create-if-absent: a reader never finds a record without its 
 first writer wins, and a record that already names other bytes means a key missed an input.
 That is an error (`CacheConflict`), never an overwrite. TOPKGEN_CACHE_READONLY=1 keeps a job
 (a pull request from a fork) from writing the remote at all.
+
+A damaged or hostile cache directory: every entry is read as a regular file of bounded size,
+opened without following a symlink and without blocking (paths.read_regular); anything else
+in its place (a symlink to /dev/zero, a FIFO, a directory, an oversized or unreadable file)
+is a corrupt entry, handled as one whose sha256 is wrong: the kernel is compiled again and
+the local entry repaired.
 """
 
 from __future__ import annotations
@@ -16,18 +22,23 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import stat
 import urllib.parse
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Protocol
 
-from topkgen.paths import atomic_write, cache_root, temporary_beside
+from topkgen.paths import atomic_write, cache_root, read_regular, temporary_beside
 
 CACHE_FORMAT = 1  # part of every key: a new record layout never reads an old one
 LOCAL_DIR = "nvrtc-store"
 RECORD_FIELDS = {"key": str, "name": str, "arch": str, "symbol": str, "resources": dict, "cubin_sha256": str,
                  "cubin_size": int, "source_sha256": str, "toolchain": dict}
+# The most a read of one entry takes in: records are about 1 KiB, cubins and sources at most a few MiB.
+ENTRY_LIMITS = {"ac": 1 << 20, "cas": 64 << 20}
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 class CacheError(RuntimeError):
@@ -70,12 +81,18 @@ def parse_record(data: bytes, key: str) -> dict[str, Any] | None:
     """An action record if `data` is one for `key`, else None (corrupt or foreign)."""
     try:
         record = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: a record of nested brackets
         return None
     if not isinstance(record, dict) or record.get("key") != key:
         return None
     if any(not isinstance(record.get(field), kind) for field, kind in RECORD_FIELDS.items()):
         return None
+    if not all(SHA256_HEX.fullmatch(record[field]) for field in ("cubin_sha256", "source_sha256")):
+        return None  # a digest is a file name under cas/: never a path
+    if record["symbol"] != record["name"]:
+        return None  # every kernel is extern "C": its symbol is its name
+    if any(type(value) is not int or value < 0 for value in record["resources"].values()):
+        return None  # counts of registers, bytes, barriers (a bool is no count)
     return record
 
 
@@ -84,7 +101,9 @@ def parse_record(data: bytes, key: str) -> dict[str, Any] | None:
 class Store(Protocol):
     label: str
 
-    def get(self, rel: str) -> bytes | None: ...
+    def get(self, rel: str) -> bytes | None:
+        """The entry's bytes; None when there is none, or none that can be used (not a regular
+        file, larger than ENTRY_LIMITS): to verification, an entry that is missing or corrupt."""
 
     def create(self, rel: str, data: bytes) -> bool:
         """Write `data` unless `rel` exists; False when it did (the first writer wins)."""
@@ -102,28 +121,48 @@ class LocalStore:
 
     def get(self, rel: str) -> bytes | None:
         try:
-            return (self.root / rel).read_bytes()
-        except (FileNotFoundError, NotADirectoryError):
+            return read_regular(self.root / rel, ENTRY_LIMITS[rel.split("/", 1)[0]])
+        except OSError:  # absent, or a symlink, FIFO, directory, oversized or unreadable file: corrupt
             return None
 
     def create(self, rel: str, data: bytes) -> bool:
         path = self.root / rel
-        with temporary_beside(path, data) as tmp:
-            try:
-                os.link(tmp, path)  # create-if-absent: the first writer wins
-                return True
-            except FileExistsError:
-                return False
+        try:
+            with temporary_beside(path, data) as tmp:
+                try:
+                    os.link(tmp, path)  # create-if-absent: the first writer wins
+                    return True
+                except FileExistsError:  # whatever holds the name: get() tells an entry from junk
+                    return False
+        except OSError as err:
+            raise _naming(err, path) from None
 
     def replace(self, rel: str, data: bytes) -> None:
-        """Repair a corrupt local entry (local entries are this machine's own)."""
-        atomic_write(self.root / rel, data)
+        """Repair a corrupt local entry (local entries are this machine's own). Renaming over
+        the name replaces a symlink or FIFO there, never what a symlink points to."""
+        path = self.root / rel
+        try:
+            if stat.S_ISDIR(os.lstat(path).st_mode):
+                os.rmdir(path)  # an empty directory in an entry's place; a full one is refused below
+        except FileNotFoundError:
+            pass
+        except OSError as err:
+            raise _naming(err, path) from None
+        try:
+            atomic_write(path, data)
+        except OSError as err:
+            raise _naming(err, path) from None
 
     def names(self, folder: str) -> list[str]:
         try:
             return sorted(n for n in os.listdir(self.root / folder) if not n.startswith("."))
         except FileNotFoundError:
             return []
+
+
+def _naming(err: OSError, path: Path) -> OSError:
+    """`err` about the entry `path`, not about the temporary file beside it."""
+    return OSError(err.errno, err.strerror, str(path))
 
 
 class RemoteStore:
@@ -148,10 +187,12 @@ class RemoteStore:
         return f"{self.root}/{rel}"
 
     def get(self, rel: str) -> bytes | None:
+        limit = ENTRY_LIMITS[rel.split("/", 1)[0]]
         try:
-            return self.fs.cat_file(self._path(rel))
+            data = self.fs.cat_file(self._path(rel), start=0, end=limit + 1)  # never more than that
         except FileNotFoundError:
             return None
+        return data if len(data) <= limit else None
 
     def create(self, rel: str, data: bytes) -> bool:
         try:

@@ -132,7 +132,10 @@ def _verify_one(store: cache.Store, key: str) -> str:
         return f"{label}: its source is missing or fails its sha256"
     if cubin is None or cache.sha256(cubin) != record["cubin_sha256"]:
         return f"{label}: its cubin is missing or fails its sha256"
-    text = source.decode()
+    try:
+        text = source.decode()
+    except UnicodeDecodeError:
+        return f"{label}: its source is not UTF-8 text"
     try:
         if cache_key(text, record["name"], record["arch"]) != key:
             return f"{label}: the key is not the key of its source, name and arch"

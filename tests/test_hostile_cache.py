@@ -1,0 +1,153 @@
+"""A damaged or hostile cache directory: entries that are symlinks to /dev/zero, FIFOs,
+directories or forged records; TOPKGEN_CACHE_DIR naming a file or a directory this user
+cannot write; a disk that fills up. Each is one clear message (exit 2) or a recompile that
+repairs the entry, never a traceback, a hang, unbounded memory, or a bad entry in a bundle.
+
+Every subprocess runs with a timeout and an address-space limit: before the fix, a symlink
+to /dev/zero took 24 GB and a FIFO hung the build."""
+
+from __future__ import annotations
+
+import errno
+import json
+import os
+import resource
+import shutil
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from topkgen import cache, paths
+
+from .test_build import TOPKGEN, tree
+
+SHARD = ["--arch", "sm_90", "--shard", "1/15"]  # 2 kernels
+ADDRESS_SPACE = 4 << 30  # NVRTC needs well under this; reading /dev/zero to the end needs all there is
+
+
+def _bounded() -> None:
+    resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
+
+
+def topkgen(*args, cache_dir: Path, prefix: tuple[str, ...] = (), timeout: float = 120) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TOPKGEN_CACHE_DIR": str(cache_dir)}
+    env.pop("TOPKGEN_CACHE_URL", None)
+    return subprocess.run([*prefix, *TOPKGEN, *map(str, args)], capture_output=True, text=True, env=env,
+                          timeout=timeout, preexec_fn=_bounded)
+
+
+def one_line_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
+    assert proc.returncode == 2, (proc.returncode, proc.stderr)
+    assert proc.stderr.startswith("topkgen: error: ") and proc.stderr.count("\n") == 1, proc.stderr
+    for fragment in fragments:
+        assert fragment in proc.stderr, proc.stderr
+
+
+@pytest.fixture(scope="module")
+def warm(tmp_path_factory) -> tuple[Path, Path]:
+    """A cache holding the 2 kernels of SHARD, and the bundle built with it (read-only)."""
+    base = tmp_path_factory.mktemp("warm")
+    proc = topkgen("build", *SHARD, "--out", base / "out", cache_dir=base / "cache")
+    assert proc.returncode == 0, proc.stderr
+    return base / "cache", base / "out"
+
+
+@pytest.fixture
+def cache_copy(warm, tmp_path) -> Path:
+    shutil.copytree(warm[0], tmp_path / "cache", symlinks=True)
+    return tmp_path / "cache"
+
+
+def _entries(bundle: Path) -> tuple[str, str]:
+    """The cas path of the bundle's first cubin and the ac path of its record."""
+    kernel = json.loads((bundle / "manifest.json").read_text())["kernels"][0]
+    return cache.cas_path(kernel["sha256"]), cache.ac_path(kernel["cache_key"])
+
+
+# ----------------------------------------------------------------------------- entries
+
+def test_read_regular_refuses_what_is_not_a_small_regular_file(tmp_path):
+    (tmp_path / "ok").write_bytes(b"12345")
+    assert paths.read_regular(tmp_path / "ok", 5) == b"12345"
+    with pytest.raises(OSError) as big:
+        paths.read_regular(tmp_path / "ok", 4)
+    assert big.value.errno == errno.EFBIG
+    (tmp_path / "zero").symlink_to("/dev/zero")
+    os.mkfifo(tmp_path / "fifo")
+    (tmp_path / "dir").mkdir()
+    for name, kind in (("zero", "symbolic link"), ("fifo", "FIFO"), ("dir", "directory")):
+        with pytest.raises(OSError, match=kind):
+            paths.read_regular(tmp_path / name, 1 << 20)
+    with pytest.raises(FileNotFoundError):
+        paths.read_regular(tmp_path / "absent", 1)
+    os.mkfifo(tmp_path / "lock")
+    with pytest.raises(OSError, match="FIFO"):  # a lock opened without blocking: no reader needed, no hang
+        paths.open_lock(tmp_path / "lock")
+    os.close(paths.open_lock(tmp_path / "new.lock"))
+
+
+@pytest.mark.parametrize("kind", ["dev-zero", "fifo", "directory", "oversized"])
+@pytest.mark.parametrize("which", ["cubin", "record"])
+def test_an_entry_that_is_not_a_regular_file_is_compiled_again_and_repaired(warm, cache_copy, tmp_path, kind, which):
+    bundle = warm[1]
+    cas_rel, ac_rel = _entries(bundle)
+    entry = cache_copy / cache.LOCAL_DIR / (cas_rel if which == "cubin" else ac_rel)
+    good = entry.read_bytes()
+    entry.unlink()
+    if kind == "dev-zero":
+        entry.symlink_to("/dev/zero")
+    elif kind == "fifo":
+        os.mkfifo(entry)
+    elif kind == "directory":
+        entry.mkdir()
+    else:  # a sparse file far larger than any entry: refused by its size, never read
+        with open(entry, "wb") as f:
+            f.truncate(cache.ENTRY_LIMITS[entry.parent.name] + 1)
+    proc = topkgen("build", *SHARD, "--out", tmp_path / "out", cache_dir=cache_copy, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "cache: 1 local hits, 0 remote hits, 1 compiled;" in proc.stdout
+    assert tree(tmp_path / "out") == tree(bundle)
+    assert not entry.is_symlink() and entry.is_file() and entry.read_bytes() == good  # repaired
+
+
+def test_verify_and_import_report_an_entry_that_is_not_a_regular_file(warm, cache_copy, tmp_path):
+    cas_rel, _ = _entries(warm[1])
+    entry = cache_copy / cache.LOCAL_DIR / cas_rel
+    entry.unlink()
+    entry.symlink_to("/dev/zero")
+    proc = topkgen("cache", "verify", "--sample", "100", cache_dir=cache_copy, timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert "1 identical, 1 wrong" in proc.stdout and "its cubin is missing or fails its sha256" in proc.stdout
+    entry.unlink()
+    os.mkfifo(entry)
+    proc = topkgen("cache", "verify", "--sample", "100", cache_dir=cache_copy, timeout=60)
+    assert proc.returncode == 1 and "1 identical, 1 wrong" in proc.stdout, proc.stderr
+
+
+FORGED = {
+    "symbol": lambda r: r.update(symbol="evil"),                        # would be the bundle's symbol
+    "string count": lambda r: r["resources"].update(registers="87"),    # crashed the budget check
+    "negative count": lambda r: r["resources"].update(registers=-5),    # crashed the manifest's schema
+    "digest path": lambda r: r.update(cubin_sha256="../" * 12 + "dev/zero"),
+}
+
+
+@pytest.mark.parametrize("forge", FORGED, ids=list(FORGED))
+def test_a_forged_action_record_never_reaches_the_bundle(warm, cache_copy, tmp_path, forge):
+    bundle = warm[1]
+    _, ac_rel = _entries(bundle)
+    entry = cache_copy / cache.LOCAL_DIR / ac_rel
+    good = entry.read_bytes()
+    record = json.loads(good)
+    FORGED[forge](record)
+    entry.write_bytes(cache.record_bytes(record))
+    proc = topkgen("build", *SHARD, "--out", tmp_path / "out", cache_dir=cache_copy, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "cache: 1 local hits, 0 remote hits, 1 compiled;" in proc.stdout
+    assert tree(tmp_path / "out") == tree(bundle)
+    assert entry.read_bytes() == good  # repaired
+
+
+def test_a_record_of_nested_brackets_is_corrupt_not_a_crash():
+    assert cache.parse_record(b"[" * 200_000, "k") is None
