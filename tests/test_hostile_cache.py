@@ -151,3 +151,93 @@ def test_a_forged_action_record_never_reaches_the_bundle(warm, cache_copy, tmp_p
 
 def test_a_record_of_nested_brackets_is_corrupt_not_a_crash():
     assert cache.parse_record(b"[" * 200_000, "k") is None
+
+
+# ----------------------------------------------------------------------------- the directory
+
+def test_a_cache_dir_that_is_a_file_is_one_message_for_build_verify_and_import(warm, tmp_path):
+    (tmp_path / "file").write_text("not a directory")
+    message = (f"TOPKGEN_CACHE_DIR={tmp_path / 'file'}: cannot use the compile cache: {tmp_path / 'file'} "
+               f"is not a directory; set TOPKGEN_CACHE_DIR to a writable directory")
+    for args in (["build", *SHARD, "--out", tmp_path / "out"], ["cache", "verify", "--sample", "50"],
+                 ["cache", "import", warm[1]]):
+        one_line_error(topkgen(*args, cache_dir=tmp_path / "file", timeout=60), message)
+    assert not (tmp_path / "out").exists()
+
+
+def _without_dac_override() -> tuple[str, ...]:
+    """A command prefix that makes permission bits count (root ignores them)."""
+    if os.geteuid() != 0:
+        return ()
+    if shutil.which("setpriv") is None:
+        pytest.skip("root without setpriv: permission bits cannot be made to count")
+    return ("setpriv", "--bounding-set=-dac_override,-dac_read_search")
+
+
+def test_a_cache_dir_this_user_cannot_write_is_one_message(warm, cache_copy, tmp_path):
+    prefix = _without_dac_override()
+    store = cache_copy / cache.LOCAL_DIR
+    store.chmod(0)
+    try:
+        message = (f"TOPKGEN_CACHE_DIR={cache_copy}: cannot use the compile cache: {store}: Permission denied; "
+                   f"set TOPKGEN_CACHE_DIR to a writable directory")
+        for args in (["build", *SHARD, "--out", tmp_path / "out"], ["cache", "verify", "--sample", "50"],
+                     ["cache", "import", warm[1]]):
+            one_line_error(topkgen(*args, cache_dir=cache_copy, prefix=prefix, timeout=60), message)
+    finally:
+        store.chmod(0o755)
+    assert not (tmp_path / "out").exists()
+
+
+# ----------------------------------------------------------------------------- a full disk
+
+@pytest.fixture
+def full_disk(monkeypatch, tmp_path):
+    """Writes under tmp_path/cache fail as on a full disk (at fsync, as NFS reports it);
+    other files (the bundle) are written."""
+    real_fsync = os.fsync
+    full = str(tmp_path / "cache")
+
+    def fsync(fd: int) -> None:
+        if os.readlink(f"/proc/self/fd/{fd}").startswith(full):
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        real_fsync(fd)
+
+    monkeypatch.setattr(os, "fsync", fsync)
+    monkeypatch.setenv("TOPKGEN_CACHE_DIR", full)
+    monkeypatch.delenv("TOPKGEN_CACHE_URL", raising=False)
+    return Path(full)
+
+
+def test_a_full_disk_during_a_build_is_a_warning_and_a_complete_bundle(cli, warm, full_disk, tmp_path):
+    result = cli("build", *SHARD, "--out", tmp_path / "out")
+    assert result.exit_code == 0, result.stderr
+    assert "cache: 0 local hits, 0 remote hits, 2 compiled;" in result.stdout
+    assert result.stderr.startswith("topkgen: warning: the compile cache could not be written, so kernels "
+                                    "compiled now are not cached: ")
+    assert "No space left on device" in result.stderr and result.stderr.count("\n") == 1
+    assert tree(tmp_path / "out") == tree(warm[1])
+    assert not [p for p in full_disk.rglob("*") if p.is_file() and p.parent.name in ("ac", "cas")]
+
+
+def test_a_full_disk_during_cache_import_is_one_message(cli, full_disk, tiny_bundle_for_run):
+    result = cli("cache", "import", tiny_bundle_for_run[0])  # import takes whole bundles, not shards
+    assert result.exit_code == 2, result.stderr
+    assert result.stderr.startswith(f"topkgen: error: TOPKGEN_CACHE_DIR={full_disk}: cannot use the compile cache: "
+                                    f"{full_disk / cache.LOCAL_DIR / 'cas'}/")
+    assert result.stderr.rstrip().endswith("No space left on device; set TOPKGEN_CACHE_DIR to a writable directory")
+
+
+@pytest.fixture(scope="module")
+def tiny_bundle_for_run(tmp_path_factory) -> tuple[Path, Path]:
+    """A whole (unsharded) bundle `run` accepts, and an input for it."""
+    import numpy as np
+
+    from .test_user_files import TINY_POLICY
+
+    base = tmp_path_factory.mktemp("run")
+    (base / "tiny.yaml").write_text(TINY_POLICY)
+    proc = topkgen("build", "--policy", base / "tiny.yaml", "--out", base / "out", cache_dir=base / "cache")
+    assert proc.returncode == 0, proc.stderr
+    np.save(base / "x.npy", np.arange(200, dtype=np.float32).reshape(2, 100))
+    return base / "out", base / "x.npy"

@@ -14,7 +14,12 @@ A damaged or hostile cache directory: every entry is read as a regular file of b
 opened without following a symlink and without blocking (paths.read_regular); anything else
 in its place (a symlink to /dev/zero, a FIFO, a directory, an oversized or unreadable file)
 is a corrupt entry, handled as one whose sha256 is wrong: the kernel is compiled again and
-the local entry repaired.
+the local entry repaired. A local cache that cannot be used at all (TOPKGEN_CACHE_DIR names a
+file, or a directory this user cannot write) stops a build before any compile, exit 2, with
+one message naming TOPKGEN_CACHE_DIR and the path: the build needs that directory for its
+destination lock anyway, and a build that silently compiled everything on every run, in CI,
+would hide the misconfiguration behind slowness. A write that fails during a build (disk
+full) is not fatal: the kernels were compiled, and the CLI warns that they were not cached.
 """
 
 from __future__ import annotations
@@ -30,7 +35,9 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Protocol
 
-from topkgen.paths import atomic_write, cache_root, read_regular, temporary_beside
+from topkgen.errors import InputError
+from topkgen.paths import (atomic_write, cache_root, directory_problem, read_regular, temporary_beside,
+                           unusable_message)
 
 CACHE_FORMAT = 1  # part of every key: a new record layout never reads an old one
 LOCAL_DIR = "nvrtc-store"
@@ -45,8 +52,13 @@ class CacheError(RuntimeError):
     """The cache cannot be used as configured, or holds an entry that contradicts a compile."""
 
 
-class CacheConfigError(CacheError):
-    """TOPKGEN_CACHE_URL cannot be opened (no fsspec, an unknown protocol): exit status 2."""
+class CacheConfigError(CacheError, InputError):
+    """TOPKGEN_CACHE_URL cannot be opened (no fsspec, an unknown protocol), or the local cache
+    directory cannot be used: exit status 2."""
+
+
+class CacheUnusable(CacheConfigError):
+    """The local cache directory (TOPKGEN_CACHE_DIR) is not a directory this user can use."""
 
 
 class CacheConflict(CacheError):
@@ -158,6 +170,8 @@ class LocalStore:
             return sorted(n for n in os.listdir(self.root / folder) if not n.startswith("."))
         except FileNotFoundError:
             return []
+        except OSError as err:  # the local tier's folders were checked by local_store(): a file:// remote's
+            raise CacheConfigError(f"{self.label}/{folder}: cannot list it: {err.strerror}") from None
 
 
 def _naming(err: OSError, path: Path) -> OSError:
@@ -223,7 +237,14 @@ def _remote(url: str) -> RemoteStore:
 
 
 def local_store() -> LocalStore:
-    return LocalStore(cache_root() / LOCAL_DIR)
+    """The local tier, once it is known to be usable: CacheUnusable (exit 2) otherwise."""
+    base = cache_root()
+    root = base / LOCAL_DIR
+    for path in (base, root, root / "ac", root / "cas"):
+        problem = directory_problem(path)
+        if problem:
+            raise CacheUnusable(unusable_message(path, problem))
+    return LocalStore(root)
 
 
 def remote_store() -> RemoteStore | None:
@@ -254,6 +275,7 @@ class Outcome:
     remote_written: int = 0  # bytes written to the remote
     rejected: int = 0        # remote entries that failed verification (so compiled here)
     errors: tuple[str, ...] = ()  # remote I/O failures (the remote was skipped)
+    local_errors: tuple[str, ...] = ()  # local writes that failed (disk full): the kernel was not cached
 
 
 @dataclass(frozen=True)
@@ -304,16 +326,29 @@ def lookup(key: str, source: str) -> Hit | Outcome:
     if found is None:
         return Outcome("compiled")
     record, cubin, nbytes = found
-    _put(local, record, cubin, source, repair=True)
-    return Hit(record, cubin, Outcome("remote", remote_read=nbytes))
+    try:
+        _put(local, record, cubin, source, repair=True)
+        local_errors: tuple[str, ...] = ()
+    except OSError as err:  # the verified remote entry serves this build all the same
+        local_errors = (_local_failure(err),)
+    return Hit(record, cubin, Outcome("remote", remote_read=nbytes, local_errors=local_errors))
 
 
-def store(key: str, fields: dict[str, Any], cubin: bytes, source: str, miss: Outcome) -> Outcome:
+def store(key: str, fields: dict[str, Any], cubin: bytes, source: str, miss: Outcome, *,
+          strict: bool = False) -> Outcome:
     """Record a compile (symbol, resources, toolchain in `fields`) in the local tier and,
-    unless read-only, the remote one; `miss` is what the lookup before it found."""
+    unless read-only, the remote one; `miss` is what the lookup before it found. A failed
+    local write (disk full) is in the Outcome's local_errors, or with `strict` (cache import,
+    whose whole job is the write) a CacheUnusable."""
     record = {**fields, "key": key, "cubin_sha256": sha256(cubin), "cubin_size": len(cubin),
               "source_sha256": sha256(source.encode())}
-    _put(local_store(), record, cubin, source, repair=True)
+    local_errors = miss.local_errors
+    try:
+        _put(local_store(), record, cubin, source, repair=True)
+    except OSError as err:
+        if strict:
+            raise CacheUnusable(unusable_message(Path(err.filename or cache_root()), err.strerror)) from None
+        local_errors += (_local_failure(err),)
     remote = remote_store()
     written, errors = 0, miss.errors
     if remote is not None and not remote_readonly():
@@ -323,7 +358,12 @@ def store(key: str, fields: dict[str, Any], cubin: bytes, source: str, miss: Out
             raise
         except Exception as err:
             errors += (_remote_failure(err),)
-    return Outcome("compiled", remote_written=written, rejected=miss.rejected, errors=errors)
+    return Outcome("compiled", remote_written=written, rejected=miss.rejected, errors=errors,
+                   local_errors=local_errors)
+
+
+def _local_failure(err: OSError) -> str:
+    return f"{err.filename}: {err.strerror}" if err.filename else str(err)
 
 
 def _put(target: Store, record: dict[str, Any], cubin: bytes, source: str, *, repair: bool) -> int:
@@ -365,6 +405,7 @@ class Stats:
     remote_written: int
     rejected: int
     errors: tuple[str, ...]
+    local_errors: tuple[str, ...]  # failed local writes: those kernels were compiled and not cached
     remote: str | None      # the remote store's URL (no credentials), None when unset
     readonly: bool
 
@@ -381,6 +422,7 @@ class Stats:
             remote_written=sum(o.remote_written for o in outcomes),
             rejected=sum(o.rejected for o in outcomes),
             errors=tuple(dict.fromkeys(e for o in outcomes for e in o.errors)),
+            local_errors=tuple(dict.fromkeys(e for o in outcomes for e in o.local_errors)),
             remote=remote.label if remote is not None else None,
             readonly=remote_readonly(),
         )

@@ -38,7 +38,9 @@ class ImportResult:
 
 def import_bundle(path: Path) -> ImportResult:
     """Check every kernel first (nothing is written if one fails), then write the entries
-    through the same tiers as a compile: local, and the remote unless read-only."""
+    through the same tiers as a compile: local, and the remote unless read-only. A local
+    cache that cannot be used or written (not a directory, no permission, disk full) is a
+    cache.CacheUnusable (exit 2) naming the path."""
     from topkgen.compile import cache_key, toolchain
     from topkgen.policy import plan
     from topkgen.render import render
@@ -72,7 +74,7 @@ def import_bundle(path: Path) -> ImportResult:
         chosen.append((key, fields, cubin, source))
     local = cache.local_store()
     present = sum(local.get(cache.ac_path(key)) is not None for key, *_ in chosen)
-    written = sum(cache.store(key, fields, cubin, source, cache.Outcome("compiled")).remote_written
+    written = sum(cache.store(key, fields, cubin, source, cache.Outcome("compiled"), strict=True).remote_written
                   for key, fields, cubin, source in chosen)
     remote = cache.remote_store()
     return ImportResult(

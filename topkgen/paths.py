@@ -114,3 +114,32 @@ def _kind(mode: int) -> str:
             return f"not a regular file but {name}"
     return "not a regular file"
 
+
+def directory_problem(path: Path) -> str | None:
+    """Why `path` cannot serve as a cache directory (it is created if absent), or None: for
+    a message that begins with the path ("/x is not a directory", "/x: Permission denied")."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        try:
+            os.makedirs(path, exist_ok=True)
+            return None
+        except FileExistsError:  # a dangling symlink, or a file made meanwhile
+            return "is not a directory"
+        except OSError as err:
+            return f"cannot be created: {err.strerror}"
+    except OSError as err:  # ENOTDIR (a file above it), EACCES, ELOOP
+        return err.strerror
+    if not stat.S_ISDIR(mode):
+        return "is not a directory"
+    if not os.access(path, os.R_OK | os.W_OK | os.X_OK):
+        return "Permission denied"  # not readable, writable and searchable by this user
+    return None
+
+
+def unusable_message(path: Path | str, problem: str, what: str = "the compile cache") -> str:
+    """One line for a cache directory or file that cannot be used: the setting, the path, the remedy."""
+    explicit = os.environ.get("TOPKGEN_CACHE_DIR")
+    where = f"TOPKGEN_CACHE_DIR={explicit}: " if explicit else ""
+    sep = " " if problem.startswith(("is ", "cannot ")) else ": "
+    return f"{where}cannot use {what}: {path}{sep}{problem}; set TOPKGEN_CACHE_DIR to a writable directory"
