@@ -14,6 +14,7 @@ import os
 import resource
 import shutil
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -226,6 +227,53 @@ def test_a_full_disk_during_cache_import_is_one_message(cli, full_disk, tiny_bun
     assert result.stderr.startswith(f"topkgen: error: TOPKGEN_CACHE_DIR={full_disk}: cannot use the compile cache: "
                                     f"{full_disk / cache.LOCAL_DIR / 'cas'}/")
     assert result.stderr.rstrip().endswith("No space left on device; set TOPKGEN_CACHE_DIR to a writable directory")
+
+
+# ----------------------------------------------------------------------------- the emulator's cache
+
+EMULATED = """
+extern "C" __global__ void twice(int* out) { out[threadIdx.x] = 2 * threadIdx.x; }
+"""
+EMULATE = """
+import sys
+from topkgen.emulator import compile_source
+compile_source(sys.argv[1], name="twice")
+print("ok")
+"""
+
+
+def _emulate(cache_dir: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, "TOPKGEN_CACHE_DIR": str(cache_dir)}
+    return subprocess.run([sys.executable, "-c", EMULATE, EMULATED], capture_output=True, text=True, env=env,
+                          timeout=120, preexec_fn=_bounded)
+
+
+@pytest.mark.parametrize("kind", ["dev-zero", "fifo"])
+def test_an_emulator_cache_entry_that_is_not_a_regular_file_is_compiled_again(tmp_path, kind):
+    first = _emulate(tmp_path / "cache")
+    assert first.returncode == 0, first.stderr
+    so = next((tmp_path / "cache" / "emulator").glob("*.so"))
+    record = so.with_suffix(".sha256")
+    good = so.read_bytes(), record.read_bytes()
+    so.unlink()
+    record.unlink()
+    if kind == "dev-zero":
+        so.symlink_to("/dev/zero")
+        record.symlink_to("/dev/zero")
+    else:
+        os.mkfifo(so)
+        os.mkfifo(record)
+    again = _emulate(tmp_path / "cache")
+    assert again.returncode == 0 and again.stdout == "ok\n", again.stderr
+    assert (so.read_bytes(), record.read_bytes()) == good and not so.is_symlink()
+
+
+def test_an_emulator_cache_dir_that_is_a_file_is_one_message(tmp_path, tiny_bundle_for_run):
+    (tmp_path / "file").write_text("x")
+    proc = topkgen("run", "--bundle", tiny_bundle_for_run[0], "--backend", "emulator", "--arch", "sm_90",
+                   "--k", "8", tiny_bundle_for_run[1], cache_dir=tmp_path / "file", timeout=60)
+    one_line_error(proc, f"TOPKGEN_CACHE_DIR={tmp_path / 'file'}: cannot use the emulator cache: "
+                         f"{tmp_path / 'file'} is not a directory")
 
 
 @pytest.fixture(scope="module")
