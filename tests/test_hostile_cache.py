@@ -289,3 +289,49 @@ def tiny_bundle_for_run(tmp_path_factory) -> tuple[Path, Path]:
     assert proc.returncode == 0, proc.stderr
     np.save(base / "x.npy", np.arange(200, dtype=np.float32).reshape(2, 100))
     return base / "out", base / "x.npy"
+
+
+# ----------------------------------------------------------------------------- verify compiles only what topkgen renders
+
+def test_every_rendered_kernel_includes_only_the_allowed_headers(default_policy, legacy_policy):
+    from topkgen import cache_admin
+    from topkgen.policy import jit_plan, plan
+    from topkgen.render import render
+
+    for policy in (default_policy, legacy_policy):
+        for arch in policy.archs:
+            for spec in [*plan(policy, arch), *jit_plan(policy, arch)]:
+                assert cache_admin.foreign_include(render(spec)) is None, spec.name
+
+
+@pytest.mark.parametrize("trick", [
+    '#include "/tmp/x"', '/**/ #include "/tmp/x"', '#inc\\\nlude "/tmp/x"', '%:include "/tmp/x"',
+    '#include_next <cuda_fp16.h>', '#if __has_include("/tmp/x")\n#endif', '#define H "/tmp/x"\n#include H',
+    '#include <cuda_fp16.h> // and "/tmp/x"',
+])
+def test_a_source_that_could_open_another_file_is_caught(trick):
+    from topkgen import cache_admin
+
+    assert cache_admin.foreign_include(f"#include <cuda_fp16.h>\n{trick}\nextern \"C\" void k() {{}}\n")
+
+
+def test_verify_never_compiles_a_cached_source_that_includes_another_file(tmp_path):
+    """NVRTC blocks opening a FIFO: a poisoned entry (a shared remote's, say) hung verify."""
+    from topkgen.compile import cache_key, toolchain
+
+    os.mkfifo(tmp_path / "fifo.h")
+    name, arch = "topk_poisoned", "sm_90"
+    source = f'#include "{tmp_path / "fifo.h"}"\nextern "C" __global__ void {name}() {{}}\n'.encode()
+    cubin = b"anything: verify compiles before it compares"
+    record = {"key": cache_key(source.decode(), name, arch), "name": name, "arch": arch, "symbol": name,
+              "resources": {}, "cubin_sha256": cache.sha256(cubin), "cubin_size": len(cubin),
+              "source_sha256": cache.sha256(source), "toolchain": toolchain()}
+    store = cache.LocalStore(tmp_path / "cache" / cache.LOCAL_DIR)
+    for rel, data in ((cache.cas_path(record["cubin_sha256"]), cubin),
+                      (cache.cas_path(record["source_sha256"]), source),
+                      (cache.ac_path(record["key"]), cache.record_bytes(record))):
+        assert store.create(rel, data)
+    proc = topkgen("cache", "verify", "--sample", "100", cache_dir=tmp_path / "cache", timeout=60)
+    assert proc.returncode == 1, proc.stderr
+    assert "0 identical, 1 wrong" in proc.stdout
+    assert f"{name} (sm_90): its source includes what no topkgen kernel does: '#include \"{tmp_path}" in proc.stdout

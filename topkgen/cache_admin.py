@@ -13,12 +13,33 @@ from __future__ import annotations
 import math
 import os
 import random
+import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from topkgen import bundle, cache
 from topkgen import toolchain as tc
+
+
+# What topkgen's kernels include: the CUDA headers its templates name. verify compiles a
+# source from the cache (perhaps a shared remote one) only when that is all it could include:
+# NVRTC opens whatever an #include names, blocks on a FIFO, and quotes the file in errors.
+ALLOWED_INCLUDES = frozenset({"#include <cuda_bf16.h>", "#include <cuda_fp16.h>"})
+_FILE_WORDS = re.compile(r"[A-Za-z0-9_]*(?:include|import|embed)[A-Za-z0-9_]*")
+_OPENS_FILES = {"include", "include_next", "import", "embed", "__has_include", "__has_include_next", "__has_embed"}
+
+
+def foreign_include(source: str) -> str | None:
+    """The first line of `source` that could make the preprocessor open a file other than
+    ALLOWED_INCLUDES, or None. Conservative: the word anywhere (a comment, a string) counts,
+    after line splices are joined, as the preprocessor joins them first."""
+    for line in re.sub(r"\\\r?\n", "", source).splitlines():
+        if line.strip() in ALLOWED_INCLUDES:
+            continue
+        if any(word in _OPENS_FILES for word in _FILE_WORDS.findall(line)):
+            return line.strip()
+    return None
 
 
 class CacheInputError(ValueError):
@@ -138,6 +159,9 @@ def _verify_one(store: cache.Store, key: str) -> str:
         text = source.decode()
     except UnicodeDecodeError:
         return f"{label}: its source is not UTF-8 text"
+    foreign = foreign_include(text)
+    if foreign is not None:  # not compiled: no topkgen kernel includes anything else
+        return f"{label}: its source includes what no topkgen kernel does: {foreign[:120]!r}"
     try:
         if cache_key(text, record["name"], record["arch"]) != key:
             return f"{label}: the key is not the key of its source, name and arch"
