@@ -9,6 +9,17 @@ action record last, create-if-absent: a reader never finds a record without its 
 first writer wins, and a record that already names other bytes means a key missed an input.
 That is an error (`CacheConflict`), never an overwrite. TOPKGEN_CACHE_READONLY=1 keeps a job
 (a pull request from a fork) from writing the remote at all.
+
+A damaged or hostile cache directory: every entry is read as a regular file of bounded size,
+opened without following a symlink and without blocking (paths.read_regular); anything else
+in its place (a symlink to /dev/zero, a FIFO, a directory, an oversized or unreadable file)
+is a corrupt entry, handled as one whose sha256 is wrong: the kernel is compiled again and
+the local entry repaired. A local cache that cannot be used at all (TOPKGEN_CACHE_DIR names a
+file, or a directory this user cannot write) stops a build before any compile, exit 2, with
+one message naming TOPKGEN_CACHE_DIR and the path: the build needs that directory for its
+destination lock anyway, and a build that silently compiled everything on every run, in CI,
+would hide the misconfiguration behind slowness. A write that fails during a build (disk
+full) is not fatal: the kernels were compiled, and the CLI warns that they were not cached.
 """
 
 from __future__ import annotations
@@ -16,26 +27,38 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
+import stat
 import urllib.parse
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Protocol
 
-from topkgen.paths import atomic_write, cache_root, temporary_beside
+from topkgen.errors import InputError
+from topkgen.paths import (atomic_write, cache_root, directory_problem, read_regular, temporary_beside,
+                           unusable_message)
 
 CACHE_FORMAT = 1  # part of every key: a new record layout never reads an old one
 LOCAL_DIR = "nvrtc-store"
 RECORD_FIELDS = {"key": str, "name": str, "arch": str, "symbol": str, "resources": dict, "cubin_sha256": str,
                  "cubin_size": int, "source_sha256": str, "toolchain": dict}
+# The most a read of one entry takes in: records are about 1 KiB, cubins and sources at most a few MiB.
+ENTRY_LIMITS = {"ac": 1 << 20, "cas": 64 << 20}
+SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
 
 class CacheError(RuntimeError):
     """The cache cannot be used as configured, or holds an entry that contradicts a compile."""
 
 
-class CacheConfigError(CacheError):
-    """TOPKGEN_CACHE_URL cannot be opened (no fsspec, an unknown protocol): exit status 2."""
+class CacheConfigError(CacheError, InputError):
+    """TOPKGEN_CACHE_URL cannot be opened (no fsspec, an unknown protocol), or the local cache
+    directory cannot be used: exit status 2."""
+
+
+class CacheUnusable(CacheConfigError):
+    """The local cache directory (TOPKGEN_CACHE_DIR) is not a directory this user can use."""
 
 
 class CacheConflict(CacheError):
@@ -70,12 +93,18 @@ def parse_record(data: bytes, key: str) -> dict[str, Any] | None:
     """An action record if `data` is one for `key`, else None (corrupt or foreign)."""
     try:
         record = json.loads(data)
-    except ValueError:
+    except (ValueError, RecursionError):  # RecursionError: a record of nested brackets
         return None
     if not isinstance(record, dict) or record.get("key") != key:
         return None
     if any(not isinstance(record.get(field), kind) for field, kind in RECORD_FIELDS.items()):
         return None
+    if not all(SHA256_HEX.fullmatch(record[field]) for field in ("cubin_sha256", "source_sha256")):
+        return None  # a digest is a file name under cas/: never a path
+    if record["symbol"] != record["name"]:
+        return None  # every kernel is extern "C": its symbol is its name
+    if any(type(value) is not int or value < 0 for value in record["resources"].values()):
+        return None  # counts of registers, bytes, barriers (a bool is no count)
     return record
 
 
@@ -84,7 +113,9 @@ def parse_record(data: bytes, key: str) -> dict[str, Any] | None:
 class Store(Protocol):
     label: str
 
-    def get(self, rel: str) -> bytes | None: ...
+    def get(self, rel: str) -> bytes | None:
+        """The entry's bytes; None when there is none, or none that can be used (not a regular
+        file, larger than ENTRY_LIMITS): to verification, an entry that is missing or corrupt."""
 
     def create(self, rel: str, data: bytes) -> bool:
         """Write `data` unless `rel` exists; False when it did (the first writer wins)."""
@@ -102,28 +133,50 @@ class LocalStore:
 
     def get(self, rel: str) -> bytes | None:
         try:
-            return (self.root / rel).read_bytes()
-        except (FileNotFoundError, NotADirectoryError):
+            return read_regular(self.root / rel, ENTRY_LIMITS[rel.split("/", 1)[0]])
+        except OSError:  # absent, or a symlink, FIFO, directory, oversized or unreadable file: corrupt
             return None
 
     def create(self, rel: str, data: bytes) -> bool:
         path = self.root / rel
-        with temporary_beside(path, data) as tmp:
-            try:
-                os.link(tmp, path)  # create-if-absent: the first writer wins
-                return True
-            except FileExistsError:
-                return False
+        try:
+            with temporary_beside(path, data) as tmp:
+                try:
+                    os.link(tmp, path)  # create-if-absent: the first writer wins
+                    return True
+                except FileExistsError:  # whatever holds the name: get() tells an entry from junk
+                    return False
+        except OSError as err:
+            raise _naming(err, path) from None
 
     def replace(self, rel: str, data: bytes) -> None:
-        """Repair a corrupt local entry (local entries are this machine's own)."""
-        atomic_write(self.root / rel, data)
+        """Repair a corrupt local entry (local entries are this machine's own). Renaming over
+        the name replaces a symlink or FIFO there, never what a symlink points to."""
+        path = self.root / rel
+        try:
+            if stat.S_ISDIR(os.lstat(path).st_mode):
+                os.rmdir(path)  # an empty directory in an entry's place; a full one is refused below
+        except FileNotFoundError:
+            pass
+        except OSError as err:
+            raise _naming(err, path) from None
+        try:
+            atomic_write(path, data)
+        except OSError as err:
+            raise _naming(err, path) from None
 
     def names(self, folder: str) -> list[str]:
         try:
             return sorted(n for n in os.listdir(self.root / folder) if not n.startswith("."))
         except FileNotFoundError:
             return []
+        except OSError as err:  # the local tier's folders were checked by local_store(): a file:// remote's
+            raise CacheConfigError(f"{self.label}/{folder}: cannot list it: {err.strerror}") from None
+
+
+def _naming(err: OSError, path: Path) -> OSError:
+    """`err` about the entry `path`, not about the temporary file beside it."""
+    return OSError(err.errno, err.strerror, str(path))
 
 
 class RemoteStore:
@@ -148,10 +201,12 @@ class RemoteStore:
         return f"{self.root}/{rel}"
 
     def get(self, rel: str) -> bytes | None:
+        limit = ENTRY_LIMITS[rel.split("/", 1)[0]]
         try:
-            return self.fs.cat_file(self._path(rel))
+            data = self.fs.cat_file(self._path(rel), start=0, end=limit + 1)  # never more than that
         except FileNotFoundError:
             return None
+        return data if len(data) <= limit else None
 
     def create(self, rel: str, data: bytes) -> bool:
         try:
@@ -182,7 +237,14 @@ def _remote(url: str) -> RemoteStore:
 
 
 def local_store() -> LocalStore:
-    return LocalStore(cache_root() / LOCAL_DIR)
+    """The local tier, once it is known to be usable: CacheUnusable (exit 2) otherwise."""
+    base = cache_root()
+    root = base / LOCAL_DIR
+    for path in (base, root, root / "ac", root / "cas"):
+        problem = directory_problem(path)
+        if problem:
+            raise CacheUnusable(unusable_message(path, problem))
+    return LocalStore(root)
 
 
 def remote_store() -> RemoteStore | None:
@@ -213,6 +275,7 @@ class Outcome:
     remote_written: int = 0  # bytes written to the remote
     rejected: int = 0        # remote entries that failed verification (so compiled here)
     errors: tuple[str, ...] = ()  # remote I/O failures (the remote was skipped)
+    local_errors: tuple[str, ...] = ()  # local writes that failed (disk full): the kernel was not cached
 
 
 @dataclass(frozen=True)
@@ -263,16 +326,29 @@ def lookup(key: str, source: str) -> Hit | Outcome:
     if found is None:
         return Outcome("compiled")
     record, cubin, nbytes = found
-    _put(local, record, cubin, source, repair=True)
-    return Hit(record, cubin, Outcome("remote", remote_read=nbytes))
+    try:
+        _put(local, record, cubin, source, repair=True)
+        local_errors: tuple[str, ...] = ()
+    except OSError as err:  # the verified remote entry serves this build all the same
+        local_errors = (_local_failure(err),)
+    return Hit(record, cubin, Outcome("remote", remote_read=nbytes, local_errors=local_errors))
 
 
-def store(key: str, fields: dict[str, Any], cubin: bytes, source: str, miss: Outcome) -> Outcome:
+def store(key: str, fields: dict[str, Any], cubin: bytes, source: str, miss: Outcome, *,
+          strict: bool = False) -> Outcome:
     """Record a compile (symbol, resources, toolchain in `fields`) in the local tier and,
-    unless read-only, the remote one; `miss` is what the lookup before it found."""
+    unless read-only, the remote one; `miss` is what the lookup before it found. A failed
+    local write (disk full) is in the Outcome's local_errors, or with `strict` (cache import,
+    whose whole job is the write) a CacheUnusable."""
     record = {**fields, "key": key, "cubin_sha256": sha256(cubin), "cubin_size": len(cubin),
               "source_sha256": sha256(source.encode())}
-    _put(local_store(), record, cubin, source, repair=True)
+    local_errors = miss.local_errors
+    try:
+        _put(local_store(), record, cubin, source, repair=True)
+    except OSError as err:
+        if strict:
+            raise CacheUnusable(unusable_message(Path(err.filename or cache_root()), err.strerror)) from None
+        local_errors += (_local_failure(err),)
     remote = remote_store()
     written, errors = 0, miss.errors
     if remote is not None and not remote_readonly():
@@ -282,7 +358,12 @@ def store(key: str, fields: dict[str, Any], cubin: bytes, source: str, miss: Out
             raise
         except Exception as err:
             errors += (_remote_failure(err),)
-    return Outcome("compiled", remote_written=written, rejected=miss.rejected, errors=errors)
+    return Outcome("compiled", remote_written=written, rejected=miss.rejected, errors=errors,
+                   local_errors=local_errors)
+
+
+def _local_failure(err: OSError) -> str:
+    return f"{err.filename}: {err.strerror}" if err.filename else str(err)
 
 
 def _put(target: Store, record: dict[str, Any], cubin: bytes, source: str, *, repair: bool) -> int:
@@ -324,6 +405,7 @@ class Stats:
     remote_written: int
     rejected: int
     errors: tuple[str, ...]
+    local_errors: tuple[str, ...]  # failed local writes: those kernels were compiled and not cached
     remote: str | None      # the remote store's URL (no credentials), None when unset
     readonly: bool
 
@@ -340,6 +422,7 @@ class Stats:
             remote_written=sum(o.remote_written for o in outcomes),
             rejected=sum(o.rejected for o in outcomes),
             errors=tuple(dict.fromkeys(e for o in outcomes for e in o.errors)),
+            local_errors=tuple(dict.fromkeys(e for o in outcomes for e in o.local_errors)),
             remote=remote.label if remote is not None else None,
             readonly=remote_readonly(),
         )

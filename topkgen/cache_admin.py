@@ -13,12 +13,33 @@ from __future__ import annotations
 import math
 import os
 import random
+import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from topkgen import bundle, cache
 from topkgen import toolchain as tc
+
+
+# What topkgen's kernels include: the CUDA headers its templates name. verify compiles a
+# source from the cache (perhaps a shared remote one) only when that is all it could include:
+# NVRTC opens whatever an #include names, blocks on a FIFO, and quotes the file in errors.
+ALLOWED_INCLUDES = frozenset({"#include <cuda_bf16.h>", "#include <cuda_fp16.h>"})
+_FILE_WORDS = re.compile(r"[A-Za-z0-9_]*(?:include|import|embed)[A-Za-z0-9_]*")
+_OPENS_FILES = {"include", "include_next", "import", "embed", "__has_include", "__has_include_next", "__has_embed"}
+
+
+def foreign_include(source: str) -> str | None:
+    """The first line of `source` that could make the preprocessor open a file other than
+    ALLOWED_INCLUDES, or None. Conservative: the word anywhere (a comment, a string) counts,
+    after line splices are joined, as the preprocessor joins them first."""
+    for line in re.sub(r"\\\r?\n", "", source).splitlines():
+        if line.strip() in ALLOWED_INCLUDES:
+            continue
+        if any(word in _OPENS_FILES for word in _FILE_WORDS.findall(line)):
+            return line.strip()
+    return None
 
 
 class CacheInputError(ValueError):
@@ -38,7 +59,9 @@ class ImportResult:
 
 def import_bundle(path: Path) -> ImportResult:
     """Check every kernel first (nothing is written if one fails), then write the entries
-    through the same tiers as a compile: local, and the remote unless read-only."""
+    through the same tiers as a compile: local, and the remote unless read-only. A local
+    cache that cannot be used or written (not a directory, no permission, disk full) is a
+    cache.CacheUnusable (exit 2) naming the path."""
     from topkgen.compile import cache_key, toolchain
     from topkgen.policy import plan
     from topkgen.render import render
@@ -72,7 +95,7 @@ def import_bundle(path: Path) -> ImportResult:
         chosen.append((key, fields, cubin, source))
     local = cache.local_store()
     present = sum(local.get(cache.ac_path(key)) is not None for key, *_ in chosen)
-    written = sum(cache.store(key, fields, cubin, source, cache.Outcome("compiled")).remote_written
+    written = sum(cache.store(key, fields, cubin, source, cache.Outcome("compiled"), strict=True).remote_written
                   for key, fields, cubin, source in chosen)
     remote = cache.remote_store()
     return ImportResult(
@@ -132,7 +155,13 @@ def _verify_one(store: cache.Store, key: str) -> str:
         return f"{label}: its source is missing or fails its sha256"
     if cubin is None or cache.sha256(cubin) != record["cubin_sha256"]:
         return f"{label}: its cubin is missing or fails its sha256"
-    text = source.decode()
+    try:
+        text = source.decode()
+    except UnicodeDecodeError:
+        return f"{label}: its source is not UTF-8 text"
+    foreign = foreign_include(text)
+    if foreign is not None:  # not compiled: no topkgen kernel includes anything else
+        return f"{label}: its source includes what no topkgen kernel does: {foreign[:120]!r}"
     try:
         if cache_key(text, record["name"], record["arch"]) != key:
             return f"{label}: the key is not the key of its source, name and arch"

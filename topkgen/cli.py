@@ -513,6 +513,9 @@ def _cache_warnings(stats: Any) -> None:
         console.warning(f"{stats.rejected} remote entries failed sha256 verification and were compiled here instead")
     for error in stats.errors[:3]:
         console.warning(f"remote cache unavailable, compiled instead: {error}")
+    if stats.local_errors:  # disk full, say: the bundle is complete, the next build compiles these again
+        console.warning(f"the compile cache could not be written, so kernels compiled now are not cached: "
+                        f"{stats.local_errors[0]}")
 
 
 # ----------------------------------------------------------------------------- show

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
+import stat
 from functools import lru_cache
 from pathlib import Path
 from typing import Iterator
@@ -42,8 +44,10 @@ def temporary_beside(path: Path, data: bytes) -> Iterator[Path]:
     renamed or linked into place); removed on exit if it is still there."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
+    # O_EXCL|O_NOFOLLOW: a name planted there beforehand (a symlink, a FIFO) is an error, never written through
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
     try:
-        with open(tmp, "wb") as f:
+        with open(fd, "wb") as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
@@ -56,3 +60,86 @@ def atomic_write(path: Path, data: bytes) -> None:
     """Write to a temporary file beside `path`, then rename it into place."""
     with temporary_beside(path, data) as tmp:
         os.replace(tmp, path)
+
+
+def read_regular(path: Path, limit: int) -> bytes:
+    """The bytes of the regular file `path`, which must hold at most `limit` bytes.
+
+    For files a hostile or damaged directory may hold (cache entries): the name is opened
+    without following a symlink and without blocking, so a symlink to /dev/zero, a FIFO, a
+    device or a directory in its place is an OSError, never a read without end or a hang.
+    FileNotFoundError (or NotADirectoryError) when nothing is there; OSError(EFBIG) when it
+    holds more than `limit` bytes (nothing beyond limit + 1 is read)."""
+    mode = os.lstat(path).st_mode
+    if not stat.S_ISREG(mode):  # not even opened: opening a device can have effects
+        raise OSError(errno.EINVAL, _kind(mode), str(path))
+    fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    try:
+        info = os.fstat(fd)  # the file opened, whatever replaced the name since the lstat
+        if not stat.S_ISREG(info.st_mode):
+            raise OSError(errno.EINVAL, _kind(info.st_mode), str(path))
+        if info.st_size > limit:
+            raise OSError(errno.EFBIG, f"larger than {limit} bytes", str(path))
+        chunks, left = [], limit + 1
+        while left > 0:
+            chunk = os.read(fd, min(left, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            left -= len(chunk)
+        if left <= 0:  # it grew while being read
+            raise OSError(errno.EFBIG, f"larger than {limit} bytes", str(path))
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def open_lock(path: Path) -> int:
+    """A descriptor, for flock, of the lock file `path`, created if absent: opened as
+    read_regular opens, so a FIFO or a symlink planted there is an OSError, not a hang."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
+    mode = os.fstat(fd).st_mode
+    if not stat.S_ISREG(mode):
+        os.close(fd)
+        raise OSError(errno.EINVAL, _kind(mode), str(path))
+    return fd
+
+
+def _kind(mode: int) -> str:
+    """What a file that should be a regular one is, for messages."""
+    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
+                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
+                       (stat.S_ISSOCK, "a socket")):
+        if test(mode):
+            return f"not a regular file but {name}"
+    return "not a regular file"
+
+
+def directory_problem(path: Path) -> str | None:
+    """Why `path` cannot serve as a cache directory (it is created if absent), or None: for
+    a message that begins with the path ("/x is not a directory", "/x: Permission denied")."""
+    try:
+        mode = os.stat(path).st_mode
+    except FileNotFoundError:
+        try:
+            os.makedirs(path, exist_ok=True)
+            return None
+        except FileExistsError:  # a dangling symlink, or a file made meanwhile
+            return "is not a directory"
+        except OSError as err:
+            return f"cannot be created: {err.strerror}"
+    except OSError as err:  # ENOTDIR (a file above it), EACCES, ELOOP
+        return err.strerror
+    if not stat.S_ISDIR(mode):
+        return "is not a directory"
+    if not os.access(path, os.R_OK | os.W_OK | os.X_OK):
+        return "Permission denied"  # not readable, writable and searchable by this user
+    return None
+
+
+def unusable_message(path: Path | str, problem: str, what: str = "the compile cache") -> str:
+    """One line for a cache directory or file that cannot be used: the setting, the path, the remedy."""
+    explicit = os.environ.get("TOPKGEN_CACHE_DIR")
+    where = f"TOPKGEN_CACHE_DIR={explicit}: " if explicit else ""
+    sep = " " if problem.startswith(("is ", "cannot ")) else ": "
+    return f"{where}cannot use {what}: {path}{sep}{problem}; set TOPKGEN_CACHE_DIR to a writable directory"

@@ -18,6 +18,7 @@ the few bytes of guard zone beside a buffer are not detected (writes there are).
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import hashlib
 import os
@@ -27,12 +28,13 @@ import subprocess
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
 from topkgen.emulator.counters import Counters, PhaseStats, from_phases
-from topkgen.paths import atomic_write, cache_root, cuda_include_dir
+from topkgen.paths import (atomic_write, cache_root, cuda_include_dir, directory_problem, read_regular,
+                           unusable_message)
 
 INCLUDE_DIR = Path(__file__).resolve().parent / "include"
 # The alignment sanitizer in trap mode makes a misaligned access trap as it faults on a GPU.
@@ -42,6 +44,9 @@ CXX_FLAGS = ("-std=c++17", "-O2", "-fPIC", "-shared", "-pthread", "-w", "-fno-st
              "-fsanitize=alignment", "-fsanitize-undefined-trap-on-error", "-fno-gnu-unique")
 DEFAULT_TIMEOUT_S = 120.0
 MAX_THREADS_PER_BLOCK = 1024
+
+
+SO_LIMIT = 256 << 20  # the most a cached shared object may hold (they are about 100 KiB)
 
 
 class EmulationError(RuntimeError):
@@ -144,20 +149,26 @@ def compile_source(source: str, *, name: str = "kernel", defines: Sequence[str] 
     cache = cache_root() / "emulator"
     so_path = cache / f"{key}.so"
     if not _intact(so_path):
-        cache.mkdir(parents=True, exist_ok=True)
+        from topkgen.cache import CacheUnusable  # exit status 2: the shared object must live somewhere
+
+        for folder in (cache_root(), cache):
+            problem = directory_problem(folder)
+            if problem:
+                raise CacheUnusable(unusable_message(folder, problem, "the emulator cache"))
         tmp_dir = cache / f".build-{os.getpid()}-{os.urandom(4).hex()}"
-        tmp_dir.mkdir()
+        src, out = tmp_dir / f"{name}.cpp", tmp_dir / "module.so"
         try:
-            src = tmp_dir / f"{name}.cpp"
-            src.write_text(unit)
-            out = tmp_dir / "module.so"
+            with _cache_writes(cache, CacheUnusable):
+                tmp_dir.mkdir()
+                src.write_text(unit)
             cmd = [cxx, *CXX_FLAGS, f"-I{INCLUDE_DIR}", f"-I{cuda_include_dir()}", str(src), "-o", str(out)]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
                 raise EmulationError(f"host compilation of '{name}' failed:\n{proc.stderr.strip()}")
-            data = out.read_bytes()
-            atomic_write(so_path, data)
-            atomic_write(so_path.with_suffix(".sha256"), hashlib.sha256(data).hexdigest().encode())
+            with _cache_writes(cache, CacheUnusable):
+                data = out.read_bytes()
+                atomic_write(so_path, data)
+                atomic_write(so_path.with_suffix(".sha256"), hashlib.sha256(data).hexdigest().encode())
         finally:
             shutil.rmtree(tmp_dir, ignore_errors=True)
     module = Module(so_path, name)
@@ -165,13 +176,24 @@ def compile_source(source: str, *, name: str = "kernel", defines: Sequence[str] 
     return module
 
 
+@contextlib.contextmanager
+def _cache_writes(cache: Path, error: type[Exception]) -> Iterator[None]:
+    """A write in the emulator cache that fails (disk full; a directory where an entry
+    belongs) as one line naming the path, exit status 2, instead of a traceback."""
+    try:
+        yield
+    except OSError as err:
+        raise error(unusable_message(err.filename2 or err.filename or cache, err.strerror or str(err), "the emulator cache")) from None
+
+
 def _intact(so_path: Path) -> bool:
     """A cache entry is used only when the shared object matches its recorded sha256;
-    a missing, partial or corrupt entry is compiled again."""
+    a missing, partial or corrupt entry is compiled again, and so is one that is not a
+    regular file (a symlink to /dev/zero, a FIFO: read_regular neither follows nor blocks)."""
     try:
-        recorded = so_path.with_suffix(".sha256").read_text().strip()
-        return hashlib.sha256(so_path.read_bytes()).hexdigest() == recorded
-    except OSError:
+        recorded = read_regular(so_path.with_suffix(".sha256"), 1024).decode().strip()
+        return hashlib.sha256(read_regular(so_path, SO_LIMIT)).hexdigest() == recorded
+    except (OSError, ValueError):  # ValueError: a record that is not text
         return False
 
 
