@@ -335,3 +335,17 @@ def test_verify_never_compiles_a_cached_source_that_includes_another_file(tmp_pa
     assert proc.returncode == 1, proc.stderr
     assert "0 identical, 1 wrong" in proc.stdout
     assert f"{name} (sm_90): its source includes what no topkgen kernel does: '#include \"{tmp_path}" in proc.stdout
+
+
+def test_a_lock_that_is_not_a_regular_file_is_one_message_not_a_hang(cache_copy, tmp_path):
+    """build serialises writers of one --out with a lock in the cache; a FIFO planted there
+    would block open() for ever."""
+    import hashlib
+
+    out = tmp_path / "out"
+    key = hashlib.sha256(os.fsencode(out.resolve())).hexdigest()[:32]
+    (cache_copy / "locks").mkdir(exist_ok=True)
+    os.mkfifo(cache_copy / "locks" / f"{key}.lock")
+    proc = topkgen("build", *SHARD, "--out", out, cache_dir=cache_copy, timeout=60)
+    one_line_error(proc, "cannot create the lock", "not a regular file but a FIFO")
+    assert not out.exists()

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from topkgen.errors import InputError
-from topkgen.paths import cache_root
+from topkgen.paths import cache_root, open_lock
 from topkgen.reader import ReadError, printable, read_json
 
 _ARCH_DIR = re.compile(r"sm_[0-9]{2,3}a?")
@@ -228,13 +228,15 @@ def locked(destination: Path) -> Iterator[None]:
     lock = cache_root() / "locks" / f"{key}.lock"
     try:
         lock.parent.mkdir(parents=True, exist_ok=True)
-        handle = open(lock, "a")
+        fd = open_lock(lock)  # a FIFO or symlink planted there is refused, not waited on
     except OSError as err:
         raise DestinationError(f"cannot create the lock {_show(lock)}: {err.strerror} "
                                f"(set TOPKGEN_CACHE_DIR to a writable directory)") from None
-    with handle:
-        fcntl.flock(handle, fcntl.LOCK_EX)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
         try:
             yield
         finally:
-            fcntl.flock(handle, fcntl.LOCK_UN)
+            fcntl.flock(fd, fcntl.LOCK_UN)
+    finally:
+        os.close(fd)
