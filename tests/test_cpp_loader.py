@@ -10,7 +10,9 @@ import copy
 import fcntl
 import importlib.util
 import json
+import os
 import random
+import resource
 import shutil
 import subprocess
 import sys
@@ -232,6 +234,112 @@ def test_both_loaders_word_other_refusals_alike(cpp, built_bundle, tmp_path, mut
         manifest, top = bundle.load_manifest(root)
         bundle.read_files(top, manifest)
     assert str(err.value) == _cpp_refusal(cpp, root)
+
+
+# ----------------------------------------------------------------------------- files that are not regular files
+
+def _bounded(*cmd) -> subprocess.CompletedProcess:
+    """A loader in a child limited in time and to 2 GiB of address space: an endless or
+    blocking file must fail the test, not hang it or the machine."""
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+    return subprocess.run(list(map(str, cmd)), capture_output=True, text=True, timeout=60, preexec_fn=limit)
+
+
+def _first(root: Path, key: str, arch: str) -> tuple[str, dict]:
+    """The first entry of `key` (kernels, jit_kernels) of `arch`, as the loaders meet it."""
+    doc = json.loads((root / "manifest.json").read_text())
+    i = next(j for j, e in enumerate(doc[key]) if e["arch"] == arch)
+    return f"{key}[{i}]", doc[key][i]
+
+
+def _outside(root: Path, rel: str) -> None:
+    """Move `rel` out of the bundle and leave a symbolic link to it in its place."""
+    target = root.parent / f"outside-{rel.replace('/', '-')}"
+    os.rename(root / rel, target)
+    os.symlink(target, root / rel)
+
+
+def _in_bundle_link(root: Path, rel: str) -> None:
+    os.rename(root / rel, root / f"{rel}.real")
+    os.symlink(Path(rel).name + ".real", root / rel)
+
+
+def _replace(root: Path, rel: str, make) -> None:
+    os.unlink(root / rel)
+    make(root / rel)
+
+
+def _huge(path: Path) -> None:
+    with open(path, "wb") as f:
+        f.truncate(bundle.MAX_FILE_BYTES + 1)  # sparse: nothing is written
+
+
+CUBIN, SOURCE = "{cubin}", "{source}"
+# case -> (what is done to which path, the refusal after "FILE: ")
+SPECIAL_FILES = {
+    "cubin linked to /dev/zero": (lambda r, p: _replace(r, p, lambda q: os.symlink("/dev/zero", q)), CUBIN,
+                                  "{k}.cubin: cannot read {cubin}: it is a symbolic link; a bundle holds none"),
+    "cubin linked out of the bundle": (_outside, CUBIN,
+                                       "{k}.cubin: cannot read {cubin}: it is a symbolic link; a bundle holds none"),
+    "cubin linked within the bundle": (_in_bundle_link, CUBIN,
+                                       "{k}.cubin: cannot read {cubin}: it is a symbolic link; a bundle holds none"),
+    "arch directory linked out": (_outside, "sm_90",
+                                  "{k}.cubin: cannot read {cubin}: sm_90 is a symbolic link; a bundle holds none"),
+    "jit directory linked out": (_outside, "jit",
+                                 "{j}.source: cannot read {source}: jit is a symbolic link; a bundle holds none"),
+    "manifest linked out": (_outside, "manifest.json", "cannot read manifest: it is a symbolic link; a bundle holds none"),
+    "cubin a FIFO": (lambda r, p: _replace(r, p, os.mkfifo), CUBIN,
+                     "{k}.cubin: cannot read {cubin}: it is a FIFO, not a regular file"),
+    "manifest a FIFO": (lambda r, p: _replace(r, p, os.mkfifo), "manifest.json",
+                        "cannot read manifest: it is a FIFO, not a regular file"),
+    "arch directory a file": (lambda r, p: (shutil.rmtree(r / p), (r / p).write_bytes(b"")), "sm_90",
+                              "{k}.cubin: cannot read {cubin}: sm_90 is a regular file, not a directory"),
+    "cubin larger than the bound": (lambda r, p: _replace(r, p, _huge), CUBIN,
+                                    "{k}.cubin: cannot read {cubin}: it is larger than 67108864 bytes"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SPECIAL_FILES))
+def test_both_loaders_refuse_what_is_not_a_regular_file_of_the_bundle(cpp, built_bundle, tmp_path, case):
+    """A bundle is directories and regular files (the schema's load check 3): a link, even
+    one that stays inside, a FIFO or an endless file is refused, in bounded time
+    and memory, with the same message by `show` and the C++ loader."""
+    mutate, target, message = SPECIAL_FILES[case]
+    root = tmp_path / "bundle"
+    shutil.copytree(built_bundle, root)
+    k, kernel = _first(root, "kernels", "sm_90")
+    j, jit = _first(root, "jit_kernels", "sm_90")
+    mutate(root, target.format(cubin=kernel["cubin"], source=jit["source"]))
+    expected = f"{root}/manifest.json: " + message.format(k=k, j=j, cubin=kernel["cubin"], source=jit["source"])
+    python = _bounded(sys.executable, "-m", "topkgen.cli", "show", root)
+    native = _bounded(cpp, "verify", root)
+    print(f"{case}:\n  Python: {python.stderr.strip()}\n  C++:    {native.stderr.strip()}")
+    assert (python.returncode, python.stderr) == (2, f"topkgen: error: {expected}\n")
+    assert (native.returncode, native.stderr) == (2, f"topkgen-cpp: error: {expected}\n")
+
+
+def test_a_fifo_manifest_stops_no_command(built_bundle, tmp_path):
+    """`diff` and `run` read manifests through the same function as `show`."""
+    root = tmp_path / "bundle"
+    shutil.copytree(built_bundle, root)
+    _replace(root, "manifest.json", os.mkfifo)
+    np = pytest.importorskip("numpy")
+    np.save(tmp_path / "x.npy", np.zeros((1, 64), np.float32))
+    expected = f"topkgen: error: {root}/manifest.json: cannot read manifest: it is a FIFO, not a regular file\n"
+    for args in (["diff", root, built_bundle], ["run", "--bundle", root, "--backend", "emulator", "--arch", "sm_90",
+                                                "--k", "4", tmp_path / "x.npy"]):
+        proc = _bounded(sys.executable, "-m", "topkgen.cli", *args)
+        assert (proc.returncode, proc.stderr) == (2, expected), args
+
+
+def test_a_bundle_reached_through_a_link_is_served(cpp, built_bundle, tmp_path):
+    """Only what is inside the bundle must not be a link: the directory itself may be one."""
+    os.symlink(built_bundle, tmp_path / "link")
+    assert _bounded(sys.executable, "-m", "topkgen.cli", "show", tmp_path / "link").returncode == 0
+    assert _bounded(cpp, "verify", tmp_path / "link").returncode == 0
 
 
 # ----------------------------------------------------------------------------- driver

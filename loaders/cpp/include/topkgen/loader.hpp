@@ -280,27 +280,80 @@ inline std::string sha256_hex(const std::string& data) {
   return out;
 }
 
-// Reads a whole file; on failure returns false with errno's text.
-inline bool read_file(const std::string& path, std::string& out, std::string& why) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
+constexpr std::size_t MAX_MANIFEST_BYTES = 64 << 20;  // topkgen.bundle's limits
+constexpr std::size_t MAX_FILE_BYTES = 64 << 20;      // a cubin or a JIT source
+
+inline const char* file_kind(mode_t mode) {
+  switch (mode & S_IFMT) {
+    case S_IFREG: return "a regular file";
+    case S_IFDIR: return "a directory";
+    case S_IFLNK: return "a symbolic link";
+    case S_IFIFO: return "a FIFO";
+    case S_IFCHR: return "a character device";
+    case S_IFBLK: return "a block device";
+    case S_IFSOCK: return "a socket";
+    default: return "of an unknown kind";
+  }
+}
+
+// The bytes of the regular file `rel` ("sm_90/x.cubin") under the directory `root` (which
+// may be reached through a link), reached through directories only and read no further
+// than `limit` bytes (topkgen.bundle.read_bundle_file, with its messages). A bundle holds no
+// symbolic links (one could lead out of it), FIFOs (which block), devices or sockets. On
+// failure returns false with the reason.
+inline bool read_bundle_file(const std::string& root, const std::string& rel, std::size_t limit, std::string& out,
+                             std::string& why) {
+  struct Fd {
+    int fd;
+    ~Fd() {
+      if (fd >= 0) ::close(fd);
+    }
+  } dir{::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
+  auto failed = [&] {
     why = std::strerror(errno);
+    return false;
+  };
+  if (dir.fd < 0) return failed();
+  struct stat st;
+  for (std::size_t start = 0;;) {
+    const std::size_t slash = rel.find('/', start);
+    const bool last = slash == std::string::npos;
+    const std::string name = rel.substr(start, last ? std::string::npos : slash - start);
+    const std::string what = last ? "it" : rel.substr(0, slash);
+    if (::fstatat(dir.fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) return failed();
+    if (S_ISLNK(st.st_mode)) {
+      why = what + " is a symbolic link; a bundle holds none";
+      return false;
+    }
+    if (last ? !S_ISREG(st.st_mode) : !S_ISDIR(st.st_mode)) {
+      why = what + " is " + file_kind(st.st_mode) + ", not " + (last ? "a regular file" : "a directory");
+      return false;
+    }
+    const int fd = ::openat(dir.fd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | (last ? 0 : O_DIRECTORY));
+    if (fd < 0) return failed();
+    ::close(dir.fd);
+    dir.fd = fd;
+    if (last) break;
+    start = slash + 1;
+  }
+  if (::fstat(dir.fd, &st) != 0) return failed();
+  if (!S_ISREG(st.st_mode)) {  // replaced since the lstat
+    why = std::string("it is ") + file_kind(st.st_mode) + ", not a regular file";
     return false;
   }
   out.clear();
   char buf[1 << 16];
-  for (;;) {
-    ssize_t got = ::read(fd, buf, sizeof buf);
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      why = std::strerror(errno);
-      ::close(fd);
-      return false;
-    }
+  while (static_cast<std::uint64_t>(st.st_size) <= limit && out.size() <= limit) {  // a file may grow while it is read
+    const ssize_t got = ::read(dir.fd, buf, std::min(sizeof buf, limit + 1 - out.size()));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return failed();
     if (got == 0) break;
     out.append(buf, static_cast<std::size_t>(got));
   }
-  ::close(fd);
+  if (static_cast<std::uint64_t>(st.st_size) > limit || out.size() > limit) {
+    why = "it is larger than " + std::to_string(limit) + " bytes";
+    return false;
+  }
   return true;
 }
 
@@ -421,7 +474,8 @@ class Bundle {
     while (dir_.size() > 1 && dir_.back() == '/') dir_.pop_back();
     doc_.file = dir_ + "/manifest.json";
     std::string text, why;
-    if (!detail::read_file(doc_.file, text, why)) throw Error(doc_.file + ": cannot read manifest: " + why);
+    if (!detail::read_bundle_file(dir_, "manifest.json", detail::MAX_MANIFEST_BYTES, text, why))
+      throw Error(doc_.file + ": cannot read manifest: " + why);
     detail::json m;
     try {
       m = detail::json::parse(text);
@@ -782,7 +836,7 @@ class Bundle {
       Kernel& e = *kern;
       const std::string key = e.aot ? ".cubin" : ".source";
       std::string why;
-      if (!detail::read_file(dir_ + "/" + e.path, e.data, why))
+      if (!detail::read_bundle_file(dir_, e.path, detail::MAX_FILE_BYTES, e.data, why))
         doc_.fail(e.field + key, "cannot read " + e.path + ": " + why);
       if (detail::sha256_hex(e.data) != e.sha256)
         doc_.fail(e.field + ".sha256", e.path + " does not match its sha256 in the manifest");
