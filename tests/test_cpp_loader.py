@@ -141,12 +141,41 @@ def _wrong_sm(doc: dict, root: Path, i: int) -> None:
     entry["sha256"] = twin["sha256"]
 
 
+def _other_kernels_cubin(doc: dict, root: Path, i: int) -> None:
+    """The deterministic twin's cubin (same arch, dtype, k) under the fast kernel's name, its
+    sha256 and size updated: only the cubin's symbol table tells."""
+    entry = doc["kernels"][i]
+    twin = next(e for e in doc["kernels"] if e["name"] == entry["name"].replace("_fast_", "_det_"))
+    shutil.copy(root / twin["cubin"], root / entry["cubin"])
+    entry["sha256"], entry["size_bytes"] = twin["sha256"], twin["size_bytes"]
+
+
+def _symbol_table_outside(doc: dict, root: Path, i: int) -> None:
+    """The cubin's SHT_SYMTAB section moved (in its header) beyond the end of the file."""
+    import hashlib
+    import struct
+
+    path = root / doc["kernels"][i]["cubin"]
+    data = bytearray(path.read_bytes())
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    header = next(shoff + j * shentsize for j in range(shnum)
+                  if struct.unpack_from("<I", data, shoff + j * shentsize + 4)[0] == 2)
+    struct.pack_into("<Q", data, header + 24, 1 << 40)
+    path.write_bytes(bytes(data))
+    doc["kernels"][i]["sha256"] = hashlib.sha256(data).hexdigest()
+
+
 VICTIM = "topk_radix_dyn_k64_fast_f32_sm_90"
 TAMPERING = {
     "tampered cubin": (_tamper_cubin, "kernels[{i}].sha256: sm_90/{name}.cubin does not match its sha256 in the manifest"),
     "escaping path": (_escaping_path, "kernels[{i}].cubin: '../evil.cubin' must be 'sm_90/{name}.cubin'"),
     "duplicate name": (_duplicate_name, "kernels[58].name: duplicate kernel name '{name}' for sm_90 (also kernels[{i}])"),
     "cubin of the wrong SM": (_wrong_sm, "kernels[{i}].cubin: sm_90/{name}.cubin is compiled for sm_100, not sm_90"),
+    "cubin of another kernel": (_other_kernels_cubin,
+                                "kernels[{i}].symbol: sm_90/{name}.cubin defines no function '{name}'"),
+    "symbol table outside the cubin": (_symbol_table_outside, "kernels[{i}].cubin: sm_90/{name}.cubin is not a CUDA "
+                                                              "ELF file: its symbol table cannot be read"),
 }
 
 

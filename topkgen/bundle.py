@@ -326,8 +326,8 @@ def version_problem(version: object) -> str:
 
 def read_files(root: Path, manifest: dict, archs: Iterable[str] | None = None) -> dict[str, bytes]:
     """The files (cubins, JIT sources) of the kernels of `archs` (all when None) by kernel
-    name, each checked as every loader checks it at load: sha256, and a cubin's ELF machine
-    and SM. Paths were checked by load_manifest, and read_bundle_file follows no link:
+    name, each checked as every loader checks it at load: sha256, and a cubin's ELF machine,
+    SM and symbol. Paths were checked by load_manifest, and read_bundle_file follows no link:
     nothing read is outside the bundle."""
     label = root / MANIFEST
     wanted = None if archs is None else set(archs)

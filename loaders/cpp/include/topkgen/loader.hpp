@@ -367,6 +367,37 @@ inline int elf_sm(const std::string& d) {
   return static_cast<int>(byte(8) >= 8 ? (flags >> 8) & 0xFF : flags & 0xFF);
 }
 
+// Whether a little-endian ELF64 file's symbol tables (SHT_SYMTAB) define `symbol` as a
+// function (STT_FUNC, in a section): 1 yes, 0 no, -1 when the file is not such an ELF file
+// or a table lies outside it (topkgen.manifest_checks.elf_defines_function). Every offset is
+// checked before it is read: the file may be forged.
+inline int elf_defines_function(const std::string& d, const std::string& symbol) {
+  auto u = [&](std::uint64_t at, int bytes) {
+    std::uint64_t v = 0;
+    for (int i = bytes - 1; i >= 0; --i) v = v << 8 | static_cast<unsigned char>(d[at + i]);
+    return v;
+  };
+  const std::uint64_t size = d.size();
+  if (size < 64 || d[4] != 2 || d[5] != 1) return -1;  // ELFCLASS64, ELFDATA2LSB
+  const std::uint64_t shoff = u(0x28, 8), shentsize = u(0x3A, 2), shnum = u(0x3C, 2);
+  if (shentsize < 64 || shoff > size || shnum > (size - shoff) / shentsize) return -1;
+  for (std::uint64_t i = 0; i < shnum; ++i) {
+    const std::uint64_t h = shoff + i * shentsize;
+    if (u(h + 4, 4) != 2) continue;  // SHT_SYMTAB
+    const std::uint64_t offset = u(h + 24, 8), length = u(h + 32, 8), link = u(h + 40, 4), entsize = u(h + 56, 8);
+    if (link >= shnum || entsize != 24 || offset > size || length > size - offset) return -1;
+    const std::uint64_t s = shoff + link * shentsize, str_offset = u(s + 24, 8), str_length = u(s + 32, 8);
+    if (str_offset > size || str_length > size - str_offset) return -1;
+    for (std::uint64_t at = offset; at + 24 <= offset + length; at += 24) {
+      const std::uint64_t name = u(at, 4), info = u(at + 4, 1), shndx = u(at + 6, 2);
+      if ((info & 0xF) == 2 && shndx != 0 && name < str_length && str_length - name > symbol.size() &&
+          d.compare(str_offset + name, symbol.size(), symbol) == 0 && d[str_offset + name + symbol.size()] == '\0')
+        return 1;
+    }
+  }
+  return 0;
+}
+
 struct Row {
   std::int64_t k_lo, k_hi, n_lo, n_hi, r_lo, r_hi;
   const Kernel* kernel;
@@ -830,7 +861,8 @@ class Bundle {
       doc_.fail(field, e.name + " serves n " + detail::range(e.n_min, e.n_max) + ", not " + detail::range(lo, row.n_hi));
   }
 
-  // Each file: sha256, then for a cubin the ELF machine and SM (topkgen.manifest_checks.check_file).
+  // Each file: sha256, then for a cubin the ELF machine, the SM and the entry's symbol
+  // (topkgen.manifest_checks.check_file).
   void read_files() {
     for (auto& kern : kernels_) {
       Kernel& e = *kern;
@@ -845,6 +877,9 @@ class Bundle {
       if (sm < 0) doc_.fail(e.field + ".cubin", e.path + " is not a CUDA ELF file");
       if ("sm_" + std::to_string(sm) != e.arch)
         doc_.fail(e.field + ".cubin", e.path + " is compiled for sm_" + std::to_string(sm) + ", not " + e.arch);
+      const int defined = detail::elf_defines_function(e.data, e.symbol);
+      if (defined < 0) doc_.fail(e.field + ".cubin", e.path + " is not a CUDA ELF file: its symbol table cannot be read");
+      if (defined == 0) doc_.fail(e.field + ".symbol", e.path + " defines no function '" + e.symbol + "'");
     }
   }
 
