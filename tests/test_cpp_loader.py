@@ -265,6 +265,73 @@ def test_both_loaders_word_other_refusals_alike(cpp, built_bundle, tmp_path, mut
     assert str(err.value) == _cpp_refusal(cpp, root)
 
 
+# ----------------------------------------------------------------------------- the text and the schema
+
+def _both_refuse(cpp: Path, root: Path) -> str:
+    """The message both loaders give (the Python one: load_manifest, then read_files)."""
+    with pytest.raises(bundle.ManifestError) as err:
+        manifest, top = bundle.load_manifest(root)
+        bundle.read_files(top, manifest)
+    python, native = str(err.value), _cpp_refusal(cpp, root)
+    assert python == native
+    return python.removeprefix(f"{root}/manifest.json")
+
+
+def _edited(doc: dict, edit) -> bytes:
+    edit(doc)
+    return json.dumps(doc, indent=2, sort_keys=True).encode()
+
+
+def _set(path: tuple, value):
+    def edit(doc):
+        node = doc
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+    return lambda raw: _edited(json.loads(raw), edit)
+
+
+def _at(raw: bytes, offset: int) -> str:
+    """line:column of a byte offset (the lines before it are ASCII)."""
+    return f"{raw.count(NL, 0, offset) + 1}:{offset - raw.rfind(NL, 0, offset)}"
+
+
+NL = b"\n"
+BIDI = "topkgen\u202e".encode()
+BIDI_ESCAPED = b"topkgen\\u202e"
+VERSION_KEY = b'"schema_version":'
+# case -> (raw manifest -> raw manifest, raw manifest -> the refusal after "FILE")
+RAW_CASES = {
+    "UTF-8 BOM": (lambda raw: b"\xef\xbb\xbf" + raw,
+                  lambda raw: ":1:1: not valid JSON: Unexpected UTF-8 BOM (decode using utf-8-sig)"),
+    "duplicate key": (lambda raw: raw.replace(b"{", b'{\n  "schema_version": 3,', 1),  # named where written last
+                      lambda raw: f":{_at(raw, raw.rindex(VERSION_KEY))}: duplicate key " + '"schema_version"'),
+    "bidirectional control": (lambda raw: raw.replace(b'"topkgen"', b'"' + BIDI + b'"', 1),
+                              lambda raw: f":{_at(raw, raw.index(BIDI) + 7)}: U+202E, a bidirectional control, "
+                                          f"is not allowed"),
+    "bidirectional control escaped": (lambda raw: raw.replace(b'"topkgen"', b'"' + BIDI_ESCAPED + b'"', 1),
+                                      lambda raw: f":{_at(raw, raw.index(BIDI_ESCAPED) + 7)}: U+202E, a "
+                                                  f"bidirectional control, is not allowed"),
+    "an integer beyond 64 bits": (_set(("kernels", 0, "launch", "threads_per_block"), 2**70),
+                                  lambda raw: f":{_at(raw, raw.index(str(2**70).encode()))}: the integer {2**70} "
+                                              f"does not fit in 64 bits"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RAW_CASES))
+def test_both_loaders_read_the_text_alike(cpp, built_bundle, tmp_path, case):
+    """What Python's reader refuses, the C++ loader refuses with the same message: it scans
+    the text as topkgen.reader does."""
+    change, message = RAW_CASES[case]
+    root = tmp_path / "bundle"
+    shutil.copytree(built_bundle, root)
+    raw = change((root / "manifest.json").read_bytes())
+    (root / "manifest.json").write_bytes(raw)
+    got = _both_refuse(cpp, root)
+    print(f"{case}: {got}")
+    assert got == message(raw)
+
+
 # ----------------------------------------------------------------------------- files that are not regular files
 
 def _bounded(*cmd) -> subprocess.CompletedProcess:

@@ -27,6 +27,7 @@
 #include <algorithm>
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -37,6 +38,7 @@
 #include <string>
 #include <utility>
 #include <vector>
+
 
 // The driver's opaque handles, declared as cuda.h declares them, so CUstream and CUdeviceptr
 // values from code that includes cuda.h pass straight through.
@@ -357,6 +359,234 @@ inline bool read_bundle_file(const std::string& root, const std::string& rel, st
   return true;
 }
 
+// ---------------------------------------------------------------------------- JSON text
+// What topkgen.reader checks in a JSON file before and while parsing it, in its order and
+// with its messages: strict UTF-8; no control characters but tab and line breaks, no line
+// separators, bidirectional controls, surrogates or noncharacters, raw or as \u escapes;
+// nesting at most 32 deep; no NaN or Infinity; numbers of at most 40 characters; no UTF-8
+// BOM; no duplicate keys. Positions are line:column, columns counted in characters.
+
+constexpr int MAX_DEPTH = 32;
+constexpr std::size_t MAX_NUMBER_CHARS = 40;
+
+// The code point at byte i of t and its length, or 0 where Python's strict UTF-8 decoder
+// fails (stray or overlong bytes, surrogates, values above U+10FFFF, a cut sequence).
+inline std::size_t utf8_at(const std::string& t, std::size_t i, std::uint32_t& cp) {
+  auto byte = [&](std::size_t j) -> unsigned { return j < t.size() ? static_cast<unsigned char>(t[j]) : 0x100; };
+  const unsigned c = byte(i);
+  std::size_t n = 1;
+  unsigned lo = 0x80, hi = 0xBF;
+  if (c < 0x80) {
+    cp = c;
+    return 1;
+  } else if (c >= 0xC2 && c <= 0xDF) {
+    n = 2, cp = c & 0x1F;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    n = 3, cp = c & 0x0F, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    n = 4, cp = c & 0x07, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
+  } else {
+    return 0;
+  }
+  for (std::size_t k = 1; k < n; ++k, lo = 0x80, hi = 0xBF) {
+    const unsigned d = byte(i + k);
+    if (d < lo || d > hi) return 0;
+    cp = cp << 6 | (d & 0x3F);
+  }
+  return n;
+}
+
+inline bool forbidden(std::uint32_t c) {  // topkgen.reader._FORBIDDEN
+  return c <= 0x08 || c == 0x0B || c == 0x0C || (c >= 0x0E && c <= 0x1F) || (c >= 0x7F && c <= 0x9F) || c == 0x2028 ||
+         c == 0x2029 || (c >= 0x202A && c <= 0x202E) || (c >= 0x2066 && c <= 0x2069) || (c >= 0xD800 && c <= 0xDFFF) ||
+         c == 0xFFFE || c == 0xFFFF;
+}
+
+inline std::string describe_char(std::uint32_t c) {
+  const char* kind = c >= 0xD800 && c <= 0xDFFF                                          ? "a lone surrogate"
+                     : (c >= 0x202A && c <= 0x202E) || (c >= 0x2066 && c <= 0x2069) ? "a bidirectional control"
+                     : c == 0x2028 || c == 0x2029                                      ? "a line separator"
+                     : c == 0xFFFE || c == 0xFFFF                                      ? "a noncharacter"
+                     : c == 0                                                          ? "a NUL byte (is the file UTF-16?)"
+                                                                                       : "a control character";
+  char hex[16];
+  std::snprintf(hex, sizeof hex, "U+%04X", static_cast<unsigned>(c));
+  return std::string(hex) + ", " + kind + ", is not allowed";
+}
+
+// "FILE:LINE:COLUMN: MESSAGE" for byte `at` of t (valid UTF-8 up to there).
+[[noreturn]] inline void refuse_at(const std::string& source, const std::string& t, std::size_t at,
+                                   const std::string& message) {
+  std::size_t line = 1, line_start = 0, column = 1;
+  for (std::size_t i = 0; i < at; ++i)
+    if (t[i] == '\n') ++line, line_start = i + 1;
+  for (std::size_t i = line_start; i < at; ++i) column += (static_cast<unsigned char>(t[i]) & 0xC0) != 0x80;
+  throw Error(source + ":" + std::to_string(line) + ":" + std::to_string(column) + ": " + message);
+}
+
+// \u escapes in the string token t[begin, end) must not spell a forbidden character or half
+// a surrogate pair (topkgen.reader._check_escapes).
+inline void check_escapes(const std::string& source, const std::string& t, std::size_t begin, std::size_t end) {
+  auto hex4 = [&](std::size_t at, std::uint32_t& code) {
+    if (at + 4 > end) return false;
+    code = 0;
+    for (std::size_t k = at; k < at + 4; ++k) {
+      const char c = t[k];
+      const int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+      if (v < 0) return false;
+      code = code << 4 | static_cast<unsigned>(v);
+    }
+    return true;
+  };
+  bool pending = false;  // a high surrogate waiting for its low half
+  std::size_t pending_at = 0, pending_end = 0;
+  std::uint32_t pending_code = 0;
+  for (std::size_t i = begin; i < end;) {
+    if (t[i] != '\\') {
+      ++i;
+      continue;
+    }
+    std::uint32_t code = 0;
+    bool is_u = i + 1 < end && t[i + 1] == 'u' && hex4(i + 2, code);
+    if (!is_u && (i + 1 >= end || t[i + 1] == '\n')) {
+      ++i;
+      continue;
+    }
+    const std::size_t next = i + (is_u ? 6 : 2);
+    if (pending) {
+      if (!is_u || code < 0xDC00 || code > 0xDFFF || i != pending_end)
+        refuse_at(source, t, pending_at, describe_char(pending_code));
+      pending = false;
+    } else if (is_u && code >= 0xD800 && code <= 0xDBFF) {
+      pending = true, pending_at = i, pending_end = next, pending_code = code;
+    } else if (is_u && forbidden(code)) {
+      refuse_at(source, t, i, describe_char(code));
+    }
+    i = next;
+  }
+  if (pending) refuse_at(source, t, pending_at, describe_char(pending_code));
+}
+
+// Python's json.dumps(key) (ASCII only), as topkgen.reader names a duplicate key.
+inline std::string py_json_key(const std::string& key) {
+  std::string out = "\"";
+  char buf[16];
+  for (std::size_t i = 0; i < key.size();) {
+    std::uint32_t c = 0;
+    const std::size_t n = utf8_at(key, i, c);
+    i += n ? n : 1;
+    if (c == '"' || c == '\\') out += '\\', out += static_cast<char>(c);
+    else if (c == '\n') out += "\\n";
+    else if (c == '\r') out += "\\r";
+    else if (c == '\t') out += "\\t";
+    else if (c == '\b') out += "\\b";
+    else if (c == '\f') out += "\\f";
+    else if (c >= 0x20 && c < 0x7F) out += static_cast<char>(c);
+    else if (c < 0x10000) std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(c)), out += buf;
+    else
+      std::snprintf(buf, sizeof buf, "\\u%04x\\u%04x", 0xD800 + ((c - 0x10000) >> 10), 0xDC00 + ((c - 0x10000) & 0x3FF)),
+          out += buf;
+  }
+  return out + "\"";
+}
+
+// False for an integer token ("-?[0-9]+") outside -2^63..2^64-1, which nlohmann would read
+// as a float; true for any other number token.
+inline bool fits_64_bits(const std::string& token) {
+  const bool negative = token[0] == '-';
+  std::string digits = token.substr(negative);
+  if (digits.find_first_not_of("0123456789") != std::string::npos) return true;  // not an integer token
+  digits.erase(0, std::min(digits.find_first_not_of('0'), digits.size() - 1));
+  const std::string limit = negative ? "9223372036854775808" : "18446744073709551615";
+  return digits.size() < limit.size() || (digits.size() == limit.size() && digits <= limit);
+}
+
+// One JSON document read as topkgen.reader.read_json reads it (after the bounded read).
+template <class Json>
+Json parse_json(const std::string& t, const std::string& source) {
+  std::uint32_t c = 0;
+  for (std::size_t i = 0, n = 0; i < t.size(); i += n) {
+    if ((n = utf8_at(t, i, c)) == 0) {
+      char msg[96];
+      const bool utf16 = t.compare(0, 2, "\xff\xfe") == 0 || t.compare(0, 2, "\xfe\xff") == 0;
+      std::snprintf(msg, sizeof msg, "not UTF-8: byte 0x%02x cannot be decoded%s; save the file as UTF-8",
+                    static_cast<unsigned char>(t[i]), utf16 ? " (the file looks like UTF-16)" : "");
+      refuse_at(source, t, i, msg);
+    }
+  }
+  for (std::size_t i = 0, n = 0; i < t.size(); i += n)
+    if ((n = utf8_at(t, i, c)), forbidden(c)) refuse_at(source, t, i, describe_char(c));
+  // The token scan of topkgen.reader.parse_json: strings, brackets, numbers, NaN, Infinity.
+  int depth = 0;
+  auto digit = [&](std::size_t i) { return i < t.size() && t[i] >= '0' && t[i] <= '9'; };
+  for (std::size_t i = 0; i < t.size();) {
+    const char ch = t[i];
+    if (ch == '"') {
+      std::size_t j = i + 1;
+      while (j < t.size() && t[j] != '"' && t[j] != '\n')
+        j += t[j] == '\\' && j + 1 < t.size() && t[j + 1] != '\n' ? 2 : t[j] == '\\' ? t.size() : 1;
+      if (j < t.size() && t[j] == '"') {
+        check_escapes(source, t, i, j + 1);
+        i = j + 1;
+        continue;
+      }
+    } else if (ch == '[' || ch == '{') {
+      if (++depth > MAX_DEPTH) refuse_at(source, t, i, "nested deeper than " + std::to_string(MAX_DEPTH) + " levels");
+    } else if (ch == ']' || ch == '}') {
+      --depth;
+    } else if (digit(i) || (ch == '-' && digit(i + 1))) {
+      std::size_t j = i + 1;
+      while (j < t.size() && (digit(j) || std::strchr(".eE+-", t[j]) != nullptr)) ++j;
+      if (j - i > MAX_NUMBER_CHARS)
+        refuse_at(source, t, i, "a number of " + std::to_string(j - i) + " characters is out of range (at most " +
+                                    std::to_string(MAX_NUMBER_CHARS) + ")");
+      if (!fits_64_bits(t.substr(i, j - i)))
+        refuse_at(source, t, i, "the integer " + t.substr(i, j - i) + " does not fit in 64 bits");
+      i = j;
+      continue;
+    } else {
+      for (const char* word : {"NaN", "Infinity", "-Infinity"})
+        if (t.compare(i, std::strlen(word), word) == 0) refuse_at(source, t, i, std::string(word) + " is not JSON");
+    }
+    ++i;
+  }
+  if (t.compare(0, 3, "\xef\xbb\xbf") == 0)  // nlohmann skips it; Python's json refuses it
+    refuse_at(source, t, 0, "not valid JSON: Unexpected UTF-8 BOM (decode using utf-8-sig)");
+  // Duplicate keys, reported as Python's object_pairs_hook finds them: when their object
+  // ends, at the last place the key is written in the file.
+  std::vector<std::pair<std::set<std::string>, std::string>> objects;  // keys so far, the first duplicate
+  auto duplicate = [&](const std::string& key) {
+    const std::string needle = py_json_key(key);
+    std::size_t at = std::string::npos, from = t.size();
+    while (at == std::string::npos && from != std::string::npos && (from = t.rfind(needle, from)) != std::string::npos) {
+      std::size_t j = from + needle.size();
+      while (j < t.size() && std::strchr(" \t\n\r\f\v", t[j]) != nullptr && t[j] != '\0') ++j;
+      if (j < t.size() && t[j] == ':') at = from;
+      from = from == 0 ? std::string::npos : from - 1;
+    }
+    refuse_at(source, t, at == std::string::npos ? 0 : at, "duplicate key " + needle);
+  };
+  typename Json::parser_callback_t keys = [&](int, typename Json::parse_event_t event, Json& parsed) {
+    if (event == Json::parse_event_t::object_start) {
+      objects.emplace_back();
+    } else if (event == Json::parse_event_t::key) {
+      auto& [seen, dup] = objects.back();
+      const std::string& key = parsed.template get_ref<const std::string&>();
+      if (!seen.insert(key).second && dup.empty()) dup = key + '\0';  // '\0': set even for the key ""
+    } else if (event == Json::parse_event_t::object_end) {
+      const std::string dup = std::move(objects.back().second);
+      objects.pop_back();
+      if (!dup.empty()) duplicate(dup.substr(0, dup.size() - 1));
+    }
+    return true;
+  };
+  try {
+    return Json::parse(t, keys);
+  } catch (const typename Json::parse_error& err) {
+    throw Error(source + ": not valid JSON: " + err.what());
+  }
+}
+
 // The SM number of a CUDA ELF file, or -1 when it is not one (e_machine 190, EM_CUDA; the
 // SM sits in e_flags bits 8-15 from ABI version 8 on, bits 0-7 before).
 inline int elf_sm(const std::string& d) {
@@ -507,12 +737,7 @@ class Bundle {
     std::string text, why;
     if (!detail::read_bundle_file(dir_, "manifest.json", detail::MAX_MANIFEST_BYTES, text, why))
       throw Error(doc_.file + ": cannot read manifest: " + why);
-    detail::json m;
-    try {
-      m = detail::json::parse(text);
-    } catch (const detail::json::parse_error& err) {
-      throw Error(doc_.file + ": not valid JSON: " + err.what());
-    }
+    const detail::json m = detail::parse_json<detail::json>(text, doc_.file);
     if (!m.is_object()) throw Error(doc_.file + ": <document>: expected an object");
     check_version(m);
     for (const auto& a : m.at("archs")) archs_.push_back(a.get<std::string>());
