@@ -23,6 +23,7 @@ import pytest
 from topkgen import bundle, dispatch_table
 from topkgen import policy as pol
 from topkgen.runtime import TopK, TopKError
+from topkgen.schema import _resolve, format_path, load_schema
 
 from .conftest import ROOT
 from .test_gpu_check import gc as gpu_check  # noqa: F401 (the fixture that imports scripts/gpu_check.py)
@@ -312,16 +313,29 @@ RAW_CASES = {
     "bidirectional control escaped": (lambda raw: raw.replace(b'"topkgen"', b'"' + BIDI_ESCAPED + b'"', 1),
                                       lambda raw: f":{_at(raw, raw.index(BIDI_ESCAPED) + 7)}: U+202E, a "
                                                   f"bidirectional control, is not allowed"),
+    "unknown key": (_set(("policy", "document"), "x"),
+                    lambda raw: ": policy.document: unknown key 'document' (allowed: name, path, sha256, text)"),
+    "dynamic shared memory beyond any arch": (_set(("kernels", 0, "launch", "dynamic_shared_bytes"), 2**40),
+                                              lambda raw: ": kernels[0].launch.dynamic_shared_bytes: 1099511627776 "
+                                                          "is greater than the maximum 232448"),
+    "schema_version 3.0": (_set(("schema_version",), 3.0),
+                           lambda raw: ": schema_version: 3.0 is not supported (this topkgen reads version 3)"),
+    "schema_version true": (_set(("schema_version",), True),
+                            lambda raw: ": schema_version: true is not supported (this topkgen reads version 3)"),
+    "a float for an integer": (_set(("kernels", 0, "k"), 64.0),
+                               lambda raw: ": kernels[0].k: expected integer, got 64.0"),
     "an integer beyond 64 bits": (_set(("kernels", 0, "launch", "threads_per_block"), 2**70),
                                   lambda raw: f":{_at(raw, raw.index(str(2**70).encode()))}: the integer {2**70} "
                                               f"does not fit in 64 bits"),
+    "an invisible character where a number goes": (_set(("kernels", 0, "k"), "\u200b"),
+                                                   lambda raw: ": kernels[0].k: expected integer, got '\\u200b'"),
 }
 
 
 @pytest.mark.parametrize("case", sorted(RAW_CASES))
-def test_both_loaders_read_the_text_alike(cpp, built_bundle, tmp_path, case):
-    """What Python's reader refuses, the C++ loader refuses with the same message: it scans
-    the text as topkgen.reader does."""
+def test_both_loaders_read_the_text_and_the_schema_alike(cpp, built_bundle, tmp_path, case):
+    """What Python's reader and schema refuse, the C++ loader refuses with the same message:
+    it scans the text as topkgen.reader does and validates against the same (embedded) schema."""
     change, message = RAW_CASES[case]
     root = tmp_path / "bundle"
     shutil.copytree(built_bundle, root)
@@ -330,6 +344,106 @@ def test_both_loaders_read_the_text_alike(cpp, built_bundle, tmp_path, case):
     got = _both_refuse(cpp, root)
     print(f"{case}: {got}")
     assert got == message(raw)
+
+
+def _closed_objects(value, node: dict, schema: dict, path: tuple = (), seen: set | None = None) -> list[tuple]:
+    """The path of the first object of the manifest under each schema node that allows no
+    other keys (additionalProperties: false)."""
+    seen = set() if seen is None else seen
+    while "$ref" in node:
+        node = _resolve(node["$ref"], schema)
+    found = []
+    if isinstance(value, dict):
+        if node.get("additionalProperties") is False and id(node) not in seen:
+            seen.add(id(node))
+            found.append(path)
+        extra = node.get("additionalProperties")
+        for key, item in value.items():
+            sub = node.get("properties", {}).get(key, extra if isinstance(extra, dict) else None)
+            if sub is not None:
+                found += _closed_objects(item, sub, schema, path + (key,), seen)
+    elif isinstance(value, list) and "items" in node:
+        for i, item in enumerate(value[:2]):
+            found += _closed_objects(item, node["items"], schema, path + (i,), seen)
+    return found
+
+
+def test_both_loaders_refuse_an_unknown_key_in_every_object_the_schema_closes(cpp, built_bundle, tmp_path):
+    schema = load_schema("manifest.schema.json")
+    root = tmp_path / "bundle"
+    shutil.copytree(built_bundle, root)
+    doc = json.loads((root / "manifest.json").read_text())
+    paths = _closed_objects(doc, schema, schema)
+    assert len(paths) >= 15, paths  # the document, generator, toolchain, ..., a dispatch row
+    print(f"{len(paths)} closed objects: {', '.join(format_path(p) for p in paths)}")
+    for path in paths:
+        (root / "manifest.json").write_bytes(_set(path + ("zz",), 1)(json.dumps(doc).encode()))
+        got = _both_refuse(cpp, root)
+        assert got.startswith(f": {format_path(path + ('zz',))}: unknown key 'zz' (allowed: "), got
+
+
+MUTANTS = [0, -1, 3.0, 2.5, True, None, "", "x", "a'b", "\u00a0", [], {}, [1, 2], [1, 2, 3], 2**63, -2**63, 2**64 - 1,
+           1e30, "sm_90", "topk_x", "float32", "fast", "jit", "0" * 64, 1024, 1025, 232449]
+
+
+def test_both_loaders_refuse_random_mutations_alike(cpp, built_bundle, tmp_path):
+    """One value of the manifest replaced, removed or given a sibling key, 30 times (seeded):
+    both loaders serve the bundle, or refuse it with the same message."""
+    rng = random.Random(3)
+    root = tmp_path / "bundle"
+    shutil.copytree(built_bundle, root)
+    base = json.loads((root / "manifest.json").read_text())
+
+    def paths(node, path=()):
+        yield path
+        children = node.items() if isinstance(node, dict) else enumerate(node[:2]) if isinstance(node, list) else ()
+        for key, item in children:
+            if path != () or key != "dispatch" or rng.random() < 0.2:
+                yield from paths(item, path + (key,))
+
+    candidates = list(paths(base))[1:]
+    outcomes = []
+    for _ in range(30):
+        doc, path = copy.deepcopy(base), rng.choice(candidates)
+        parent = doc
+        for key in path[:-1]:
+            parent = parent[key]
+        kind = rng.random()
+        if kind < 0.15 and isinstance(parent, dict):
+            del parent[path[-1]]
+        elif kind < 0.25 and isinstance(parent, dict):
+            parent["zz"] = 1
+        else:
+            parent[path[-1]] = copy.deepcopy(rng.choice(MUTANTS))
+        (root / "manifest.json").write_text(json.dumps(doc, indent=1))
+        try:
+            manifest, top = bundle.load_manifest(root)
+            bundle.read_files(top, manifest)
+            python = "served"
+        except bundle.ManifestError as err:
+            python = str(err)
+        proc = subprocess.run([cpp, "verify", root], capture_output=True, text=True)
+        native = "served" if proc.returncode == 0 else proc.stderr.removeprefix("topkgen-cpp: error: ").rstrip("\n")
+        assert python == native, path
+        outcomes.append(python)
+    print("\n".join(outcomes))
+    assert sum(o != "served" for o in outcomes) >= 20  # most mutations break the bundle
+
+
+def test_the_cpp_loader_embeds_the_shipped_schema():
+    """loaders/cpp/include/topkgen/manifest_schema.hpp is generated from the schema: run
+    scripts/embed_manifest_schema.py after changing it."""
+    spec = importlib.util.spec_from_file_location("embed", ROOT / "scripts" / "embed_manifest_schema.py")
+    embed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(embed)
+    assert embed.HEADER.read_text(encoding="utf-8") == embed.header_text()
+
+
+def test_dynamic_shared_memory_is_bounded_by_the_largest_arch_limit():
+    launch = load_schema("manifest.schema.json")["$defs"]["launch"]["properties"]["dynamic_shared_bytes"]
+    assert launch["maximum"] == max(pol.SHARED_BYTES_PER_BLOCK.values())
+    header = (ROOT / "loaders" / "cpp" / "include" / "topkgen" / "loader.hpp").read_text()
+    assert f"DYNAMIC_SHARED_MAX = {launch['maximum']};" in header
 
 
 # ----------------------------------------------------------------------------- files that are not regular files

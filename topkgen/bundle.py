@@ -293,7 +293,7 @@ def load_manifest(path: str | Path, *, versions: Iterable[int] = (SCHEMA_VERSION
     except reader.ReadError as err:
         raise ManifestError(str(err)) from None
     version = doc.get("schema_version") if isinstance(doc, dict) else None
-    if version not in versions:
+    if type(version) is not int or version not in versions:  # neither 3.0 nor true is 3 (or 1)
         raise ManifestError(f"{file}: {version_problem(version)}")
     try:
         validate(doc, load_schema(SCHEMAS[version]))
@@ -317,9 +317,9 @@ def load_manifest(path: str | Path, *, versions: Iterable[int] = (SCHEMA_VERSION
 
 def version_problem(version: object) -> str:
     """Why a manifest's schema_version cannot be served (the C++ loader says the same)."""
-    if version == 1:
+    if type(version) is int and version == 1:
         return "schema_version: 1 has no dispatch table; rebuild the bundle (topkgen build)"
-    if version == 2:
+    if type(version) is int and version == 2:
         return "schema_version: 2 has no batch size in its dispatch table; rebuild the bundle (topkgen build)"
     return f"schema_version: {json.dumps(version)} is not supported (this topkgen reads version {SCHEMA_VERSION})"
 

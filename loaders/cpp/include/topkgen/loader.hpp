@@ -2,11 +2,12 @@
 //
 // It follows the manifest and nothing else: the load checks and the dispatch lookup that
 // topkgen/schemas/manifest.schema.json describes, with the messages topkgen's Python loader
-// gives, and launches configured from the manifest alone (arguments passed by the names of
-// each kernel's params, in their order). The CUDA driver is resolved at run time
-// (dlopen("libcuda.so.1") + cuGetProcAddress), so this builds and dispatches on machines
-// with no GPU and no CUDA toolkit. It has no NVRTC: plan with jit_available = false, and
-// the row's aot_fallback serves.
+// gives (it reads the text as topkgen/reader.py does and validates against the same schema,
+// embedded in manifest_schema.hpp), and launches configured from the manifest alone
+// (arguments passed by the names of each kernel's params, in their order). The CUDA driver
+// is resolved at run time (dlopen("libcuda.so.1") + cuGetProcAddress), so this builds and
+// dispatches on machines with no GPU and no CUDA toolkit. It has no NVRTC: plan with
+// jit_available = false, and the row's aot_fallback serves.
 //
 //   topkgen::Bundle b("out");
 //   topkgen::Plan p = b.plan("sm_90", "float32", k, n, rows, /*deterministic=*/false,
@@ -25,6 +26,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdint>
 #include <cstdio>
@@ -39,6 +41,7 @@
 #include <utility>
 #include <vector>
 
+#include "manifest_schema.hpp"
 
 // The driver's opaque handles, declared as cuda.h declares them, so CUstream and CUdeviceptr
 // values from code that includes cuda.h pass straight through.
@@ -62,6 +65,7 @@ constexpr int SCHEMA_VERSION = 3;
 constexpr std::uint64_t WORKSPACE_ALIGN = 256;  // candidate values start at a multiple of it (topkgen.split)
 constexpr std::uint64_t WORKSPACE_ALIGNMENT = 16;  // and the workspace itself at a multiple of this
 constexpr std::int64_t GRID_MAX = 2147483647;      // CTAs of one launch (grid.x)
+constexpr std::int64_t DYNAMIC_SHARED_MAX = 232448;  // the largest opt-in shared memory per block (sm_90, sm_100)
 
 namespace cu {
 using Result = int;
@@ -211,7 +215,7 @@ struct Plan {
 };
 
 namespace detail {
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;  // keys in document order, as Python reads them
 
 inline std::string join(const std::vector<std::string>& parts, const char* sep) {
   std::string out;
@@ -587,6 +591,310 @@ Json parse_json(const std::string& t, const std::string& source) {
   }
 }
 
+// A schema pattern, searched as topkgen.schema searches it (Python's re.search, `$` the end
+// of the string) in linear time: a manifest's strings may be long, and std::regex recurses
+// per character. The syntax the shipped schema uses: literals, \-escapes, [classes] with
+// ranges and ^, `.`, the quantifiers *, + and {n}, and the anchors ^ and $.
+class Pattern {
+ public:
+  explicit Pattern(const std::string& p) {
+    std::size_t i = 0;
+    auto unsupported = [&] { throw Error("the manifest schema's pattern " + p + " uses syntax this loader lacks"); };
+    if (p.compare(0, 1, "^") == 0) start_ = true, ++i;
+    while (i < p.size()) {
+      Atom atom;
+      const char c = p[i++];
+      if (c == '$' && i == p.size()) {
+        end_ = true;
+        break;
+      } else if (c == '[') {
+        if (i < p.size() && p[i] == '^') atom.negated = true, ++i;
+        while (i < p.size() && p[i] != ']') {
+          const char lo = p[i] == '\\' && i + 1 < p.size() ? p[++i] : p[i];
+          ++i;
+          char hi = lo;
+          if (i + 1 < p.size() && p[i] == '-' && p[i + 1] != ']') hi = p[i + 1], i += 2;
+          atom.ranges.push_back({static_cast<unsigned char>(lo), static_cast<unsigned char>(hi)});
+        }
+        if (i++ >= p.size()) unsupported();
+      } else if (c == '.') {
+        atom.negated = true, atom.ranges.push_back({'\n', '\n'});
+      } else if (c == '\\' && i < p.size() && std::ispunct(static_cast<unsigned char>(p[i]))) {
+        atom.ranges.push_back({static_cast<unsigned char>(p[i]), static_cast<unsigned char>(p[i])}), ++i;
+      } else if (std::strchr("\\()|?*+{}^$", c) != nullptr) {
+        unsupported();
+      } else {
+        atom.ranges.push_back({static_cast<unsigned char>(c), static_cast<unsigned char>(c)});
+      }
+      std::size_t copies = 1;
+      if (i < p.size() && (p[i] == '*' || p[i] == '+')) {
+        copies = p[i++] == '+';
+        atoms_.insert(atoms_.end(), copies, atom);
+        atom.star = true;
+        copies = 1;
+      } else if (i < p.size() && p[i] == '{') {
+        const std::size_t close = p.find('}', i);
+        if (close == std::string::npos || close == i + 1 || p.find_first_not_of("0123456789", i + 1) != close) unsupported();
+        copies = std::stoul(p.substr(i + 1, close - i - 1));
+        i = close + 1;
+      }
+      atoms_.insert(atoms_.end(), copies, atom);
+    }
+  }
+
+  bool search(const std::string& s) const {
+    const std::size_t accept = atoms_.size();
+    std::vector<char> now(accept + 1, 0), next(accept + 1, 0);
+    auto add = [&](std::vector<char>& set, std::size_t state) {  // with what follows a starred atom's skip
+      for (; !set[state]; ++state) {
+        set[state] = 1;
+        if (state == accept || !atoms_[state].star) break;
+      }
+    };
+    add(now, 0);
+    for (std::size_t i = 0, n = 0;; i += n) {
+      if (now[accept] && (!end_ || i == s.size())) return true;
+      if (i >= s.size()) return false;
+      std::uint32_t c = 0;
+      n = std::max<std::size_t>(utf8_at(s, i, c), 1);
+      std::fill(next.begin(), next.end(), 0);
+      bool alive = false;
+      for (std::size_t state = 0; state < accept; ++state)
+        if (now[state] && atoms_[state].matches(c)) add(next, atoms_[state].star ? state : state + 1), alive = true;
+      if (!start_) add(next, 0), alive = true;
+      if (!alive) return false;
+      now.swap(next);
+    }
+  }
+
+ private:
+  struct Atom {
+    std::vector<std::pair<std::uint32_t, std::uint32_t>> ranges;
+    bool negated = false, star = false;
+    bool matches(std::uint32_t c) const {
+      const bool in = std::any_of(ranges.begin(), ranges.end(), [&](const auto& r) { return r.first <= c && c <= r.second; });
+      return in != negated;
+    }
+  };
+  std::vector<Atom> atoms_;
+  bool start_ = false, end_ = false;
+};
+
+// ---------------------------------------------------------------------------- the schema
+// The manifest validated against topkgen/schemas/manifest.schema.json (embedded) by a port
+// of topkgen/schema.py: the same keywords, the same depth-first walk in document order, the
+// same messages. Values are described as Python's repr would describe them.
+
+// Python's repr of a str the reader let through: quotes, backslashes, tab and line breaks
+// escaped, and the assigned characters Python 3.11 (Unicode 14) does not print (spaces but
+// ' ', format characters, private use); unassigned ones, which Python escapes too, are not.
+inline std::string py_repr(const std::string& s) {
+  static const std::uint32_t hidden[][2] = {
+      {0xA0, 0xA0}, {0xAD, 0xAD}, {0x600, 0x605}, {0x61C, 0x61C}, {0x6DD, 0x6DD}, {0x70F, 0x70F},
+      {0x890, 0x891}, {0x8E2, 0x8E2}, {0x1680, 0x1680}, {0x180E, 0x180E}, {0x2000, 0x200F}, {0x202F, 0x202F},
+      {0x205F, 0x2064}, {0x206A, 0x206F}, {0x3000, 0x3000}, {0xE000, 0xF8FF}, {0xFEFF, 0xFEFF}, {0xFFF9, 0xFFFB},
+      {0x110BD, 0x110BD}, {0x110CD, 0x110CD}, {0x13430, 0x13438}, {0x1BCA0, 0x1BCA3}, {0x1D173, 0x1D17A},
+      {0xE0001, 0xE0001}, {0xE0020, 0xE007F}, {0xF0000, 0xFFFFD}, {0x100000, 0x10FFFD}};
+  const char quote = s.find('\'') != std::string::npos && s.find('"') == std::string::npos ? '"' : '\'';
+  std::string out(1, quote);
+  char buf[16];
+  for (std::size_t i = 0, n = 0; i < s.size(); i += n) {
+    std::uint32_t c = 0;
+    n = std::max<std::size_t>(utf8_at(s, i, c), 1);
+    if (c == '\\' || c == static_cast<unsigned char>(quote)) out += '\\', out += static_cast<char>(c);
+    else if (c == '\n') out += "\\n";
+    else if (c == '\r') out += "\\r";
+    else if (c == '\t') out += "\\t";
+    else if (std::none_of(std::begin(hidden), std::end(hidden), [&](const auto& r) { return r[0] <= c && c <= r[1]; }))
+      out.append(s, i, n);
+    else
+      std::snprintf(buf, sizeof buf, c < 0x100 ? "\\x%02x" : c < 0x10000 ? "\\u%04x" : "\\U%08x", static_cast<unsigned>(c)),
+          out += buf;
+  }
+  return out + quote;
+}
+
+template <class Json>
+std::string describe(const Json& v) {  // topkgen.schema._describe
+  if (v.is_boolean()) return v.template get<bool>() ? "true" : "false";
+  if (v.is_null()) return "null";
+  if (v.is_object()) return "a mapping";
+  if (v.is_array()) return "a list";
+  if (v.is_string()) return py_repr(v.template get_ref<const std::string&>());
+  return v.dump();  // a number: nlohmann writes a float as Python's repr does (3.0, 1e+100)
+}
+
+inline std::size_t characters(const std::string& s) {
+  std::size_t n = 0;
+  for (const char c : s) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+  return n;
+}
+
+template <class Json>
+class SchemaValidator {
+ public:
+  explicit SchemaValidator(const Json& root) : root_(root) {}
+
+  // Throws Error("FILE: PATH: MESSAGE") for the first violation topkgen.schema.validate finds.
+  void validate(const Json& value, const std::string& file) const {
+    try {
+      check(value, root_, "");
+    } catch (const Violation& v) {
+      throw Error(file + ": " + (v.path.empty() ? "<document>" : v.path) + ": " + v.message);
+    }
+  }
+
+ private:
+  struct Violation {
+    std::string path, message;
+  };
+
+  static std::string key_path(const std::string& path, const std::string& key) { return path.empty() ? key : path + "." + key; }
+
+  static bool is_number(const Json& v) { return v.is_number(); }  // booleans are not numbers in nlohmann either
+
+  static bool has_type(const Json& v, const std::string& type) {
+    return type == "object" ? v.is_object() : type == "array" ? v.is_array() : type == "string" ? v.is_string()
+         : type == "integer" ? v.is_number_integer() : type == "number" ? v.is_number()
+         : type == "boolean" ? v.is_boolean() : type == "null" ? v.is_null() : false;
+  }
+
+  // -1, 0 or 1 as a < b, a == b, a > b for two JSON numbers (integers compared exactly).
+  static int compare(const Json& a, const Json& b) {
+    if (a.is_number_float() || b.is_number_float()) {
+      const double x = a.template get<double>(), y = b.template get<double>();
+      return x < y ? -1 : x > y;
+    }
+    const bool neg_a = a.is_number_integer() && !a.is_number_unsigned() && a.template get<std::int64_t>() < 0;
+    const bool neg_b = b.is_number_integer() && !b.is_number_unsigned() && b.template get<std::int64_t>() < 0;
+    if (neg_a != neg_b) return neg_a ? -1 : 1;
+    if (neg_a) {
+      const std::int64_t x = a.template get<std::int64_t>(), y = b.template get<std::int64_t>();
+      return x < y ? -1 : x > y;
+    }
+    const std::uint64_t x = a.template get<std::uint64_t>(), y = b.template get<std::uint64_t>();
+    return x < y ? -1 : x > y;
+  }
+
+  static bool same(const Json& a, const Json& b) { return a == b; }  // JSON equality: 1 == 1.0, true != 1
+
+  const Json& resolve(const std::string& ref) const {
+    const Json* node = &root_;
+    for (std::size_t at = 2; at <= ref.size();) {  // "#/$defs/kernel"
+      const std::size_t slash = std::min(ref.find('/', at), ref.size());
+      node = &node->at(ref.substr(at, slash - at));
+      at = slash + 1;
+    }
+    return *node;
+  }
+
+  const Pattern& pattern(const std::string& p) const {
+    auto it = patterns_.find(p);
+    if (it == patterns_.end()) it = patterns_.emplace(p, Pattern(p)).first;
+    return it->second;
+  }
+
+  void check(const Json& value, const Json& schema, const std::string& path) const {
+    auto refusal = schema.find("x-refusal");
+    if (refusal == schema.end()) return check_node(value, schema, path);
+    try {
+      check_node(value, schema, path);
+    } catch (Violation& v) {
+      if (v.path == path) v.message += ": " + refusal->template get<std::string>();
+      throw;
+    }
+  }
+
+  void check_node(const Json& value, const Json& schema, const std::string& path) const {
+    auto fail = [&](const std::string& message) { throw Violation{path, message}; };
+    if (auto ref = schema.find("$ref"); ref != schema.end()) check(value, resolve(ref->template get<std::string>()), path);
+    if (auto type = schema.find("type"); type != schema.end()) {
+      std::vector<std::string> types;
+      if (type->is_array())
+        for (const Json& t : *type) types.push_back(t.template get<std::string>());
+      else
+        types.push_back(type->template get<std::string>());
+      if (std::none_of(types.begin(), types.end(), [&](const std::string& t) { return has_type(value, t); }))
+        fail("expected " + join(types, " or ") + ", got " + describe(value));
+    }
+    if (auto c = schema.find("const"); c != schema.end() && !same(value, *c))
+      fail("must be " + c->dump(-1, ' ', true) + ", got " + describe(value));
+    if (auto e = schema.find("enum"); e != schema.end() && std::none_of(e->begin(), e->end(), [&](const Json& x) { return same(value, x); })) {
+      std::vector<std::string> choices;
+      for (const Json& x : *e) choices.push_back(x.dump(-1, ' ', true));
+      fail(describe(value) + " is not one of " + join(choices, ", "));
+    }
+    if (is_number(value)) {
+      if (auto m = schema.find("minimum"); m != schema.end() && compare(value, *m) < 0)
+        fail(value.dump() + " is less than the minimum " + m->dump());
+      if (auto m = schema.find("maximum"); m != schema.end() && compare(value, *m) > 0)
+        fail(value.dump() + " is greater than the maximum " + m->dump());
+    }
+    if (value.is_string()) {
+      const std::string& s = value.template get_ref<const std::string&>();
+      if (auto m = schema.find("minLength"); m != schema.end() && characters(s) < m->template get<std::size_t>())
+        fail("must have at least " + m->dump() + " characters");
+      if (auto m = schema.find("maxLength"); m != schema.end() && characters(s) > m->template get<std::size_t>())
+        fail("must have at most " + m->dump() + " characters");
+      if (auto p = schema.find("pattern"); p != schema.end() && !pattern(p->template get<std::string>()).search(s))
+        fail(py_repr(s) + " does not match the pattern " + p->template get<std::string>());
+    }
+    if (value.is_array()) {
+      if (auto m = schema.find("minItems"); m != schema.end() && value.size() < m->template get<std::size_t>())
+        fail("must have at least " + m->dump() + " items");
+      if (auto m = schema.find("maxItems"); m != schema.end() && value.size() > m->template get<std::size_t>())
+        fail("must have at most " + m->dump() + " items");
+      if (schema.value("uniqueItems", false)) {
+        std::set<Json> seen;
+        for (std::size_t i = 0; i < value.size(); ++i)
+          if (!seen.insert(value[i]).second)
+            throw Violation{path + "[" + std::to_string(i) + "]", "duplicate item " + describe(value[i])};
+      }
+      if (auto items = schema.find("items"); items != schema.end())
+        for (std::size_t i = 0; i < value.size(); ++i) check(value[i], *items, path + "[" + std::to_string(i) + "]");
+    }
+    if (value.is_object()) check_object(value, schema, path);
+  }
+
+  void check_object(const Json& value, const Json& schema, const std::string& path) const {
+    static const Json none = Json::object();
+    auto p = schema.find("properties");
+    const Json& props = p == schema.end() ? none : *p;
+    auto x = schema.find("additionalProperties");
+    const bool closed = x != schema.end() && x->is_boolean() && !x->template get<bool>();
+    // Unknown and badly named keys first: a typo reads better than "missing key".
+    for (auto it = value.begin(); it != value.end(); ++it) {
+      const std::string kp = key_path(path, it.key());
+      if (auto names = schema.find("propertyNames"); names != schema.end()) {
+        try {
+          check(Json(it.key()), *names, kp);
+        } catch (const Violation& v) {
+          throw Violation{kp, "bad key: " + v.message};
+        }
+      }
+      if (closed && !props.contains(it.key())) {
+        std::vector<std::string> allowed;
+        for (auto q = props.begin(); q != props.end(); ++q) allowed.push_back(q.key());
+        std::sort(allowed.begin(), allowed.end());
+        throw Violation{kp, "unknown key '" + it.key() + "' (allowed: " + (allowed.empty() ? "none" : join(allowed, ", ")) + ")"};
+      }
+    }
+    if (auto m = schema.find("minProperties"); m != schema.end() && value.size() < m->template get<std::size_t>())
+      throw Violation{path, "must have at least " + m->dump() + " entries"};
+    if (auto required = schema.find("required"); required != schema.end())
+      for (const Json& key : *required)
+        if (!value.contains(key.template get<std::string>()))
+          throw Violation{path, "missing required key '" + key.template get<std::string>() + "'"};
+    for (auto it = value.begin(); it != value.end(); ++it) {
+      if (auto q = props.find(it.key()); q != props.end()) check(it.value(), *q, key_path(path, it.key()));
+      else if (x != schema.end() && x->is_object()) check(it.value(), *x, key_path(path, it.key()));
+    }
+  }
+
+  const Json& root_;
+  mutable std::map<std::string, Pattern> patterns_;
+};
+
 // The SM number of a CUDA ELF file, or -1 when it is not one (e_machine 190, EM_CUDA; the
 // SM sits in e_flags bits 8-15 from ABI version 8 on, bits 0-7 before).
 inline int elf_sm(const std::string& d) {
@@ -738,9 +1046,10 @@ class Bundle {
     if (!detail::read_bundle_file(dir_, "manifest.json", detail::MAX_MANIFEST_BYTES, text, why))
       throw Error(doc_.file + ": cannot read manifest: " + why);
     const detail::json m = detail::parse_json<detail::json>(text, doc_.file);
-    if (!m.is_object()) throw Error(doc_.file + ": <document>: expected an object");
-    check_version(m);
-    for (const auto& a : m.at("archs")) archs_.push_back(a.get<std::string>());
+    check_version(m);  // the order of topkgen.bundle.load_manifest: version, schema, the load checks
+    static const detail::json schema = detail::json::parse(detail::MANIFEST_SCHEMA);
+    detail::SchemaValidator<detail::json>(schema).validate(m, doc_.file);
+    archs_ = doc_.strings(m, "archs", "<document>");
     read_entries(m);
     read_dispatch(m);
     read_files();
@@ -822,6 +1131,13 @@ class Bundle {
  private:
   using Tables = std::map<std::string, std::map<std::string, std::map<std::string, detail::List>>>;
 
+  static std::vector<std::string> sorted_keys(const detail::json& obj) {
+    std::vector<std::string> keys;
+    for (auto it = obj.begin(); it != obj.end(); ++it) keys.push_back(it.key());
+    std::sort(keys.begin(), keys.end());
+    return keys;
+  }
+
   template <class M>
   static std::string known(const M& m) {
     std::vector<std::string> keys;
@@ -897,18 +1213,19 @@ class Bundle {
   }
 
   void check_version(const detail::json& m) {
-    auto it = m.find("schema_version");
-    if (it != m.end() && *it == SCHEMA_VERSION) {
+    auto it = m.find("schema_version");  // end() when m is not an object
+    const bool integer = it != m.end() && it->is_number_integer();  // neither 3.0 nor true is 3
+    if (integer && *it == SCHEMA_VERSION) {
       auto shard = m.find("shard");
       if (shard != m.end() && shard->is_object())
-        throw Error(doc_.file + ": shard: part " + shard->value("index", nlohmann::json()).dump() + "/" +
-                    shard->value("count", nlohmann::json()).dump() +
+        throw Error(doc_.file + ": shard: part " + shard->value("index", detail::json()).dump() + "/" +
+                    shard->value("count", detail::json()).dump() +
                     " of a sharded build, not a bundle; assemble the parts with `topkgen merge` first");
       return;
     }
-    if (it != m.end() && *it == 1)
+    if (integer && *it == 1)
       throw Error(doc_.file + ": schema_version: 1 has no dispatch table; rebuild the bundle (topkgen build)");
-    if (it != m.end() && *it == 2)
+    if (integer && *it == 2)
       throw Error(doc_.file + ": schema_version: 2 has no batch size in its dispatch table; rebuild the bundle (topkgen build)");
     throw Error(doc_.file + ": schema_version: " + (it == m.end() ? std::string("null") : it->dump()) +
                 " is not supported (this topkgen reads version " + std::to_string(SCHEMA_VERSION) + ")");
@@ -942,7 +1259,7 @@ class Bundle {
           doc_.fail(lf + ".grid", "unknown grid rule '" + doc_.str(launch, "grid", lf) + "'");
         e.threads_per_block = static_cast<unsigned>(doc_.integer(launch, "threads_per_block", lf, 32, 1024));
         e.rows_per_block = static_cast<unsigned>(doc_.integer(launch, "rows_per_block", lf, 1, 32));
-        e.dynamic_shared_bytes = static_cast<unsigned>(doc_.integer(launch, "dynamic_shared_bytes", lf, 0, 1 << 30));
+        e.dynamic_shared_bytes = static_cast<unsigned>(doc_.integer(launch, "dynamic_shared_bytes", lf, 0, DYNAMIC_SHARED_MAX));
         if (!e.aot) e.nvrtc_options = doc_.strings(j, "nvrtc_options", e.field);
         // the checks of topkgen.manifest_checks.check_entries, in its order
         if (std::find(archs_.begin(), archs_.end(), e.arch) == archs_.end())
@@ -986,11 +1303,13 @@ class Bundle {
     if (!dispatch.is_object()) doc_.fail("dispatch", "expected an object");
     for (const std::string& arch : archs_)
       if (!dispatch.contains(arch)) doc_.fail("dispatch", "no table for " + arch);
-    for (const auto& [arch, by_dtype] : dispatch.items()) {  // nlohmann orders keys as sorted() does
+    for (const std::string& arch : sorted_keys(dispatch)) {  // as topkgen.manifest_checks.check_dispatch
       if (std::find(archs_.begin(), archs_.end(), arch) == archs_.end())
         doc_.fail("dispatch." + arch, "not one of the bundle's archs");
+      const detail::json& by_dtype = dispatch.at(arch);
       if (!by_dtype.is_object()) doc_.fail("dispatch." + arch, "expected an object");
-      for (const auto& [dtype, by_mode] : by_dtype.items()) {
+      for (const std::string& dtype : sorted_keys(by_dtype)) {
+        const detail::json& by_mode = by_dtype.at(dtype);
         for (const char* mode : {"deterministic", "fast"}) {
           const std::string path = "dispatch." + arch + "." + dtype + "." + mode;
           const detail::json& rows = doc_.at(by_mode, mode, "dispatch." + arch + "." + dtype);
