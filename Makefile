@@ -33,7 +33,8 @@ build-legacy: $(STAMP)
 # libcrypto (Debian: libssl-dev) for SHA-256, libdl for the CUDA driver. No CUDA toolkit.
 CXX      ?= g++
 CPP_BIN  := build/cpp/topkgen-cpp
-CPP_SRC  := loaders/cpp/include/topkgen/loader.hpp loaders/cpp/src/topkgen_cpp.cpp
+CPP_SRC  := loaders/cpp/include/topkgen/loader.hpp loaders/cpp/include/topkgen/manifest_schema.hpp \
+            loaders/cpp/src/topkgen_cpp.cpp
 NLOHMANN  = $(shell $(BIN)/python -c "import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec('nlohmann_json').origin).parent / 'include')")
 
 $(CPP_BIN): $(CPP_SRC) | $(STAMP)

@@ -340,6 +340,26 @@ def test_import_refuses_a_tampered_bundle_and_writes_nothing(tmp_path, full_bund
     assert not (tmp_path / "cache").exists()
 
 
+def test_import_refuses_a_cubin_copied_over_another_kernels(tmp_path, full_bundle):
+    """The deterministic kernel's cubin under the fast kernel's name, sha256 and size fixed:
+    imported, it would poison the cache (a later build ships it as the fast kernel). Only
+    the cubin's symbol table tells, and import checks it as the loaders do."""
+    bad = tmp_path / "bad"
+    shutil.copytree(full_bundle, bad)
+    manifest = json.loads((bad / "manifest.json").read_text())
+    fast = next(e for e in manifest["kernels"] if e["name"] == "topk_radix_dyn_k64_fast_f32_sm_90")
+    det = next(e for e in manifest["kernels"] if e["name"] == "topk_radix_dyn_k64_det_f32_sm_90")
+    shutil.copy(bad / det["cubin"], bad / fast["cubin"])
+    fast["sha256"], fast["size_bytes"] = det["sha256"], det["size_bytes"]
+    (bad / "manifest.json").write_text(json.dumps(manifest))
+    env = {"TOPKGEN_CACHE_DIR": str(tmp_path / "cache")}
+    proc = topkgen("cache", "import", bad, env=env, check=False)
+    assert proc.returncode == 2
+    assert proc.stderr == (f"topkgen: error: {bad}/manifest.json: kernels[{manifest['kernels'].index(fast)}].symbol: "
+                           f"{fast['cubin']} defines no function '{fast['name']}'\n")
+    assert not (tmp_path / "cache").exists()
+
+
 def test_verify_recompiles_a_sample_and_finds_a_wrong_entry(tmp_path):
     env = {"TOPKGEN_CACHE_DIR": str(tmp_path / "cache")}
     topkgen("build", "--arch", "sm_90", "--shard", "1/15", "--out", tmp_path / "out", env=env)  # 2 kernels

@@ -10,7 +10,9 @@ import copy
 import fcntl
 import importlib.util
 import json
+import os
 import random
+import resource
 import shutil
 import subprocess
 import sys
@@ -21,6 +23,7 @@ import pytest
 from topkgen import bundle, dispatch_table
 from topkgen import policy as pol
 from topkgen.runtime import TopK, TopKError
+from topkgen.schema import _resolve, format_path, load_schema
 
 from .conftest import ROOT
 from .test_gpu_check import gc as gpu_check  # noqa: F401 (the fixture that imports scripts/gpu_check.py)
@@ -139,12 +142,41 @@ def _wrong_sm(doc: dict, root: Path, i: int) -> None:
     entry["sha256"] = twin["sha256"]
 
 
+def _other_kernels_cubin(doc: dict, root: Path, i: int) -> None:
+    """The deterministic twin's cubin (same arch, dtype, k) under the fast kernel's name, its
+    sha256 and size updated: only the cubin's symbol table tells."""
+    entry = doc["kernels"][i]
+    twin = next(e for e in doc["kernels"] if e["name"] == entry["name"].replace("_fast_", "_det_"))
+    shutil.copy(root / twin["cubin"], root / entry["cubin"])
+    entry["sha256"], entry["size_bytes"] = twin["sha256"], twin["size_bytes"]
+
+
+def _symbol_table_outside(doc: dict, root: Path, i: int) -> None:
+    """The cubin's SHT_SYMTAB section moved (in its header) beyond the end of the file."""
+    import hashlib
+    import struct
+
+    path = root / doc["kernels"][i]["cubin"]
+    data = bytearray(path.read_bytes())
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    header = next(shoff + j * shentsize for j in range(shnum)
+                  if struct.unpack_from("<I", data, shoff + j * shentsize + 4)[0] == 2)
+    struct.pack_into("<Q", data, header + 24, 1 << 40)
+    path.write_bytes(bytes(data))
+    doc["kernels"][i]["sha256"] = hashlib.sha256(data).hexdigest()
+
+
 VICTIM = "topk_radix_dyn_k64_fast_f32_sm_90"
 TAMPERING = {
     "tampered cubin": (_tamper_cubin, "kernels[{i}].sha256: sm_90/{name}.cubin does not match its sha256 in the manifest"),
     "escaping path": (_escaping_path, "kernels[{i}].cubin: '../evil.cubin' must be 'sm_90/{name}.cubin'"),
     "duplicate name": (_duplicate_name, "kernels[58].name: duplicate kernel name '{name}' for sm_90 (also kernels[{i}])"),
     "cubin of the wrong SM": (_wrong_sm, "kernels[{i}].cubin: sm_90/{name}.cubin is compiled for sm_100, not sm_90"),
+    "cubin of another kernel": (_other_kernels_cubin,
+                                "kernels[{i}].symbol: sm_90/{name}.cubin defines no function '{name}'"),
+    "symbol table outside the cubin": (_symbol_table_outside, "kernels[{i}].cubin: sm_90/{name}.cubin is not a CUDA "
+                                                              "ELF file: its symbol table cannot be read"),
 }
 
 
@@ -232,6 +264,292 @@ def test_both_loaders_word_other_refusals_alike(cpp, built_bundle, tmp_path, mut
         manifest, top = bundle.load_manifest(root)
         bundle.read_files(top, manifest)
     assert str(err.value) == _cpp_refusal(cpp, root)
+
+
+# ----------------------------------------------------------------------------- the text and the schema
+
+def _both_refuse(cpp: Path, root: Path) -> str:
+    """The message both loaders give (the Python one: load_manifest, then read_files)."""
+    with pytest.raises(bundle.ManifestError) as err:
+        manifest, top = bundle.load_manifest(root)
+        bundle.read_files(top, manifest)
+    python, native = str(err.value), _cpp_refusal(cpp, root)
+    assert python == native
+    return python.removeprefix(f"{root}/manifest.json")
+
+
+def _edited(doc: dict, edit) -> bytes:
+    edit(doc)
+    return json.dumps(doc, indent=2, sort_keys=True).encode()
+
+
+def _set(path: tuple, value):
+    def edit(doc):
+        node = doc
+        for key in path[:-1]:
+            node = node[key]
+        node[path[-1]] = value
+    return lambda raw: _edited(json.loads(raw), edit)
+
+
+def _at(raw: bytes, offset: int) -> str:
+    """line:column of a byte offset (the lines before it are ASCII)."""
+    return f"{raw.count(NL, 0, offset) + 1}:{offset - raw.rfind(NL, 0, offset)}"
+
+
+NL = b"\n"
+BIDI = "topkgen\u202e".encode()
+BIDI_ESCAPED = b"topkgen\\u202e"
+VERSION_KEY = b'"schema_version":'
+# case -> (raw manifest -> raw manifest, raw manifest -> the refusal after "FILE")
+RAW_CASES = {
+    "UTF-8 BOM": (lambda raw: b"\xef\xbb\xbf" + raw,
+                  lambda raw: ":1:1: not valid JSON: Unexpected UTF-8 BOM (decode using utf-8-sig)"),
+    "duplicate key": (lambda raw: raw.replace(b"{", b'{\n  "schema_version": 3,', 1),  # named where written last
+                      lambda raw: f":{_at(raw, raw.rindex(VERSION_KEY))}: duplicate key " + '"schema_version"'),
+    "bidirectional control": (lambda raw: raw.replace(b'"topkgen"', b'"' + BIDI + b'"', 1),
+                              lambda raw: f":{_at(raw, raw.index(BIDI) + 7)}: U+202E, a bidirectional control, "
+                                          f"is not allowed"),
+    "bidirectional control escaped": (lambda raw: raw.replace(b'"topkgen"', b'"' + BIDI_ESCAPED + b'"', 1),
+                                      lambda raw: f":{_at(raw, raw.index(BIDI_ESCAPED) + 7)}: U+202E, a "
+                                                  f"bidirectional control, is not allowed"),
+    "unknown key": (_set(("policy", "document"), "x"),
+                    lambda raw: ": policy.document: unknown key 'document' (allowed: name, path, sha256, text)"),
+    "dynamic shared memory beyond any arch": (_set(("kernels", 0, "launch", "dynamic_shared_bytes"), 2**40),
+                                              lambda raw: ": kernels[0].launch.dynamic_shared_bytes: 1099511627776 "
+                                                          "is greater than the maximum 232448"),
+    "schema_version 3.0": (_set(("schema_version",), 3.0),
+                           lambda raw: ": schema_version: 3.0 is not supported (this topkgen reads version 3)"),
+    "schema_version true": (_set(("schema_version",), True),
+                            lambda raw: ": schema_version: true is not supported (this topkgen reads version 3)"),
+    "a float for an integer": (_set(("kernels", 0, "k"), 64.0),
+                               lambda raw: ": kernels[0].k: expected integer, got 64.0"),
+    "an integer beyond 64 bits": (_set(("kernels", 0, "launch", "threads_per_block"), 2**70),
+                                  lambda raw: f":{_at(raw, raw.index(str(2**70).encode()))}: the integer {2**70} "
+                                              f"does not fit in 64 bits"),
+    "an invisible character where a number goes": (_set(("kernels", 0, "k"), "\u200b"),
+                                                   lambda raw: ": kernels[0].k: expected integer, got '\\u200b'"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(RAW_CASES))
+def test_both_loaders_read_the_text_and_the_schema_alike(cpp, built_bundle, tmp_path, case):
+    """What Python's reader and schema refuse, the C++ loader refuses with the same message:
+    it scans the text as topkgen.reader does and validates against the same (embedded) schema."""
+    change, message = RAW_CASES[case]
+    root = tmp_path / "bundle"
+    shutil.copytree(built_bundle, root)
+    raw = change((root / "manifest.json").read_bytes())
+    (root / "manifest.json").write_bytes(raw)
+    got = _both_refuse(cpp, root)
+    print(f"{case}: {got}")
+    assert got == message(raw)
+
+
+def _closed_objects(value, node: dict, schema: dict, path: tuple = (), seen: set | None = None) -> list[tuple]:
+    """The path of the first object of the manifest under each schema node that allows no
+    other keys (additionalProperties: false)."""
+    seen = set() if seen is None else seen
+    while "$ref" in node:
+        node = _resolve(node["$ref"], schema)
+    found = []
+    if isinstance(value, dict):
+        if node.get("additionalProperties") is False and id(node) not in seen:
+            seen.add(id(node))
+            found.append(path)
+        extra = node.get("additionalProperties")
+        for key, item in value.items():
+            sub = node.get("properties", {}).get(key, extra if isinstance(extra, dict) else None)
+            if sub is not None:
+                found += _closed_objects(item, sub, schema, path + (key,), seen)
+    elif isinstance(value, list) and "items" in node:
+        for i, item in enumerate(value[:2]):
+            found += _closed_objects(item, node["items"], schema, path + (i,), seen)
+    return found
+
+
+def test_both_loaders_refuse_an_unknown_key_in_every_object_the_schema_closes(cpp, built_bundle, tmp_path):
+    schema = load_schema("manifest.schema.json")
+    root = tmp_path / "bundle"
+    shutil.copytree(built_bundle, root)
+    doc = json.loads((root / "manifest.json").read_text())
+    paths = _closed_objects(doc, schema, schema)
+    assert len(paths) >= 15, paths  # the document, generator, toolchain, ..., a dispatch row
+    print(f"{len(paths)} closed objects: {', '.join(format_path(p) for p in paths)}")
+    for path in paths:
+        (root / "manifest.json").write_bytes(_set(path + ("zz",), 1)(json.dumps(doc).encode()))
+        got = _both_refuse(cpp, root)
+        assert got.startswith(f": {format_path(path + ('zz',))}: unknown key 'zz' (allowed: "), got
+
+
+MUTANTS = [0, -1, 3.0, 2.5, True, None, "", "x", "a'b", "\u00a0", [], {}, [1, 2], [1, 2, 3], 2**63, -2**63, 2**64 - 1,
+           1e30, "sm_90", "topk_x", "float32", "fast", "jit", "0" * 64, 1024, 1025, 232449]
+
+
+def test_both_loaders_refuse_random_mutations_alike(cpp, built_bundle, tmp_path):
+    """One value of the manifest replaced, removed or given a sibling key, 30 times (seeded):
+    both loaders serve the bundle, or refuse it with the same message."""
+    rng = random.Random(3)
+    root = tmp_path / "bundle"
+    shutil.copytree(built_bundle, root)
+    base = json.loads((root / "manifest.json").read_text())
+
+    def paths(node, path=()):
+        yield path
+        children = node.items() if isinstance(node, dict) else enumerate(node[:2]) if isinstance(node, list) else ()
+        for key, item in children:
+            if path != () or key != "dispatch" or rng.random() < 0.2:
+                yield from paths(item, path + (key,))
+
+    candidates = list(paths(base))[1:]
+    outcomes = []
+    for _ in range(30):
+        doc, path = copy.deepcopy(base), rng.choice(candidates)
+        parent = doc
+        for key in path[:-1]:
+            parent = parent[key]
+        kind = rng.random()
+        if kind < 0.15 and isinstance(parent, dict):
+            del parent[path[-1]]
+        elif kind < 0.25 and isinstance(parent, dict):
+            parent["zz"] = 1
+        else:
+            parent[path[-1]] = copy.deepcopy(rng.choice(MUTANTS))
+        (root / "manifest.json").write_text(json.dumps(doc, indent=1))
+        try:
+            manifest, top = bundle.load_manifest(root)
+            bundle.read_files(top, manifest)
+            python = "served"
+        except bundle.ManifestError as err:
+            python = str(err)
+        proc = subprocess.run([cpp, "verify", root], capture_output=True, text=True)
+        native = "served" if proc.returncode == 0 else proc.stderr.removeprefix("topkgen-cpp: error: ").rstrip("\n")
+        assert python == native, path
+        outcomes.append(python)
+    print("\n".join(outcomes))
+    assert sum(o != "served" for o in outcomes) >= 20  # most mutations break the bundle
+
+
+def test_the_cpp_loader_embeds_the_shipped_schema():
+    """loaders/cpp/include/topkgen/manifest_schema.hpp is generated from the schema: run
+    scripts/embed_manifest_schema.py after changing it."""
+    spec = importlib.util.spec_from_file_location("embed", ROOT / "scripts" / "embed_manifest_schema.py")
+    embed = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(embed)
+    assert embed.HEADER.read_text(encoding="utf-8") == embed.header_text()
+
+
+def test_dynamic_shared_memory_is_bounded_by_the_largest_arch_limit():
+    launch = load_schema("manifest.schema.json")["$defs"]["launch"]["properties"]["dynamic_shared_bytes"]
+    assert launch["maximum"] == max(pol.SHARED_BYTES_PER_BLOCK.values())
+    header = (ROOT / "loaders" / "cpp" / "include" / "topkgen" / "loader.hpp").read_text()
+    assert f"DYNAMIC_SHARED_MAX = {launch['maximum']};" in header
+
+
+# ----------------------------------------------------------------------------- files that are not regular files
+
+def _bounded(*cmd) -> subprocess.CompletedProcess:
+    """A loader in a child limited in time and to 2 GiB of address space: an endless or
+    blocking file must fail the test, not hang it or the machine."""
+
+    def limit() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+    return subprocess.run(list(map(str, cmd)), capture_output=True, text=True, timeout=60, preexec_fn=limit)
+
+
+def _first(root: Path, key: str, arch: str) -> tuple[str, dict]:
+    """The first entry of `key` (kernels, jit_kernels) of `arch`, as the loaders meet it."""
+    doc = json.loads((root / "manifest.json").read_text())
+    i = next(j for j, e in enumerate(doc[key]) if e["arch"] == arch)
+    return f"{key}[{i}]", doc[key][i]
+
+
+def _outside(root: Path, rel: str) -> None:
+    """Move `rel` out of the bundle and leave a symbolic link to it in its place."""
+    target = root.parent / f"outside-{rel.replace('/', '-')}"
+    os.rename(root / rel, target)
+    os.symlink(target, root / rel)
+
+
+def _in_bundle_link(root: Path, rel: str) -> None:
+    os.rename(root / rel, root / f"{rel}.real")
+    os.symlink(Path(rel).name + ".real", root / rel)
+
+
+def _replace(root: Path, rel: str, make) -> None:
+    os.unlink(root / rel)
+    make(root / rel)
+
+
+def _huge(path: Path) -> None:
+    with open(path, "wb") as f:
+        f.truncate(bundle.MAX_FILE_BYTES + 1)  # sparse: nothing is written
+
+
+CUBIN, SOURCE = "{cubin}", "{source}"
+# case -> (what is done to which path, the refusal after "FILE: ")
+SPECIAL_FILES = {
+    "cubin linked to /dev/zero": (lambda r, p: _replace(r, p, lambda q: os.symlink("/dev/zero", q)), CUBIN,
+                                  "{k}.cubin: cannot read {cubin}: it is a symbolic link; a bundle holds none"),
+    "cubin linked out of the bundle": (_outside, CUBIN,
+                                       "{k}.cubin: cannot read {cubin}: it is a symbolic link; a bundle holds none"),
+    "cubin linked within the bundle": (_in_bundle_link, CUBIN,
+                                       "{k}.cubin: cannot read {cubin}: it is a symbolic link; a bundle holds none"),
+    "arch directory linked out": (_outside, "sm_90",
+                                  "{k}.cubin: cannot read {cubin}: sm_90 is a symbolic link; a bundle holds none"),
+    "jit directory linked out": (_outside, "jit",
+                                 "{j}.source: cannot read {source}: jit is a symbolic link; a bundle holds none"),
+    "manifest linked out": (_outside, "manifest.json", "cannot read manifest: it is a symbolic link; a bundle holds none"),
+    "cubin a FIFO": (lambda r, p: _replace(r, p, os.mkfifo), CUBIN,
+                     "{k}.cubin: cannot read {cubin}: it is a FIFO, not a regular file"),
+    "manifest a FIFO": (lambda r, p: _replace(r, p, os.mkfifo), "manifest.json",
+                        "cannot read manifest: it is a FIFO, not a regular file"),
+    "arch directory a file": (lambda r, p: (shutil.rmtree(r / p), (r / p).write_bytes(b"")), "sm_90",
+                              "{k}.cubin: cannot read {cubin}: sm_90 is a regular file, not a directory"),
+    "cubin larger than the bound": (lambda r, p: _replace(r, p, _huge), CUBIN,
+                                    "{k}.cubin: cannot read {cubin}: it is larger than 67108864 bytes"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(SPECIAL_FILES))
+def test_both_loaders_refuse_what_is_not_a_regular_file_of_the_bundle(cpp, built_bundle, tmp_path, case):
+    """A bundle is directories and regular files (the schema's load check 3): a link, even
+    one that stays inside, a FIFO or an endless file is refused, in bounded time
+    and memory, with the same message by `show` and the C++ loader."""
+    mutate, target, message = SPECIAL_FILES[case]
+    root = tmp_path / "bundle"
+    shutil.copytree(built_bundle, root)
+    k, kernel = _first(root, "kernels", "sm_90")
+    j, jit = _first(root, "jit_kernels", "sm_90")
+    mutate(root, target.format(cubin=kernel["cubin"], source=jit["source"]))
+    expected = f"{root}/manifest.json: " + message.format(k=k, j=j, cubin=kernel["cubin"], source=jit["source"])
+    python = _bounded(sys.executable, "-m", "topkgen.cli", "show", root)
+    native = _bounded(cpp, "verify", root)
+    print(f"{case}:\n  Python: {python.stderr.strip()}\n  C++:    {native.stderr.strip()}")
+    assert (python.returncode, python.stderr) == (2, f"topkgen: error: {expected}\n")
+    assert (native.returncode, native.stderr) == (2, f"topkgen-cpp: error: {expected}\n")
+
+
+def test_a_fifo_manifest_stops_no_command(built_bundle, tmp_path):
+    """`diff` and `run` read manifests through the same function as `show`."""
+    root = tmp_path / "bundle"
+    shutil.copytree(built_bundle, root)
+    _replace(root, "manifest.json", os.mkfifo)
+    np = pytest.importorskip("numpy")
+    np.save(tmp_path / "x.npy", np.zeros((1, 64), np.float32))
+    expected = f"topkgen: error: {root}/manifest.json: cannot read manifest: it is a FIFO, not a regular file\n"
+    for args in (["diff", root, built_bundle], ["run", "--bundle", root, "--backend", "emulator", "--arch", "sm_90",
+                                                "--k", "4", tmp_path / "x.npy"]):
+        proc = _bounded(sys.executable, "-m", "topkgen.cli", *args)
+        assert (proc.returncode, proc.stderr) == (2, expected), args
+
+
+def test_a_bundle_reached_through_a_link_is_served(cpp, built_bundle, tmp_path):
+    """Only what is inside the bundle must not be a link: the directory itself may be one."""
+    os.symlink(built_bundle, tmp_path / "link")
+    assert _bounded(sys.executable, "-m", "topkgen.cli", "show", tmp_path / "link").returncode == 0
+    assert _bounded(cpp, "verify", tmp_path / "link").returncode == 0
 
 
 # ----------------------------------------------------------------------------- driver

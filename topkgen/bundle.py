@@ -16,6 +16,7 @@ import hashlib
 import json
 import os
 import shutil
+import stat
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -34,6 +35,7 @@ MANIFEST = "manifest.json"
 SCHEMA_VERSION = 3
 SCHEMAS = {1: "manifest-1.schema.json", 2: "manifest-2.schema.json", 3: "manifest.schema.json"}
 MAX_MANIFEST_BYTES = 64 << 20
+MAX_FILE_BYTES = 64 << 20  # a cubin or a JIT source
 GRID_RULE = "ceil_div(rows, rows_per_block)"
 
 
@@ -281,11 +283,17 @@ def load_manifest(path: str | Path, *, versions: Iterable[int] = (SCHEMA_VERSION
     path = Path(path)
     file = path / MANIFEST if path.is_dir() else path
     try:
-        doc = reader.read_json(file, limit=MAX_MANIFEST_BYTES, what="manifest")
+        raw = read_bundle_file(file.parent, file.name, MAX_MANIFEST_BYTES)
+    except OSError as err:
+        raise ManifestError(f"{file}: cannot read manifest: {err.strerror}") from None
+    except ValueError as err:  # a NUL byte in the path
+        raise ManifestError(f"{reader.printable(str(file))}: cannot read manifest: {err}") from None
+    try:
+        doc = reader.parse_json(reader.decode(raw, str(file)), str(file))
     except reader.ReadError as err:
         raise ManifestError(str(err)) from None
     version = doc.get("schema_version") if isinstance(doc, dict) else None
-    if version not in versions:
+    if type(version) is not int or version not in versions:  # neither 3.0 nor true is 3 (or 1)
         raise ManifestError(f"{file}: {version_problem(version)}")
     try:
         validate(doc, load_schema(SCHEMAS[version]))
@@ -309,17 +317,18 @@ def load_manifest(path: str | Path, *, versions: Iterable[int] = (SCHEMA_VERSION
 
 def version_problem(version: object) -> str:
     """Why a manifest's schema_version cannot be served (the C++ loader says the same)."""
-    if version == 1:
+    if type(version) is int and version == 1:
         return "schema_version: 1 has no dispatch table; rebuild the bundle (topkgen build)"
-    if version == 2:
+    if type(version) is int and version == 2:
         return "schema_version: 2 has no batch size in its dispatch table; rebuild the bundle (topkgen build)"
     return f"schema_version: {json.dumps(version)} is not supported (this topkgen reads version {SCHEMA_VERSION})"
 
 
 def read_files(root: Path, manifest: dict, archs: Iterable[str] | None = None) -> dict[str, bytes]:
     """The files (cubins, JIT sources) of the kernels of `archs` (all when None) by kernel
-    name, each checked as every loader checks it at load: sha256, and a cubin's ELF machine
-    and SM. Paths were checked by load_manifest: they cannot leave the bundle."""
+    name, each checked as every loader checks it at load: sha256, and a cubin's ELF machine,
+    SM and symbol. Paths were checked by load_manifest, and read_bundle_file follows no link:
+    nothing read is outside the bundle."""
     label = root / MANIFEST
     wanted = None if archs is None else set(archs)
     files: dict[str, bytes] = {}
@@ -328,7 +337,7 @@ def read_files(root: Path, manifest: dict, archs: Iterable[str] | None = None) -
             continue
         key = "cubin" if entry.aot else "source"
         try:
-            data = (root / entry.path).read_bytes()
+            data = read_bundle_file(root, entry.path, MAX_FILE_BYTES)
         except OSError as err:
             raise ManifestError(f"{label}: {entry.field}.{key}: cannot read {entry.path}: {err.strerror}") from None
         try:
@@ -337,6 +346,58 @@ def read_files(root: Path, manifest: dict, archs: Iterable[str] | None = None) -
             raise ManifestError(f"{label}: {err}") from None
         files[entry.record["name"]] = data
     return files
+
+
+_KINDS = {stat.S_IFREG: "a regular file", stat.S_IFDIR: "a directory", stat.S_IFLNK: "a symbolic link",
+          stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+          stat.S_IFSOCK: "a socket"}
+
+
+def read_bundle_file(root: Path, rel: str, limit: int) -> bytes:
+    """The bytes of the regular file `rel` ("sm_90/x.cubin") under the directory `root`
+    (which may be reached through a link), reached through directories only and read no
+    further than `limit` bytes. A bundle holds no symbolic links (one could lead out of it),
+    FIFOs (which block), devices or sockets: any of them on the way is refused with an
+    OSError whose strerror says what it is, as is a larger file (loaders/cpp says the same)."""
+    parts = rel.split("/")
+    fd = os.open(root, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        for i, name in enumerate(parts):
+            last = i == len(parts) - 1
+            what = "it" if last else "/".join(parts[:i + 1])
+            mode = os.stat(name, dir_fd=fd, follow_symlinks=False).st_mode
+            if stat.S_ISLNK(mode):
+                raise _refusal(f"{what} is a symbolic link; a bundle holds none")
+            if not (stat.S_ISREG(mode) if last else stat.S_ISDIR(mode)):
+                raise _refusal(f"{what} is {_kind(mode)}, not {'a regular file' if last else 'a directory'}")
+            flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | (0 if last else os.O_DIRECTORY)
+            fd, parent = os.open(name, flags, dir_fd=fd), fd
+            os.close(parent)
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):  # replaced since the lstat
+            raise _refusal(f"it is {_kind(info.st_mode)}, not a regular file")
+        chunks, size = [], 0
+        while info.st_size <= limit and size <= limit:  # a file may grow while it is read
+            chunk = os.read(fd, min(limit + 1 - size, 1 << 20))
+            if not chunk:
+                break
+            chunks.append(chunk)
+            size += len(chunk)
+        if max(size, info.st_size) > limit:
+            raise _refusal(f"it is larger than {limit} bytes")
+        return b"".join(chunks)
+    finally:
+        os.close(fd)
+
+
+def _kind(mode: int) -> str:
+    return _KINDS.get(stat.S_IFMT(mode), "of an unknown kind")
+
+
+def _refusal(reason: str) -> OSError:
+    err = OSError(reason)
+    err.strerror = reason
+    return err
 
 
 def manifest_policy(manifest: dict, label: str) -> Policy:

@@ -71,10 +71,10 @@ def import_bundle(path: Path) -> ImportResult:
         policy = bundle.manifest_policy(manifest, str(path))
     except bundle.ManifestError as err:
         raise CacheInputError(str(err)) from None
-    try:  # every cubin checked as a loader checks it: sha256, ELF machine and SM
+    try:  # every cubin checked as a loader checks it: sha256, ELF machine, SM and symbol
         files = bundle.read_files(root, manifest)
-    except bundle.ManifestError as err:
-        raise CacheInputError(f"{path}: {err}") from None
+    except bundle.ManifestError as err:  # it names the manifest and the key
+        raise CacheInputError(str(err)) from None
     specs = {spec.name: spec for arch in manifest["archs"] if arch in policy.archs for spec in plan(policy, arch)}
     chosen, skipped = [], []
     for entry in manifest["kernels"]:

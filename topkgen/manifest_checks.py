@@ -5,7 +5,7 @@ with the same messages; tests/test_cpp_loader.py holds the two to that).
 Order: kernel entries (arch, unique name per arch, file path, parameters), then the
 dispatch section (one table per arch; per list in sorted order, the tiling, then what each
 row names and how it splits), then, in `check_file`, each file's sha256 and, for cubins,
-the ELF machine and SM.
+the ELF machine, the SM and the entry's symbol.
 """
 
 from __future__ import annotations
@@ -23,6 +23,8 @@ SPLIT_PARAMS = ("x_indices", "chunk", "row_stride")
 GRID_MAX = 2**31 - 1  # CTAs of one launch (grid.x): a split's stage 1 runs rows x chunks
 
 EM_CUDA = 190
+SHT_SYMTAB, STT_FUNC, SHN_UNDEF = 2, 2, 0
+ELF64_SHDR, ELF64_SYM = 64, 24  # bytes of a section header, of a symbol
 
 
 @dataclass(frozen=True)
@@ -172,8 +174,39 @@ def elf_sm(data: bytes) -> int | None:
     return (flags >> 8) & 0xFF if data[8] >= 8 else flags & 0xFF
 
 
+def elf_defines_function(data: bytes, symbol: str) -> bool | None:
+    """Whether a little-endian ELF64 file's symbol tables (SHT_SYMTAB) define `symbol` as a
+    function (STT_FUNC, in a section); None when the file is not such an ELF file or a table
+    lies outside it. Every offset is checked before it is read (the file may be forged)."""
+    size = len(data)
+    if size < 64 or data[4] != 2 or data[5] != 1:  # ELFCLASS64, ELFDATA2LSB
+        return None
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    if shentsize < ELF64_SHDR or shoff > size or shnum > (size - shoff) // shentsize:
+        return None
+    headers = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    name = symbol.encode() + b"\0"
+    for _, sh_type, _, _, offset, length, link, _, _, entsize in headers:
+        if sh_type != SHT_SYMTAB:
+            continue
+        if link >= shnum or entsize != ELF64_SYM or offset > size or length > size - offset:
+            return None
+        str_offset, str_length = headers[link][4], headers[link][5]
+        if str_offset > size or str_length > size - str_offset:
+            return None
+        strtab = data[str_offset:str_offset + str_length]
+        for at in range(offset, offset + length - ELF64_SYM + 1, ELF64_SYM):
+            st_name, st_info, _, st_shndx = struct.unpack_from("<IBBH", data, at)
+            if st_info & 0xF == STT_FUNC and st_shndx != SHN_UNDEF and strtab[st_name:st_name + len(name)] == name:
+                return True
+    return False
+
+
 def check_file(entry: Entry, data: bytes) -> None:
-    """A kernel's file as read from the bundle: its sha256 and, for a cubin, its machine and SM."""
+    """A kernel's file as read from the bundle: its sha256 and, for a cubin, its machine, its
+    SM and that it defines the entry's symbol (a cubin copied over another's, its sha256
+    fixed, would otherwise be launched under the other kernel's name)."""
     record = entry.record
     if hashlib.sha256(data).hexdigest() != record["sha256"]:
         raise FieldError(f"{entry.field}.sha256", f"{entry.path} does not match its sha256 in the manifest")
@@ -184,3 +217,8 @@ def check_file(entry: Entry, data: bytes) -> None:
         raise FieldError(f"{entry.field}.cubin", f"{entry.path} is not a CUDA ELF file")
     if f"sm_{sm}" != record["arch"]:
         raise FieldError(f"{entry.field}.cubin", f"{entry.path} is compiled for sm_{sm}, not {record['arch']}")
+    defined = elf_defines_function(data, record["symbol"])
+    if defined is None:
+        raise FieldError(f"{entry.field}.cubin", f"{entry.path} is not a CUDA ELF file: its symbol table cannot be read")
+    if not defined:
+        raise FieldError(f"{entry.field}.symbol", f"{entry.path} defines no function '{record['symbol']}'")

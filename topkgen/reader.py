@@ -12,8 +12,9 @@ input, and every refusal is a ReadError naming file, line and column:
 - YAML: no anchors or aliases (policies do not need them, and alias bombs are built from
   them), no merge keys, only the core schema's tags, and plain scalars resolved by the
   YAML 1.2 core schema (`yes` stays a string, nothing becomes a timestamp);
-- integers limited by digit count before conversion; JSON without NaN, Infinity or
-  duplicate keys.
+- integers limited by digit count before conversion (JSON: by characters, and to 64 bits,
+  signed or unsigned, as a C++ loader holds them); JSON without NaN, Infinity or duplicate
+  keys.
 Standard library and PyYAML only: topkgen.policy imports this module.
 """
 
@@ -283,6 +284,7 @@ def read_yaml(path: str | os.PathLike, *, limit: int, what: str, max_depth: int 
 # Python's json would take: enough to measure depth and vet escapes and numbers in one pass.
 _JSON_TOKEN = re.compile(r'"[^"\\\n]*(?:\\.[^"\\\n]*)*"|[\[\]{}]|-?[0-9][0-9.eE+-]*|NaN|-?Infinity')
 _JSON_ESCAPE = re.compile(r"\\(?:u([0-9a-fA-F]{4})|.)")
+_JSON_INT = re.compile(r"-?[0-9]+")
 
 
 def parse_json(text: str, source: str, *, max_depth: int = MAX_DEPTH) -> Any:
@@ -311,6 +313,8 @@ def parse_json(text: str, source: str, *, max_depth: int = MAX_DEPTH) -> Any:
         elif len(value) > MAX_NUMBER_CHARS:
             raise fail(f"a number of {len(value)} characters is out of range (at most {MAX_NUMBER_CHARS})",
                        token.start())
+        elif _JSON_INT.fullmatch(value) and not -2**63 <= int(value) < 2**64:  # what a C++ loader can hold
+            raise fail(f"the integer {value} does not fit in 64 bits", token.start())
 
     def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         out: dict[str, Any] = {}

@@ -2,11 +2,12 @@
 //
 // It follows the manifest and nothing else: the load checks and the dispatch lookup that
 // topkgen/schemas/manifest.schema.json describes, with the messages topkgen's Python loader
-// gives, and launches configured from the manifest alone (arguments passed by the names of
-// each kernel's params, in their order). The CUDA driver is resolved at run time
-// (dlopen("libcuda.so.1") + cuGetProcAddress), so this builds and dispatches on machines
-// with no GPU and no CUDA toolkit. It has no NVRTC: plan with jit_available = false, and
-// the row's aot_fallback serves.
+// gives (it reads the text as topkgen/reader.py does and validates against the same schema,
+// embedded in manifest_schema.hpp), and launches configured from the manifest alone
+// (arguments passed by the names of each kernel's params, in their order). The CUDA driver
+// is resolved at run time (dlopen("libcuda.so.1") + cuGetProcAddress), so this builds and
+// dispatches on machines with no GPU and no CUDA toolkit. It has no NVRTC: plan with
+// jit_available = false, and the row's aot_fallback serves.
 //
 //   topkgen::Bundle b("out");
 //   topkgen::Plan p = b.plan("sm_90", "float32", k, n, rows, /*deterministic=*/false,
@@ -25,8 +26,10 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cctype>
 #include <cerrno>
 #include <cstdint>
+#include <cstdio>
 #include <cstring>
 #include <map>
 #include <memory>
@@ -37,6 +40,8 @@
 #include <string>
 #include <utility>
 #include <vector>
+
+#include "manifest_schema.hpp"
 
 // The driver's opaque handles, declared as cuda.h declares them, so CUstream and CUdeviceptr
 // values from code that includes cuda.h pass straight through.
@@ -60,6 +65,7 @@ constexpr int SCHEMA_VERSION = 3;
 constexpr std::uint64_t WORKSPACE_ALIGN = 256;  // candidate values start at a multiple of it (topkgen.split)
 constexpr std::uint64_t WORKSPACE_ALIGNMENT = 16;  // and the workspace itself at a multiple of this
 constexpr std::int64_t GRID_MAX = 2147483647;      // CTAs of one launch (grid.x)
+constexpr std::int64_t DYNAMIC_SHARED_MAX = 232448;  // the largest opt-in shared memory per block (sm_90, sm_100)
 
 namespace cu {
 using Result = int;
@@ -209,7 +215,7 @@ struct Plan {
 };
 
 namespace detail {
-using json = nlohmann::json;
+using json = nlohmann::ordered_json;  // keys in document order, as Python reads them
 
 inline std::string join(const std::vector<std::string>& parts, const char* sep) {
   std::string out;
@@ -280,29 +286,614 @@ inline std::string sha256_hex(const std::string& data) {
   return out;
 }
 
-// Reads a whole file; on failure returns false with errno's text.
-inline bool read_file(const std::string& path, std::string& out, std::string& why) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) {
+constexpr std::size_t MAX_MANIFEST_BYTES = 64 << 20;  // topkgen.bundle's limits
+constexpr std::size_t MAX_FILE_BYTES = 64 << 20;      // a cubin or a JIT source
+
+inline const char* file_kind(mode_t mode) {
+  switch (mode & S_IFMT) {
+    case S_IFREG: return "a regular file";
+    case S_IFDIR: return "a directory";
+    case S_IFLNK: return "a symbolic link";
+    case S_IFIFO: return "a FIFO";
+    case S_IFCHR: return "a character device";
+    case S_IFBLK: return "a block device";
+    case S_IFSOCK: return "a socket";
+    default: return "of an unknown kind";
+  }
+}
+
+// The bytes of the regular file `rel` ("sm_90/x.cubin") under the directory `root` (which
+// may be reached through a link), reached through directories only and read no further
+// than `limit` bytes (topkgen.bundle.read_bundle_file, with its messages). A bundle holds no
+// symbolic links (one could lead out of it), FIFOs (which block), devices or sockets. On
+// failure returns false with the reason.
+inline bool read_bundle_file(const std::string& root, const std::string& rel, std::size_t limit, std::string& out,
+                             std::string& why) {
+  struct Fd {
+    int fd;
+    ~Fd() {
+      if (fd >= 0) ::close(fd);
+    }
+  } dir{::open(root.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC)};
+  auto failed = [&] {
     why = std::strerror(errno);
+    return false;
+  };
+  if (dir.fd < 0) return failed();
+  struct stat st;
+  for (std::size_t start = 0;;) {
+    const std::size_t slash = rel.find('/', start);
+    const bool last = slash == std::string::npos;
+    const std::string name = rel.substr(start, last ? std::string::npos : slash - start);
+    const std::string what = last ? "it" : rel.substr(0, slash);
+    if (::fstatat(dir.fd, name.c_str(), &st, AT_SYMLINK_NOFOLLOW) != 0) return failed();
+    if (S_ISLNK(st.st_mode)) {
+      why = what + " is a symbolic link; a bundle holds none";
+      return false;
+    }
+    if (last ? !S_ISREG(st.st_mode) : !S_ISDIR(st.st_mode)) {
+      why = what + " is " + file_kind(st.st_mode) + ", not " + (last ? "a regular file" : "a directory");
+      return false;
+    }
+    const int fd = ::openat(dir.fd, name.c_str(), O_RDONLY | O_NOFOLLOW | O_NONBLOCK | O_CLOEXEC | (last ? 0 : O_DIRECTORY));
+    if (fd < 0) return failed();
+    ::close(dir.fd);
+    dir.fd = fd;
+    if (last) break;
+    start = slash + 1;
+  }
+  if (::fstat(dir.fd, &st) != 0) return failed();
+  if (!S_ISREG(st.st_mode)) {  // replaced since the lstat
+    why = std::string("it is ") + file_kind(st.st_mode) + ", not a regular file";
     return false;
   }
   out.clear();
   char buf[1 << 16];
-  for (;;) {
-    ssize_t got = ::read(fd, buf, sizeof buf);
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      why = std::strerror(errno);
-      ::close(fd);
-      return false;
-    }
+  while (static_cast<std::uint64_t>(st.st_size) <= limit && out.size() <= limit) {  // a file may grow while it is read
+    const ssize_t got = ::read(dir.fd, buf, std::min(sizeof buf, limit + 1 - out.size()));
+    if (got < 0 && errno == EINTR) continue;
+    if (got < 0) return failed();
     if (got == 0) break;
     out.append(buf, static_cast<std::size_t>(got));
   }
-  ::close(fd);
+  if (static_cast<std::uint64_t>(st.st_size) > limit || out.size() > limit) {
+    why = "it is larger than " + std::to_string(limit) + " bytes";
+    return false;
+  }
   return true;
 }
+
+// ---------------------------------------------------------------------------- JSON text
+// What topkgen.reader checks in a JSON file before and while parsing it, in its order and
+// with its messages: strict UTF-8; no control characters but tab and line breaks, no line
+// separators, bidirectional controls, surrogates or noncharacters, raw or as \u escapes;
+// nesting at most 32 deep; no NaN or Infinity; numbers of at most 40 characters; no UTF-8
+// BOM; no duplicate keys. Positions are line:column, columns counted in characters.
+
+constexpr int MAX_DEPTH = 32;
+constexpr std::size_t MAX_NUMBER_CHARS = 40;
+
+// The code point at byte i of t and its length, or 0 where Python's strict UTF-8 decoder
+// fails (stray or overlong bytes, surrogates, values above U+10FFFF, a cut sequence).
+inline std::size_t utf8_at(const std::string& t, std::size_t i, std::uint32_t& cp) {
+  auto byte = [&](std::size_t j) -> unsigned { return j < t.size() ? static_cast<unsigned char>(t[j]) : 0x100; };
+  const unsigned c = byte(i);
+  std::size_t n = 1;
+  unsigned lo = 0x80, hi = 0xBF;
+  if (c < 0x80) {
+    cp = c;
+    return 1;
+  } else if (c >= 0xC2 && c <= 0xDF) {
+    n = 2, cp = c & 0x1F;
+  } else if (c >= 0xE0 && c <= 0xEF) {
+    n = 3, cp = c & 0x0F, lo = c == 0xE0 ? 0xA0 : 0x80, hi = c == 0xED ? 0x9F : 0xBF;
+  } else if (c >= 0xF0 && c <= 0xF4) {
+    n = 4, cp = c & 0x07, lo = c == 0xF0 ? 0x90 : 0x80, hi = c == 0xF4 ? 0x8F : 0xBF;
+  } else {
+    return 0;
+  }
+  for (std::size_t k = 1; k < n; ++k, lo = 0x80, hi = 0xBF) {
+    const unsigned d = byte(i + k);
+    if (d < lo || d > hi) return 0;
+    cp = cp << 6 | (d & 0x3F);
+  }
+  return n;
+}
+
+inline bool forbidden(std::uint32_t c) {  // topkgen.reader._FORBIDDEN
+  return c <= 0x08 || c == 0x0B || c == 0x0C || (c >= 0x0E && c <= 0x1F) || (c >= 0x7F && c <= 0x9F) || c == 0x2028 ||
+         c == 0x2029 || (c >= 0x202A && c <= 0x202E) || (c >= 0x2066 && c <= 0x2069) || (c >= 0xD800 && c <= 0xDFFF) ||
+         c == 0xFFFE || c == 0xFFFF;
+}
+
+inline std::string describe_char(std::uint32_t c) {
+  const char* kind = c >= 0xD800 && c <= 0xDFFF                                          ? "a lone surrogate"
+                     : (c >= 0x202A && c <= 0x202E) || (c >= 0x2066 && c <= 0x2069) ? "a bidirectional control"
+                     : c == 0x2028 || c == 0x2029                                      ? "a line separator"
+                     : c == 0xFFFE || c == 0xFFFF                                      ? "a noncharacter"
+                     : c == 0                                                          ? "a NUL byte (is the file UTF-16?)"
+                                                                                       : "a control character";
+  char hex[16];
+  std::snprintf(hex, sizeof hex, "U+%04X", static_cast<unsigned>(c));
+  return std::string(hex) + ", " + kind + ", is not allowed";
+}
+
+// "FILE:LINE:COLUMN: MESSAGE" for byte `at` of t (valid UTF-8 up to there).
+[[noreturn]] inline void refuse_at(const std::string& source, const std::string& t, std::size_t at,
+                                   const std::string& message) {
+  std::size_t line = 1, line_start = 0, column = 1;
+  for (std::size_t i = 0; i < at; ++i)
+    if (t[i] == '\n') ++line, line_start = i + 1;
+  for (std::size_t i = line_start; i < at; ++i) column += (static_cast<unsigned char>(t[i]) & 0xC0) != 0x80;
+  throw Error(source + ":" + std::to_string(line) + ":" + std::to_string(column) + ": " + message);
+}
+
+// \u escapes in the string token t[begin, end) must not spell a forbidden character or half
+// a surrogate pair (topkgen.reader._check_escapes).
+inline void check_escapes(const std::string& source, const std::string& t, std::size_t begin, std::size_t end) {
+  auto hex4 = [&](std::size_t at, std::uint32_t& code) {
+    if (at + 4 > end) return false;
+    code = 0;
+    for (std::size_t k = at; k < at + 4; ++k) {
+      const char c = t[k];
+      const int v = c >= '0' && c <= '9' ? c - '0' : c >= 'a' && c <= 'f' ? c - 'a' + 10 : c >= 'A' && c <= 'F' ? c - 'A' + 10 : -1;
+      if (v < 0) return false;
+      code = code << 4 | static_cast<unsigned>(v);
+    }
+    return true;
+  };
+  bool pending = false;  // a high surrogate waiting for its low half
+  std::size_t pending_at = 0, pending_end = 0;
+  std::uint32_t pending_code = 0;
+  for (std::size_t i = begin; i < end;) {
+    if (t[i] != '\\') {
+      ++i;
+      continue;
+    }
+    std::uint32_t code = 0;
+    bool is_u = i + 1 < end && t[i + 1] == 'u' && hex4(i + 2, code);
+    if (!is_u && (i + 1 >= end || t[i + 1] == '\n')) {
+      ++i;
+      continue;
+    }
+    const std::size_t next = i + (is_u ? 6 : 2);
+    if (pending) {
+      if (!is_u || code < 0xDC00 || code > 0xDFFF || i != pending_end)
+        refuse_at(source, t, pending_at, describe_char(pending_code));
+      pending = false;
+    } else if (is_u && code >= 0xD800 && code <= 0xDBFF) {
+      pending = true, pending_at = i, pending_end = next, pending_code = code;
+    } else if (is_u && forbidden(code)) {
+      refuse_at(source, t, i, describe_char(code));
+    }
+    i = next;
+  }
+  if (pending) refuse_at(source, t, pending_at, describe_char(pending_code));
+}
+
+// Python's json.dumps(key) (ASCII only), as topkgen.reader names a duplicate key.
+inline std::string py_json_key(const std::string& key) {
+  std::string out = "\"";
+  char buf[16];
+  for (std::size_t i = 0; i < key.size();) {
+    std::uint32_t c = 0;
+    const std::size_t n = utf8_at(key, i, c);
+    i += n ? n : 1;
+    if (c == '"' || c == '\\') out += '\\', out += static_cast<char>(c);
+    else if (c == '\n') out += "\\n";
+    else if (c == '\r') out += "\\r";
+    else if (c == '\t') out += "\\t";
+    else if (c == '\b') out += "\\b";
+    else if (c == '\f') out += "\\f";
+    else if (c >= 0x20 && c < 0x7F) out += static_cast<char>(c);
+    else if (c < 0x10000) std::snprintf(buf, sizeof buf, "\\u%04x", static_cast<unsigned>(c)), out += buf;
+    else
+      std::snprintf(buf, sizeof buf, "\\u%04x\\u%04x", 0xD800 + ((c - 0x10000) >> 10), 0xDC00 + ((c - 0x10000) & 0x3FF)),
+          out += buf;
+  }
+  return out + "\"";
+}
+
+// False for an integer token ("-?[0-9]+") outside -2^63..2^64-1, which nlohmann would read
+// as a float; true for any other number token.
+inline bool fits_64_bits(const std::string& token) {
+  const bool negative = token[0] == '-';
+  std::string digits = token.substr(negative);
+  if (digits.find_first_not_of("0123456789") != std::string::npos) return true;  // not an integer token
+  digits.erase(0, std::min(digits.find_first_not_of('0'), digits.size() - 1));
+  const std::string limit = negative ? "9223372036854775808" : "18446744073709551615";
+  return digits.size() < limit.size() || (digits.size() == limit.size() && digits <= limit);
+}
+
+// One JSON document read as topkgen.reader.read_json reads it (after the bounded read).
+template <class Json>
+Json parse_json(const std::string& t, const std::string& source) {
+  std::uint32_t c = 0;
+  for (std::size_t i = 0, n = 0; i < t.size(); i += n) {
+    if ((n = utf8_at(t, i, c)) == 0) {
+      char msg[96];
+      const bool utf16 = t.compare(0, 2, "\xff\xfe") == 0 || t.compare(0, 2, "\xfe\xff") == 0;
+      std::snprintf(msg, sizeof msg, "not UTF-8: byte 0x%02x cannot be decoded%s; save the file as UTF-8",
+                    static_cast<unsigned char>(t[i]), utf16 ? " (the file looks like UTF-16)" : "");
+      refuse_at(source, t, i, msg);
+    }
+  }
+  for (std::size_t i = 0, n = 0; i < t.size(); i += n)
+    if ((n = utf8_at(t, i, c)), forbidden(c)) refuse_at(source, t, i, describe_char(c));
+  // The token scan of topkgen.reader.parse_json: strings, brackets, numbers, NaN, Infinity.
+  int depth = 0;
+  auto digit = [&](std::size_t i) { return i < t.size() && t[i] >= '0' && t[i] <= '9'; };
+  for (std::size_t i = 0; i < t.size();) {
+    const char ch = t[i];
+    if (ch == '"') {
+      std::size_t j = i + 1;
+      while (j < t.size() && t[j] != '"' && t[j] != '\n')
+        j += t[j] == '\\' && j + 1 < t.size() && t[j + 1] != '\n' ? 2 : t[j] == '\\' ? t.size() : 1;
+      if (j < t.size() && t[j] == '"') {
+        check_escapes(source, t, i, j + 1);
+        i = j + 1;
+        continue;
+      }
+    } else if (ch == '[' || ch == '{') {
+      if (++depth > MAX_DEPTH) refuse_at(source, t, i, "nested deeper than " + std::to_string(MAX_DEPTH) + " levels");
+    } else if (ch == ']' || ch == '}') {
+      --depth;
+    } else if (digit(i) || (ch == '-' && digit(i + 1))) {
+      std::size_t j = i + 1;
+      while (j < t.size() && (digit(j) || std::strchr(".eE+-", t[j]) != nullptr)) ++j;
+      if (j - i > MAX_NUMBER_CHARS)
+        refuse_at(source, t, i, "a number of " + std::to_string(j - i) + " characters is out of range (at most " +
+                                    std::to_string(MAX_NUMBER_CHARS) + ")");
+      if (!fits_64_bits(t.substr(i, j - i)))
+        refuse_at(source, t, i, "the integer " + t.substr(i, j - i) + " does not fit in 64 bits");
+      i = j;
+      continue;
+    } else {
+      for (const char* word : {"NaN", "Infinity", "-Infinity"})
+        if (t.compare(i, std::strlen(word), word) == 0) refuse_at(source, t, i, std::string(word) + " is not JSON");
+    }
+    ++i;
+  }
+  if (t.compare(0, 3, "\xef\xbb\xbf") == 0)  // nlohmann skips it; Python's json refuses it
+    refuse_at(source, t, 0, "not valid JSON: Unexpected UTF-8 BOM (decode using utf-8-sig)");
+  // Duplicate keys, reported as Python's object_pairs_hook finds them: when their object
+  // ends, at the last place the key is written in the file.
+  std::vector<std::pair<std::set<std::string>, std::string>> objects;  // keys so far, the first duplicate
+  auto duplicate = [&](const std::string& key) {
+    const std::string needle = py_json_key(key);
+    std::size_t at = std::string::npos, from = t.size();
+    while (at == std::string::npos && from != std::string::npos && (from = t.rfind(needle, from)) != std::string::npos) {
+      std::size_t j = from + needle.size();
+      while (j < t.size() && std::strchr(" \t\n\r\f\v", t[j]) != nullptr && t[j] != '\0') ++j;
+      if (j < t.size() && t[j] == ':') at = from;
+      from = from == 0 ? std::string::npos : from - 1;
+    }
+    refuse_at(source, t, at == std::string::npos ? 0 : at, "duplicate key " + needle);
+  };
+  typename Json::parser_callback_t keys = [&](int, typename Json::parse_event_t event, Json& parsed) {
+    if (event == Json::parse_event_t::object_start) {
+      objects.emplace_back();
+    } else if (event == Json::parse_event_t::key) {
+      auto& [seen, dup] = objects.back();
+      const std::string& key = parsed.template get_ref<const std::string&>();
+      if (!seen.insert(key).second && dup.empty()) dup = key + '\0';  // '\0': set even for the key ""
+    } else if (event == Json::parse_event_t::object_end) {
+      const std::string dup = std::move(objects.back().second);
+      objects.pop_back();
+      if (!dup.empty()) duplicate(dup.substr(0, dup.size() - 1));
+    }
+    return true;
+  };
+  try {
+    return Json::parse(t, keys);
+  } catch (const typename Json::parse_error& err) {
+    throw Error(source + ": not valid JSON: " + err.what());
+  }
+}
+
+// A schema pattern, searched as topkgen.schema searches it (Python's re.search, `$` the end
+// of the string) in linear time: a manifest's strings may be long, and std::regex recurses
+// per character. The syntax the shipped schema uses: literals, \-escapes, [classes] with
+// ranges and ^, `.`, the quantifiers *, + and {n}, and the anchors ^ and $.
+class Pattern {
+ public:
+  explicit Pattern(const std::string& p) {
+    std::size_t i = 0;
+    auto unsupported = [&] { throw Error("the manifest schema's pattern " + p + " uses syntax this loader lacks"); };
+    if (p.compare(0, 1, "^") == 0) start_ = true, ++i;
+    while (i < p.size()) {
+      Atom atom;
+      const char c = p[i++];
+      if (c == '$' && i == p.size()) {
+        end_ = true;
+        break;
+      } else if (c == '[') {
+        if (i < p.size() && p[i] == '^') atom.negated = true, ++i;
+        while (i < p.size() && p[i] != ']') {
+          const char lo = p[i] == '\\' && i + 1 < p.size() ? p[++i] : p[i];
+          ++i;
+          char hi = lo;
+          if (i + 1 < p.size() && p[i] == '-' && p[i + 1] != ']') hi = p[i + 1], i += 2;
+          atom.ranges.push_back({static_cast<unsigned char>(lo), static_cast<unsigned char>(hi)});
+        }
+        if (i++ >= p.size()) unsupported();
+      } else if (c == '.') {
+        atom.negated = true, atom.ranges.push_back({'\n', '\n'});
+      } else if (c == '\\' && i < p.size() && std::ispunct(static_cast<unsigned char>(p[i]))) {
+        atom.ranges.push_back({static_cast<unsigned char>(p[i]), static_cast<unsigned char>(p[i])}), ++i;
+      } else if (std::strchr("\\()|?*+{}^$", c) != nullptr) {
+        unsupported();
+      } else {
+        atom.ranges.push_back({static_cast<unsigned char>(c), static_cast<unsigned char>(c)});
+      }
+      std::size_t copies = 1;
+      if (i < p.size() && (p[i] == '*' || p[i] == '+')) {
+        copies = p[i++] == '+';
+        atoms_.insert(atoms_.end(), copies, atom);
+        atom.star = true;
+        copies = 1;
+      } else if (i < p.size() && p[i] == '{') {
+        const std::size_t close = p.find('}', i);
+        if (close == std::string::npos || close == i + 1 || p.find_first_not_of("0123456789", i + 1) != close) unsupported();
+        copies = std::stoul(p.substr(i + 1, close - i - 1));
+        i = close + 1;
+      }
+      atoms_.insert(atoms_.end(), copies, atom);
+    }
+  }
+
+  bool search(const std::string& s) const {
+    const std::size_t accept = atoms_.size();
+    std::vector<char> now(accept + 1, 0), next(accept + 1, 0);
+    auto add = [&](std::vector<char>& set, std::size_t state) {  // with what follows a starred atom's skip
+      for (; !set[state]; ++state) {
+        set[state] = 1;
+        if (state == accept || !atoms_[state].star) break;
+      }
+    };
+    add(now, 0);
+    for (std::size_t i = 0, n = 0;; i += n) {
+      if (now[accept] && (!end_ || i == s.size())) return true;
+      if (i >= s.size()) return false;
+      std::uint32_t c = 0;
+      n = std::max<std::size_t>(utf8_at(s, i, c), 1);
+      std::fill(next.begin(), next.end(), 0);
+      bool alive = false;
+      for (std::size_t state = 0; state < accept; ++state)
+        if (now[state] && atoms_[state].matches(c)) add(next, atoms_[state].star ? state : state + 1), alive = true;
+      if (!start_) add(next, 0), alive = true;
+      if (!alive) return false;
+      now.swap(next);
+    }
+  }
+
+ private:
+  struct Atom {
+    std::vector<std::pair<std::uint32_t, std::uint32_t>> ranges;
+    bool negated = false, star = false;
+    bool matches(std::uint32_t c) const {
+      const bool in = std::any_of(ranges.begin(), ranges.end(), [&](const auto& r) { return r.first <= c && c <= r.second; });
+      return in != negated;
+    }
+  };
+  std::vector<Atom> atoms_;
+  bool start_ = false, end_ = false;
+};
+
+// ---------------------------------------------------------------------------- the schema
+// The manifest validated against topkgen/schemas/manifest.schema.json (embedded) by a port
+// of topkgen/schema.py: the same keywords, the same depth-first walk in document order, the
+// same messages. Values are described as Python's repr would describe them.
+
+// Python's repr of a str the reader let through: quotes, backslashes, tab and line breaks
+// escaped, and the assigned characters Python 3.11 (Unicode 14) does not print (spaces but
+// ' ', format characters, private use); unassigned ones, which Python escapes too, are not.
+inline std::string py_repr(const std::string& s) {
+  static const std::uint32_t hidden[][2] = {
+      {0xA0, 0xA0}, {0xAD, 0xAD}, {0x600, 0x605}, {0x61C, 0x61C}, {0x6DD, 0x6DD}, {0x70F, 0x70F},
+      {0x890, 0x891}, {0x8E2, 0x8E2}, {0x1680, 0x1680}, {0x180E, 0x180E}, {0x2000, 0x200F}, {0x202F, 0x202F},
+      {0x205F, 0x2064}, {0x206A, 0x206F}, {0x3000, 0x3000}, {0xE000, 0xF8FF}, {0xFEFF, 0xFEFF}, {0xFFF9, 0xFFFB},
+      {0x110BD, 0x110BD}, {0x110CD, 0x110CD}, {0x13430, 0x13438}, {0x1BCA0, 0x1BCA3}, {0x1D173, 0x1D17A},
+      {0xE0001, 0xE0001}, {0xE0020, 0xE007F}, {0xF0000, 0xFFFFD}, {0x100000, 0x10FFFD}};
+  const char quote = s.find('\'') != std::string::npos && s.find('"') == std::string::npos ? '"' : '\'';
+  std::string out(1, quote);
+  char buf[16];
+  for (std::size_t i = 0, n = 0; i < s.size(); i += n) {
+    std::uint32_t c = 0;
+    n = std::max<std::size_t>(utf8_at(s, i, c), 1);
+    if (c == '\\' || c == static_cast<unsigned char>(quote)) out += '\\', out += static_cast<char>(c);
+    else if (c == '\n') out += "\\n";
+    else if (c == '\r') out += "\\r";
+    else if (c == '\t') out += "\\t";
+    else if (std::none_of(std::begin(hidden), std::end(hidden), [&](const auto& r) { return r[0] <= c && c <= r[1]; }))
+      out.append(s, i, n);
+    else
+      std::snprintf(buf, sizeof buf, c < 0x100 ? "\\x%02x" : c < 0x10000 ? "\\u%04x" : "\\U%08x", static_cast<unsigned>(c)),
+          out += buf;
+  }
+  return out + quote;
+}
+
+template <class Json>
+std::string describe(const Json& v) {  // topkgen.schema._describe
+  if (v.is_boolean()) return v.template get<bool>() ? "true" : "false";
+  if (v.is_null()) return "null";
+  if (v.is_object()) return "a mapping";
+  if (v.is_array()) return "a list";
+  if (v.is_string()) return py_repr(v.template get_ref<const std::string&>());
+  return v.dump();  // a number: nlohmann writes a float as Python's repr does (3.0, 1e+100)
+}
+
+inline std::size_t characters(const std::string& s) {
+  std::size_t n = 0;
+  for (const char c : s) n += (static_cast<unsigned char>(c) & 0xC0) != 0x80;
+  return n;
+}
+
+template <class Json>
+class SchemaValidator {
+ public:
+  explicit SchemaValidator(const Json& root) : root_(root) {}
+
+  // Throws Error("FILE: PATH: MESSAGE") for the first violation topkgen.schema.validate finds.
+  void validate(const Json& value, const std::string& file) const {
+    try {
+      check(value, root_, "");
+    } catch (const Violation& v) {
+      throw Error(file + ": " + (v.path.empty() ? "<document>" : v.path) + ": " + v.message);
+    }
+  }
+
+ private:
+  struct Violation {
+    std::string path, message;
+  };
+
+  static std::string key_path(const std::string& path, const std::string& key) { return path.empty() ? key : path + "." + key; }
+
+  static bool is_number(const Json& v) { return v.is_number(); }  // booleans are not numbers in nlohmann either
+
+  static bool has_type(const Json& v, const std::string& type) {
+    return type == "object" ? v.is_object() : type == "array" ? v.is_array() : type == "string" ? v.is_string()
+         : type == "integer" ? v.is_number_integer() : type == "number" ? v.is_number()
+         : type == "boolean" ? v.is_boolean() : type == "null" ? v.is_null() : false;
+  }
+
+  // -1, 0 or 1 as a < b, a == b, a > b for two JSON numbers (integers compared exactly).
+  static int compare(const Json& a, const Json& b) {
+    if (a.is_number_float() || b.is_number_float()) {
+      const double x = a.template get<double>(), y = b.template get<double>();
+      return x < y ? -1 : x > y;
+    }
+    const bool neg_a = a.is_number_integer() && !a.is_number_unsigned() && a.template get<std::int64_t>() < 0;
+    const bool neg_b = b.is_number_integer() && !b.is_number_unsigned() && b.template get<std::int64_t>() < 0;
+    if (neg_a != neg_b) return neg_a ? -1 : 1;
+    if (neg_a) {
+      const std::int64_t x = a.template get<std::int64_t>(), y = b.template get<std::int64_t>();
+      return x < y ? -1 : x > y;
+    }
+    const std::uint64_t x = a.template get<std::uint64_t>(), y = b.template get<std::uint64_t>();
+    return x < y ? -1 : x > y;
+  }
+
+  static bool same(const Json& a, const Json& b) { return a == b; }  // JSON equality: 1 == 1.0, true != 1
+
+  const Json& resolve(const std::string& ref) const {
+    const Json* node = &root_;
+    for (std::size_t at = 2; at <= ref.size();) {  // "#/$defs/kernel"
+      const std::size_t slash = std::min(ref.find('/', at), ref.size());
+      node = &node->at(ref.substr(at, slash - at));
+      at = slash + 1;
+    }
+    return *node;
+  }
+
+  const Pattern& pattern(const std::string& p) const {
+    auto it = patterns_.find(p);
+    if (it == patterns_.end()) it = patterns_.emplace(p, Pattern(p)).first;
+    return it->second;
+  }
+
+  void check(const Json& value, const Json& schema, const std::string& path) const {
+    auto refusal = schema.find("x-refusal");
+    if (refusal == schema.end()) return check_node(value, schema, path);
+    try {
+      check_node(value, schema, path);
+    } catch (Violation& v) {
+      if (v.path == path) v.message += ": " + refusal->template get<std::string>();
+      throw;
+    }
+  }
+
+  void check_node(const Json& value, const Json& schema, const std::string& path) const {
+    auto fail = [&](const std::string& message) { throw Violation{path, message}; };
+    if (auto ref = schema.find("$ref"); ref != schema.end()) check(value, resolve(ref->template get<std::string>()), path);
+    if (auto type = schema.find("type"); type != schema.end()) {
+      std::vector<std::string> types;
+      if (type->is_array())
+        for (const Json& t : *type) types.push_back(t.template get<std::string>());
+      else
+        types.push_back(type->template get<std::string>());
+      if (std::none_of(types.begin(), types.end(), [&](const std::string& t) { return has_type(value, t); }))
+        fail("expected " + join(types, " or ") + ", got " + describe(value));
+    }
+    if (auto c = schema.find("const"); c != schema.end() && !same(value, *c))
+      fail("must be " + c->dump(-1, ' ', true) + ", got " + describe(value));
+    if (auto e = schema.find("enum"); e != schema.end() && std::none_of(e->begin(), e->end(), [&](const Json& x) { return same(value, x); })) {
+      std::vector<std::string> choices;
+      for (const Json& x : *e) choices.push_back(x.dump(-1, ' ', true));
+      fail(describe(value) + " is not one of " + join(choices, ", "));
+    }
+    if (is_number(value)) {
+      if (auto m = schema.find("minimum"); m != schema.end() && compare(value, *m) < 0)
+        fail(value.dump() + " is less than the minimum " + m->dump());
+      if (auto m = schema.find("maximum"); m != schema.end() && compare(value, *m) > 0)
+        fail(value.dump() + " is greater than the maximum " + m->dump());
+    }
+    if (value.is_string()) {
+      const std::string& s = value.template get_ref<const std::string&>();
+      if (auto m = schema.find("minLength"); m != schema.end() && characters(s) < m->template get<std::size_t>())
+        fail("must have at least " + m->dump() + " characters");
+      if (auto m = schema.find("maxLength"); m != schema.end() && characters(s) > m->template get<std::size_t>())
+        fail("must have at most " + m->dump() + " characters");
+      if (auto p = schema.find("pattern"); p != schema.end() && !pattern(p->template get<std::string>()).search(s))
+        fail(py_repr(s) + " does not match the pattern " + p->template get<std::string>());
+    }
+    if (value.is_array()) {
+      if (auto m = schema.find("minItems"); m != schema.end() && value.size() < m->template get<std::size_t>())
+        fail("must have at least " + m->dump() + " items");
+      if (auto m = schema.find("maxItems"); m != schema.end() && value.size() > m->template get<std::size_t>())
+        fail("must have at most " + m->dump() + " items");
+      if (schema.value("uniqueItems", false)) {
+        std::set<Json> seen;
+        for (std::size_t i = 0; i < value.size(); ++i)
+          if (!seen.insert(value[i]).second)
+            throw Violation{path + "[" + std::to_string(i) + "]", "duplicate item " + describe(value[i])};
+      }
+      if (auto items = schema.find("items"); items != schema.end())
+        for (std::size_t i = 0; i < value.size(); ++i) check(value[i], *items, path + "[" + std::to_string(i) + "]");
+    }
+    if (value.is_object()) check_object(value, schema, path);
+  }
+
+  void check_object(const Json& value, const Json& schema, const std::string& path) const {
+    static const Json none = Json::object();
+    auto p = schema.find("properties");
+    const Json& props = p == schema.end() ? none : *p;
+    auto x = schema.find("additionalProperties");
+    const bool closed = x != schema.end() && x->is_boolean() && !x->template get<bool>();
+    // Unknown and badly named keys first: a typo reads better than "missing key".
+    for (auto it = value.begin(); it != value.end(); ++it) {
+      const std::string kp = key_path(path, it.key());
+      if (auto names = schema.find("propertyNames"); names != schema.end()) {
+        try {
+          check(Json(it.key()), *names, kp);
+        } catch (const Violation& v) {
+          throw Violation{kp, "bad key: " + v.message};
+        }
+      }
+      if (closed && !props.contains(it.key())) {
+        std::vector<std::string> allowed;
+        for (auto q = props.begin(); q != props.end(); ++q) allowed.push_back(q.key());
+        std::sort(allowed.begin(), allowed.end());
+        throw Violation{kp, "unknown key '" + it.key() + "' (allowed: " + (allowed.empty() ? "none" : join(allowed, ", ")) + ")"};
+      }
+    }
+    if (auto m = schema.find("minProperties"); m != schema.end() && value.size() < m->template get<std::size_t>())
+      throw Violation{path, "must have at least " + m->dump() + " entries"};
+    if (auto required = schema.find("required"); required != schema.end())
+      for (const Json& key : *required)
+        if (!value.contains(key.template get<std::string>()))
+          throw Violation{path, "missing required key '" + key.template get<std::string>() + "'"};
+    for (auto it = value.begin(); it != value.end(); ++it) {
+      if (auto q = props.find(it.key()); q != props.end()) check(it.value(), *q, key_path(path, it.key()));
+      else if (x != schema.end() && x->is_object()) check(it.value(), *x, key_path(path, it.key()));
+    }
+  }
+
+  const Json& root_;
+  mutable std::map<std::string, Pattern> patterns_;
+};
 
 // The SM number of a CUDA ELF file, or -1 when it is not one (e_machine 190, EM_CUDA; the
 // SM sits in e_flags bits 8-15 from ABI version 8 on, bits 0-7 before).
@@ -312,6 +903,37 @@ inline int elf_sm(const std::string& d) {
   if ((byte(18) | byte(19) << 8) != 190) return -1;
   unsigned flags = byte(48) | byte(49) << 8 | byte(50) << 16 | byte(51) << 24;
   return static_cast<int>(byte(8) >= 8 ? (flags >> 8) & 0xFF : flags & 0xFF);
+}
+
+// Whether a little-endian ELF64 file's symbol tables (SHT_SYMTAB) define `symbol` as a
+// function (STT_FUNC, in a section): 1 yes, 0 no, -1 when the file is not such an ELF file
+// or a table lies outside it (topkgen.manifest_checks.elf_defines_function). Every offset is
+// checked before it is read: the file may be forged.
+inline int elf_defines_function(const std::string& d, const std::string& symbol) {
+  auto u = [&](std::uint64_t at, int bytes) {
+    std::uint64_t v = 0;
+    for (int i = bytes - 1; i >= 0; --i) v = v << 8 | static_cast<unsigned char>(d[at + i]);
+    return v;
+  };
+  const std::uint64_t size = d.size();
+  if (size < 64 || d[4] != 2 || d[5] != 1) return -1;  // ELFCLASS64, ELFDATA2LSB
+  const std::uint64_t shoff = u(0x28, 8), shentsize = u(0x3A, 2), shnum = u(0x3C, 2);
+  if (shentsize < 64 || shoff > size || shnum > (size - shoff) / shentsize) return -1;
+  for (std::uint64_t i = 0; i < shnum; ++i) {
+    const std::uint64_t h = shoff + i * shentsize;
+    if (u(h + 4, 4) != 2) continue;  // SHT_SYMTAB
+    const std::uint64_t offset = u(h + 24, 8), length = u(h + 32, 8), link = u(h + 40, 4), entsize = u(h + 56, 8);
+    if (link >= shnum || entsize != 24 || offset > size || length > size - offset) return -1;
+    const std::uint64_t s = shoff + link * shentsize, str_offset = u(s + 24, 8), str_length = u(s + 32, 8);
+    if (str_offset > size || str_length > size - str_offset) return -1;
+    for (std::uint64_t at = offset; at + 24 <= offset + length; at += 24) {
+      const std::uint64_t name = u(at, 4), info = u(at + 4, 1), shndx = u(at + 6, 2);
+      if ((info & 0xF) == 2 && shndx != 0 && name < str_length && str_length - name > symbol.size() &&
+          d.compare(str_offset + name, symbol.size(), symbol) == 0 && d[str_offset + name + symbol.size()] == '\0')
+        return 1;
+    }
+  }
+  return 0;
 }
 
 struct Row {
@@ -421,16 +1043,13 @@ class Bundle {
     while (dir_.size() > 1 && dir_.back() == '/') dir_.pop_back();
     doc_.file = dir_ + "/manifest.json";
     std::string text, why;
-    if (!detail::read_file(doc_.file, text, why)) throw Error(doc_.file + ": cannot read manifest: " + why);
-    detail::json m;
-    try {
-      m = detail::json::parse(text);
-    } catch (const detail::json::parse_error& err) {
-      throw Error(doc_.file + ": not valid JSON: " + err.what());
-    }
-    if (!m.is_object()) throw Error(doc_.file + ": <document>: expected an object");
-    check_version(m);
-    for (const auto& a : m.at("archs")) archs_.push_back(a.get<std::string>());
+    if (!detail::read_bundle_file(dir_, "manifest.json", detail::MAX_MANIFEST_BYTES, text, why))
+      throw Error(doc_.file + ": cannot read manifest: " + why);
+    const detail::json m = detail::parse_json<detail::json>(text, doc_.file);
+    check_version(m);  // the order of topkgen.bundle.load_manifest: version, schema, the load checks
+    static const detail::json schema = detail::json::parse(detail::MANIFEST_SCHEMA);
+    detail::SchemaValidator<detail::json>(schema).validate(m, doc_.file);
+    archs_ = doc_.strings(m, "archs", "<document>");
     read_entries(m);
     read_dispatch(m);
     read_files();
@@ -512,6 +1131,13 @@ class Bundle {
  private:
   using Tables = std::map<std::string, std::map<std::string, std::map<std::string, detail::List>>>;
 
+  static std::vector<std::string> sorted_keys(const detail::json& obj) {
+    std::vector<std::string> keys;
+    for (auto it = obj.begin(); it != obj.end(); ++it) keys.push_back(it.key());
+    std::sort(keys.begin(), keys.end());
+    return keys;
+  }
+
   template <class M>
   static std::string known(const M& m) {
     std::vector<std::string> keys;
@@ -587,18 +1213,19 @@ class Bundle {
   }
 
   void check_version(const detail::json& m) {
-    auto it = m.find("schema_version");
-    if (it != m.end() && *it == SCHEMA_VERSION) {
+    auto it = m.find("schema_version");  // end() when m is not an object
+    const bool integer = it != m.end() && it->is_number_integer();  // neither 3.0 nor true is 3
+    if (integer && *it == SCHEMA_VERSION) {
       auto shard = m.find("shard");
       if (shard != m.end() && shard->is_object())
-        throw Error(doc_.file + ": shard: part " + shard->value("index", nlohmann::json()).dump() + "/" +
-                    shard->value("count", nlohmann::json()).dump() +
+        throw Error(doc_.file + ": shard: part " + shard->value("index", detail::json()).dump() + "/" +
+                    shard->value("count", detail::json()).dump() +
                     " of a sharded build, not a bundle; assemble the parts with `topkgen merge` first");
       return;
     }
-    if (it != m.end() && *it == 1)
+    if (integer && *it == 1)
       throw Error(doc_.file + ": schema_version: 1 has no dispatch table; rebuild the bundle (topkgen build)");
-    if (it != m.end() && *it == 2)
+    if (integer && *it == 2)
       throw Error(doc_.file + ": schema_version: 2 has no batch size in its dispatch table; rebuild the bundle (topkgen build)");
     throw Error(doc_.file + ": schema_version: " + (it == m.end() ? std::string("null") : it->dump()) +
                 " is not supported (this topkgen reads version " + std::to_string(SCHEMA_VERSION) + ")");
@@ -632,7 +1259,7 @@ class Bundle {
           doc_.fail(lf + ".grid", "unknown grid rule '" + doc_.str(launch, "grid", lf) + "'");
         e.threads_per_block = static_cast<unsigned>(doc_.integer(launch, "threads_per_block", lf, 32, 1024));
         e.rows_per_block = static_cast<unsigned>(doc_.integer(launch, "rows_per_block", lf, 1, 32));
-        e.dynamic_shared_bytes = static_cast<unsigned>(doc_.integer(launch, "dynamic_shared_bytes", lf, 0, 1 << 30));
+        e.dynamic_shared_bytes = static_cast<unsigned>(doc_.integer(launch, "dynamic_shared_bytes", lf, 0, DYNAMIC_SHARED_MAX));
         if (!e.aot) e.nvrtc_options = doc_.strings(j, "nvrtc_options", e.field);
         // the checks of topkgen.manifest_checks.check_entries, in its order
         if (std::find(archs_.begin(), archs_.end(), e.arch) == archs_.end())
@@ -676,11 +1303,13 @@ class Bundle {
     if (!dispatch.is_object()) doc_.fail("dispatch", "expected an object");
     for (const std::string& arch : archs_)
       if (!dispatch.contains(arch)) doc_.fail("dispatch", "no table for " + arch);
-    for (const auto& [arch, by_dtype] : dispatch.items()) {  // nlohmann orders keys as sorted() does
+    for (const std::string& arch : sorted_keys(dispatch)) {  // as topkgen.manifest_checks.check_dispatch
       if (std::find(archs_.begin(), archs_.end(), arch) == archs_.end())
         doc_.fail("dispatch." + arch, "not one of the bundle's archs");
+      const detail::json& by_dtype = dispatch.at(arch);
       if (!by_dtype.is_object()) doc_.fail("dispatch." + arch, "expected an object");
-      for (const auto& [dtype, by_mode] : by_dtype.items()) {
+      for (const std::string& dtype : sorted_keys(by_dtype)) {
+        const detail::json& by_mode = by_dtype.at(dtype);
         for (const char* mode : {"deterministic", "fast"}) {
           const std::string path = "dispatch." + arch + "." + dtype + "." + mode;
           const detail::json& rows = doc_.at(by_mode, mode, "dispatch." + arch + "." + dtype);
@@ -776,13 +1405,14 @@ class Bundle {
       doc_.fail(field, e.name + " serves n " + detail::range(e.n_min, e.n_max) + ", not " + detail::range(lo, row.n_hi));
   }
 
-  // Each file: sha256, then for a cubin the ELF machine and SM (topkgen.manifest_checks.check_file).
+  // Each file: sha256, then for a cubin the ELF machine, the SM and the entry's symbol
+  // (topkgen.manifest_checks.check_file).
   void read_files() {
     for (auto& kern : kernels_) {
       Kernel& e = *kern;
       const std::string key = e.aot ? ".cubin" : ".source";
       std::string why;
-      if (!detail::read_file(dir_ + "/" + e.path, e.data, why))
+      if (!detail::read_bundle_file(dir_, e.path, detail::MAX_FILE_BYTES, e.data, why))
         doc_.fail(e.field + key, "cannot read " + e.path + ": " + why);
       if (detail::sha256_hex(e.data) != e.sha256)
         doc_.fail(e.field + ".sha256", e.path + " does not match its sha256 in the manifest");
@@ -791,6 +1421,9 @@ class Bundle {
       if (sm < 0) doc_.fail(e.field + ".cubin", e.path + " is not a CUDA ELF file");
       if ("sm_" + std::to_string(sm) != e.arch)
         doc_.fail(e.field + ".cubin", e.path + " is compiled for sm_" + std::to_string(sm) + ", not " + e.arch);
+      const int defined = detail::elf_defines_function(e.data, e.symbol);
+      if (defined < 0) doc_.fail(e.field + ".cubin", e.path + " is not a CUDA ELF file: its symbol table cannot be read");
+      if (defined == 0) doc_.fail(e.field + ".symbol", e.path + " defines no function '" + e.symbol + "'");
     }
   }
 
