@@ -27,6 +27,7 @@ from topkgen import __version__, cache, dispatch_table, manifest_checks, reader
 from topkgen.compile import CompiledKernel, compile_kernel, portable_options, toolchain
 from topkgen.destinations import check_bundle_destination, locked
 from topkgen.errors import InputError
+from topkgen.paths import file_kind, read_to_limit
 from topkgen.policy import SHARED_BYTES_PER_BLOCK, KernelSpec, Policy, jit_plan, plan, rule_record
 from topkgen.render import params, render
 from topkgen.schema import SchemaViolation, format_path, load_schema, validate
@@ -348,11 +349,6 @@ def read_files(root: Path, manifest: dict, archs: Iterable[str] | None = None) -
     return files
 
 
-_KINDS = {stat.S_IFREG: "a regular file", stat.S_IFDIR: "a directory", stat.S_IFLNK: "a symbolic link",
-          stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
-          stat.S_IFSOCK: "a socket"}
-
-
 def read_bundle_file(root: Path, rel: str, limit: int) -> bytes:
     """The bytes of the regular file `rel` ("sm_90/x.cubin") under the directory `root`
     (which may be reached through a link), reached through directories only and read no
@@ -369,29 +365,19 @@ def read_bundle_file(root: Path, rel: str, limit: int) -> bytes:
             if stat.S_ISLNK(mode):
                 raise _refusal(f"{what} is a symbolic link; a bundle holds none")
             if not (stat.S_ISREG(mode) if last else stat.S_ISDIR(mode)):
-                raise _refusal(f"{what} is {_kind(mode)}, not {'a regular file' if last else 'a directory'}")
+                raise _refusal(f"{what} is {file_kind(mode)}, not {'a regular file' if last else 'a directory'}")
             flags = os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC | (0 if last else os.O_DIRECTORY)
             fd, parent = os.open(name, flags, dir_fd=fd), fd
             os.close(parent)
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):  # replaced since the lstat
-            raise _refusal(f"it is {_kind(info.st_mode)}, not a regular file")
-        chunks, size = [], 0
-        while info.st_size <= limit and size <= limit:  # a file may grow while it is read
-            chunk = os.read(fd, min(limit + 1 - size, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            size += len(chunk)
-        if max(size, info.st_size) > limit:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):  # replaced since the lstat
+            raise _refusal(f"it is {file_kind(mode)}, not a regular file")
+        data = read_to_limit(fd, limit)
+        if data is None:
             raise _refusal(f"it is larger than {limit} bytes")
-        return b"".join(chunks)
+        return data
     finally:
         os.close(fd)
-
-
-def _kind(mode: int) -> str:
-    return _KINDS.get(stat.S_IFMT(mode), "of an unknown kind")
 
 
 def _refusal(reason: str) -> OSError:

@@ -72,26 +72,43 @@ def read_regular(path: Path, limit: int) -> bytes:
     holds more than `limit` bytes (nothing beyond limit + 1 is read)."""
     mode = os.lstat(path).st_mode
     if not stat.S_ISREG(mode):  # not even opened: opening a device can have effects
-        raise OSError(errno.EINVAL, _kind(mode), str(path))
+        raise OSError(errno.EINVAL, f"not a regular file but {file_kind(mode)}", str(path))
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        info = os.fstat(fd)  # the file opened, whatever replaced the name since the lstat
-        if not stat.S_ISREG(info.st_mode):
-            raise OSError(errno.EINVAL, _kind(info.st_mode), str(path))
-        if info.st_size > limit:
+        mode = os.fstat(fd).st_mode  # the file opened, whatever replaced the name since the lstat
+        if not stat.S_ISREG(mode):
+            raise OSError(errno.EINVAL, f"not a regular file but {file_kind(mode)}", str(path))
+        data = read_to_limit(fd, limit)
+        if data is None:
             raise OSError(errno.EFBIG, f"larger than {limit} bytes", str(path))
-        chunks, left = [], limit + 1
-        while left > 0:
-            chunk = os.read(fd, min(left, 1 << 20))
-            if not chunk:
-                break
-            chunks.append(chunk)
-            left -= len(chunk)
-        if left <= 0:  # it grew while being read
-            raise OSError(errno.EFBIG, f"larger than {limit} bytes", str(path))
-        return b"".join(chunks)
+        return data
     finally:
         os.close(fd)
+
+
+def read_to_limit(fd: int, limit: int) -> bytes | None:
+    """An open regular file's bytes, read no further than `limit`: None when it holds more
+    (or grew past it while being read)."""
+    if os.fstat(fd).st_size > limit:
+        return None
+    chunks, left = [], limit + 1
+    while left > 0:
+        chunk = os.read(fd, min(left, 1 << 20))
+        if not chunk:
+            break
+        chunks.append(chunk)
+        left -= len(chunk)
+    return None if left <= 0 else b"".join(chunks)
+
+
+_FILE_KINDS = {stat.S_IFREG: "a regular file", stat.S_IFDIR: "a directory", stat.S_IFLNK: "a symbolic link",
+               stat.S_IFIFO: "a FIFO", stat.S_IFCHR: "a character device", stat.S_IFBLK: "a block device",
+               stat.S_IFSOCK: "a socket"}
+
+
+def file_kind(mode: int) -> str:
+    """What kind of file a stat mode is, for messages ("a FIFO")."""
+    return _FILE_KINDS.get(stat.S_IFMT(mode), "of an unknown kind")
 
 
 def open_lock(path: Path) -> int:
@@ -101,18 +118,10 @@ def open_lock(path: Path) -> int:
     mode = os.fstat(fd).st_mode
     if not stat.S_ISREG(mode):
         os.close(fd)
-        raise OSError(errno.EINVAL, _kind(mode), str(path))
+        raise OSError(errno.EINVAL, f"not a regular file but {file_kind(mode)}", str(path))
     return fd
 
 
-def _kind(mode: int) -> str:
-    """What a file that should be a regular one is, for messages."""
-    for test, name in ((stat.S_ISLNK, "a symbolic link"), (stat.S_ISDIR, "a directory"), (stat.S_ISFIFO, "a FIFO"),
-                       (stat.S_ISCHR, "a character device"), (stat.S_ISBLK, "a block device"),
-                       (stat.S_ISSOCK, "a socket")):
-        if test(mode):
-            return f"not a regular file but {name}"
-    return "not a regular file"
 
 
 def directory_problem(path: Path) -> str | None:
