@@ -140,14 +140,16 @@ def with_rows_below(policy_text: str, arch: str, rows_below: int, device: str) -
     return f"{policy_text[:start]}{rows_below}{kept}  {note}{policy_text[line_end:]}"
 
 
-def load_results(path: Path) -> tuple[str, str, list[Measured]]:
+def load_results(path: Path) -> tuple[str, str, list[Measured], int]:
+    """arch, device, the batches measured, and how many the grid had (a run out of time
+    measures fewer)."""
     doc = json.loads(path.read_text())
-    return doc["arch"], doc["device"], [Measured(**m) for m in doc["measured"]]
+    return doc["arch"], doc["device"], [Measured(**m) for m in doc["measured"]], int(doc["grid"])
 
 
-def write_results(path: Path, arch: str, device: str, measured: list[Measured]) -> None:
-    path.write_text(json.dumps({"arch": arch, "device": device, "measured": [asdict(m) for m in measured]},
-                               indent=1) + "\n")
+def write_results(path: Path, arch: str, device: str, measured: list[Measured], grid: int) -> None:
+    path.write_text(json.dumps({"arch": arch, "device": device, "grid": grid,
+                                "measured": [asdict(m) for m in measured]}, indent=1) + "\n")
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -156,12 +158,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("results", type=Path, help="split_crossover.json from `make gpu-check`")
     parser.add_argument("--policy", type=Path, default=Path(__file__).resolve().parent.parent / "policies" / "topk.yaml")
     parser.add_argument("--write", action="store_true", help="write rows_below into the policy file")
+    parser.add_argument("--partial", action="store_true",
+                        help="write even when the run measured only part of the grid (it ran out of time)")
     args = parser.parse_args(argv)
     sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
     from topkgen import policy
 
     try:
-        arch, device, measured = load_results(args.results)
+        arch, device, measured, grid = load_results(args.results)
         text = args.policy.read_text()
         current = policy.loads(text, source=str(args.policy)).archs[arch].split
         found = choose_rows_below(measured)
@@ -170,8 +174,14 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(table(measured) + "\n")
     print(summary(arch, device, current.rows_below if current else None, found))
+    if len(measured) < grid:
+        print(f"partial: {len(measured)} of the grid's {grid} batches were measured")
     if found.rows_below is None or not args.write:
         return 0
+    if len(measured) < grid and not args.partial:
+        print(f"split_crossover: {args.results}: {len(measured)} of {grid} batches measured; the choice may "
+              f"differ on the rest, so nothing is written (--partial writes it anyway)", file=sys.stderr)
+        return 2
     edited = with_rows_below(text, arch, found.rows_below, device)
     policy.loads(edited, source=str(args.policy))  # still a valid policy, or nothing is written
     with tempfile.NamedTemporaryFile("w", dir=args.policy.parent, delete=False, suffix=".tmp") as tmp:

@@ -470,7 +470,7 @@ def measure_crossover(args, arch: str, topkgen: list[str], deadline: float) -> b
     if not measured:
         return failed
     device = torch.cuda.get_device_name(0)
-    split_crossover.write_results(args.results / "split_crossover.json", arch, device, measured)
+    split_crossover.write_results(args.results / "split_crossover.json", arch, device, measured, len(grid))
     (args.results / "split_crossover.md").write_text(split_crossover.table(measured) + "\n")
     now = policy.load().archs[arch].split
     try:

@@ -190,6 +190,25 @@ def test_a_cache_dir_this_user_cannot_write_is_one_message(warm, cache_copy, tmp
     assert not (tmp_path / "out").exists()
 
 
+def test_a_cache_this_user_can_only_read_still_serves_its_hits(warm, cache_copy, tmp_path):
+    """A read-only cache (a shared copy, a read-only mount) is no error: verify reads it, and
+    a build of what it holds compiles nothing and writes nothing there."""
+    prefix = _without_dac_override()
+    store = cache_copy / cache.LOCAL_DIR
+    folders = [store, *(p for p in store.rglob("*") if p.is_dir())]
+    for folder in folders:
+        folder.chmod(0o555)
+    try:
+        verify = topkgen("cache", "verify", "--sample", "50", cache_dir=cache_copy, prefix=prefix, timeout=120)
+        assert verify.returncode == 0, verify.stderr
+        built = topkgen("build", *SHARD, "--out", tmp_path / "out", cache_dir=cache_copy, prefix=prefix, timeout=120)
+        assert built.returncode == 0, built.stderr
+        assert "2 local hits, 0 remote hits, 0 compiled" in built.stdout
+    finally:
+        for folder in folders:
+            folder.chmod(0o755)
+
+
 # ----------------------------------------------------------------------------- a full disk
 
 @pytest.fixture

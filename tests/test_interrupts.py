@@ -105,7 +105,7 @@ def test_a_reader_that_left_is_exit_141_and_quiet(tiny_policy, args):  # noqa: F
 
 @pytest.mark.skipif(not Path("/dev/full").exists(), reason="no /dev/full to fill")
 @pytest.mark.parametrize("args", [["plan"], ["explain", "--arch", "sm_90", "--dtype", "float32", "--k", "8",
-                                             "--n", "1000"]])
+                                             "--n", "1000"], ["--version"], ["--help"], ["build", "--help"]])
 def test_a_full_disk_under_stdout_is_one_line_not_an_internal_error(args):
     with open("/dev/full", "w") as full:
         proc = subprocess.run([*TOPKGEN, *args], stdout=full, stderr=subprocess.PIPE, text=True, env=ENV)

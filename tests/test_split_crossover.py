@@ -95,7 +95,13 @@ def test_the_command_writes_the_policy_or_refuses_with_exit_2(tmp_path):
     pol = tmp_path / "topk.yaml"
     pol.write_text(policy.default_policy_path().read_text())
     results = tmp_path / "split_crossover.json"
-    sc.write_results(results, "sm_90", "NVIDIA H200", grid(lambda d, n, k, r: 50.0 if r <= 16 else 150.0))
+    measured = grid(lambda d, n, k, r: 50.0 if r <= 16 else 150.0)
+    sc.write_results(results, "sm_90", "NVIDIA H200", measured[:9], len(measured))  # out of time: one shape of 2
+    partial = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "split_crossover.py"), str(results),
+                              "--policy", str(pol), "--write"], capture_output=True, text=True)
+    assert partial.returncode == 2 and "9 of 18 batches measured" in partial.stderr
+    assert pol.read_text() == policy.default_policy_path().read_text()
+    sc.write_results(results, "sm_90", "NVIDIA H200", measured, len(measured))
     command = [sys.executable, str(ROOT / "benchmarks" / "split_crossover.py"), str(results), "--policy", str(pol)]
     shown = subprocess.run(command, capture_output=True, text=True)
     assert shown.returncode == 0, shown.stderr
@@ -104,6 +110,6 @@ def test_the_command_writes_the_policy_or_refuses_with_exit_2(tmp_path):
     wrote = subprocess.run([*command, "--write"], capture_output=True, text=True)
     assert wrote.returncode == 0 and f"wrote rows_below 17 for sm_90 into {pol}" in wrote.stdout
     assert policy.load(pol).archs["sm_90"].split.rows_below == 17
-    results.write_text(json.dumps({"arch": "sm_90", "device": "x", "measured": [{"rows": 1}]}))
+    results.write_text(json.dumps({"arch": "sm_90", "device": "x", "grid": 1, "measured": [{"rows": 1}]}))
     bad = subprocess.run(command, capture_output=True, text=True)
     assert bad.returncode == 2 and bad.stderr.startswith("split_crossover: ") and "Traceback" not in bad.stderr

@@ -194,10 +194,11 @@ def build(policy: Policy, archs: list[str], out: Path, *, jobs: int = 1, allow_o
     """Compile every planned kernel (or shard `(index, count)`'s share of them) and write the
     bundle to `out`, atomically. `out` is checked first (destinations.DestinationError) and
     again under the lock before the swap; `force` lets the build replace a directory that is
-    not a bundle."""
+    not a bundle; never the policy's own file (nor anything holding it)."""
     from topkgen import shards
 
-    check_bundle_destination(out, force=force)
+    inputs = (Path(policy.path),) if Path(policy.path).is_file() else ()
+    check_bundle_destination(out, force=force, inputs=inputs)
     cache.remote_store()  # a TOPKGEN_CACHE_URL that cannot be opened fails before any compile
     archs = list(dict.fromkeys(archs))
     specs = [spec for arch in archs for spec in plan(policy, arch)]
@@ -216,18 +217,21 @@ def build(policy: Policy, archs: list[str], out: Path, *, jobs: int = 1, allow_o
                                             [kernel_entry(s, c, src) for s, c, src in zip(specs, compiled, sources)],
                                             toolchain(), shard_record)
     write_bundle(out, manifest, {f"{s.arch}/{s.name}.cubin": c.cubin for s, c in zip(specs, compiled)} | jit_files,
-                 force=force)
+                 force=force, inputs=inputs)
     return BuildResult(manifest, cache.Stats.of(c.outcome for c in compiled))
 
 
-def write_bundle(out: Path, manifest: dict, files: dict[str, bytes], *, force: bool = False) -> None:
-    """Swap a complete bundle into `out` under the destination's lock."""
+def write_bundle(out: Path, manifest: dict, files: dict[str, bytes], *, force: bool = False,
+                 inputs: tuple[Path, ...] = ()) -> None:
+    """Swap a complete bundle into `out` under the destination's lock; `inputs` as for
+    destinations.check_bundle_destination."""
     with locked(out):
-        check_bundle_destination(out, force=force)  # another process may have written there meanwhile
+        check_bundle_destination(out, force=force, inputs=inputs)  # another process may have written there meanwhile
         try:
             _write_atomically(out, manifest, files)
         except OSError as err:
-            raise BuildError(f"cannot write the bundle: {err.strerror} ({err.filename})") from None
+            where = f" ({err.filename})" if err.filename else ""
+            raise BuildError(f"cannot write the bundle {out}: {err.strerror}{where}") from None
 
 
 def manifest_bytes(manifest: dict) -> bytes:

@@ -237,11 +237,13 @@ def _remote(url: str) -> RemoteStore:
 
 
 def local_store() -> LocalStore:
-    """The local tier, once it is known to be usable: CacheUnusable (exit 2) otherwise."""
+    """The local tier, once it is known to be readable: CacheUnusable (exit 2) otherwise. A
+    cache this user cannot write (a read-only mount, a shared copy) still serves its hits;
+    each write that fails is a warning where it happens."""
     base = cache_root()
     root = base / LOCAL_DIR
     for path in (base, root, root / "ac", root / "cas"):
-        problem = directory_problem(path)
+        problem = directory_problem(path, writable=False)
         if problem:
             raise CacheUnusable(unusable_message(path, problem))
     return LocalStore(root)

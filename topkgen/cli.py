@@ -114,15 +114,6 @@ class _Main(_Group):
             raise
         except errors.InputError as err:
             raise InputError(str(err)) from None
-        except OSError as err:
-            if err.errno not in _FULL:
-                return self._internal_error(ctx, err)
-            # A full disk: the environment, not a bug. When it is stdout's, stdout goes to
-            # /dev/null so that the interpreter's last flush does not fail again.
-            if err.filename is None:
-                os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-            where = printable(os.fsdecode(err.filename)) if err.filename is not None else "the output"
-            raise InputError(f"cannot write {where}: {err.strerror}") from None
         except Exception as err:  # noqa: BLE001 - the one place that catches everything
             return self._internal_error(ctx, err)
 
@@ -145,7 +136,7 @@ def _interruptions() -> Iterator[None]:
     head -1`): nothing printed, exit 141, the status a shell reports for any program SIGPIPE
     ends (cat, diff(1)); not 0, since the output was not all delivered and for diff 0 means
     "the same". stdout is pointed at /dev/null so that the interpreter's last flush cannot
-    complain either."""
+    complain either. A full disk (--help and --version included) is one line, exit 2."""
     try:
         yield
     except KeyboardInterrupt:
@@ -154,6 +145,15 @@ def _interruptions() -> Iterator[None]:
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         raise click.exceptions.Exit(EXIT_BROKEN_PIPE) from None
+    except OSError as err:
+        if err.errno not in _FULL:
+            raise
+        # A full disk: the environment, not a bug. When it is stdout's, stdout goes to
+        # /dev/null so that the interpreter's last flush does not fail again.
+        if err.filename is None:
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        where = printable(os.fsdecode(err.filename)) if err.filename is not None else "the output"
+        raise InputError(f"cannot write {where}: {err.strerror}") from None
 
 
 def version_text() -> str:
@@ -316,7 +316,8 @@ def _load_policy(path: str | None) -> pol.Policy:
 
 
 def _policy_label(policy: pol.Policy) -> str:
-    return "the packaged default policy" if policy.is_packaged_default else f"the policy {policy.display_path}"
+    # The path as typed (display_path, for shipped output, may be shorter and alike for two files).
+    return "the packaged default policy" if policy.is_packaged_default else f"the policy {printable(policy.path)}"
 
 
 def _check_arch(policy: pol.Policy, arch: str) -> None:
@@ -361,7 +362,7 @@ def plan(policy_path: str | None, archs: tuple[str, ...], fmt: str) -> None:
     if fmt == "json":
         click.echo(json.dumps(doc, indent=2))
         return
-    where = "the packaged default policy" if policy.is_packaged_default else doc["policy"]["path"]
+    where = "the packaged default policy" if policy.is_packaged_default else printable(policy.path)
     click.echo(f"policy: {where} ({policy.name}, sha256 {policy.sha256[:12]})")
     header = ("kernel", "family", "dtype", "K", "N window", "mode", "work rung", "threads", "CTAs/SM")
     for arch in doc["archs"]:
@@ -468,11 +469,9 @@ def build(policy_path: str | None, archs: tuple[str, ...], out_dir: str, jobs: i
     from pathlib import Path
 
     from topkgen import bundle, cache, compile as nvrtc_compile, shards
-    from topkgen.destinations import check_bundle_destination
 
     policy = _load_policy(policy_path)
     chosen = _archs(policy, archs)
-    check_bundle_destination(Path(out_dir), force=force, inputs=(Path(policy.path),))  # never its own policy
     try:
         shard = shards.parse(shard_text) if shard_text is not None else None
     except shards.ShardError as err:

@@ -82,7 +82,7 @@ def protected(out: Path, inputs: tuple[Path, ...] = ()) -> str | None:
     if resolved == cwd or resolved in cwd.parents:
         return "is the current directory or one of its parents"
     if resolved == Path(resolved.anchor) or os.path.ismount(resolved):
-        return "is the root of a file system (a mount point)"
+        return "is the root of a file system (a mount point: name a directory inside it)"
     with contextlib.suppress(RuntimeError, KeyError):  # no HOME and no passwd entry: nothing to protect
         home = Path.home().resolve()
         if resolved == home or resolved in home.parents:

@@ -124,9 +124,10 @@ def open_lock(path: Path) -> int:
 
 
 
-def directory_problem(path: Path) -> str | None:
+def directory_problem(path: Path, *, writable: bool = True) -> str | None:
     """Why `path` cannot serve as a cache directory (it is created if absent), or None: for
-    a message that begins with the path ("/x is not a directory", "/x: Permission denied")."""
+    a message that begins with the path ("/x is not a directory", "/x: Permission denied").
+    `writable=False`: reading it is enough (a read-only cache still serves its hits)."""
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:
@@ -141,8 +142,10 @@ def directory_problem(path: Path) -> str | None:
         return err.strerror
     if not stat.S_ISDIR(mode):
         return "is not a directory"
-    if not os.access(path, os.R_OK | os.W_OK | os.X_OK):
-        return "Permission denied"  # not readable, writable and searchable by this user
+    if not os.access(path, os.R_OK | os.X_OK):
+        return "Permission denied"  # not readable and searchable by this user
+    if writable and not os.access(path, os.W_OK):
+        return "is on a read-only file system" if os.statvfs(path).f_flag & os.ST_RDONLY else "Permission denied"
     return None
 
 

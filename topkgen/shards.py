@@ -136,7 +136,7 @@ def merge(parts: list[Path], out: Path, *, force: bool = False) -> dict:
 
     manifest, jit_files = bundle.manifest_document(policy, first["policy"], archs, [entries[s.name] for s in specs],
                                                    first["toolchain"])
-    bundle.write_bundle(out, manifest, cubins | jit_files, force=force)
+    bundle.write_bundle(out, manifest, cubins | jit_files, force=force, inputs=tuple(parts))
     return manifest
 
 
