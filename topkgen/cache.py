@@ -15,11 +15,11 @@ opened without following a symlink and without blocking (paths.read_regular); an
 in its place (a symlink to /dev/zero, a FIFO, a directory, an oversized or unreadable file)
 is a corrupt entry, handled as one whose sha256 is wrong: the kernel is compiled again and
 the local entry repaired. A local cache that cannot be used at all (TOPKGEN_CACHE_DIR names a
-file, or a directory this user cannot write) stops a build before any compile, exit 2, with
-one message naming TOPKGEN_CACHE_DIR and the path: the build needs that directory for its
-destination lock anyway, and a build that silently compiled everything on every run, in CI,
-would hide the misconfiguration behind slowness. A write that fails during a build (disk
-full) is not fatal: the kernels were compiled, and the CLI warns that they were not cached.
+file, or a directory this user cannot read) stops a command before any compile, exit 2, with
+one message naming TOPKGEN_CACHE_DIR and the path: a build that silently compiled everything
+on every run, in CI, would hide the misconfiguration behind slowness. One this user can only
+read still serves its hits. A write that fails during a build (read-only, disk full) is not
+fatal: the kernels were compiled, and the CLI warns that they were not cached.
 """
 
 from __future__ import annotations
