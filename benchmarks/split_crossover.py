@@ -31,6 +31,7 @@ import yaml
 
 ROWS = (1, 4, 16, 32, 64, 96, 128, 192, 264)
 SHAPES = tuple((dtype, n, k) for dtype in ("float32", "bfloat16") for n in (131072, 262144) for k in (16, 256, 1024))
+GRID = tuple((dtype, n, k, rows) for dtype, n, k in SHAPES for rows in ROWS)  # what gpu-check times
 ALWAYS_SPLIT = 65536  # the schema's largest rows_below
 COMMENT = "# measured on {device} (make gpu-check, benchmarks/split_crossover.py)"
 

@@ -426,7 +426,7 @@ def crossover_listing(args, arch: str, topkgen: list[str]) -> int:
     if bundles is None:
         return 1
     ops = {name: TopK(path, arch=arch, backend="emulator") for name, path in bundles.items()}
-    grid = [(d, n, k, r) for d, n, k in split_crossover.SHAPES for r in split_crossover.ROWS]
+    grid = split_crossover.GRID
     split = sum(ops["split"].choose(d, k, n, rows=r).chunks > 1 for d, n, k, r in grid)
     unsplit = sum(ops["unsplit"].choose(d, k, n, rows=r).chunks > 1 for d, n, k, r in grid)
     print(f"would time {len(grid)} batches twice: the split bundle splits {split} of them, the unsplit one {unsplit}")
@@ -448,7 +448,7 @@ def measure_crossover(args, arch: str, topkgen: list[str], deadline: float) -> b
     ops = {name: TopK(path, backend="cuda") for name, path in bundles.items()}
     timer = EventTimer(torch, args.max_noise)
     measured, failed = [], False
-    grid = [(d, n, k, r) for d, n, k in split_crossover.SHAPES for r in split_crossover.ROWS]
+    grid = split_crossover.GRID
     for dtype, n, k, rows in grid:
         if time.monotonic() > deadline:
             print(f"time budget spent: {len(measured)} of {len(grid)} batches measured")

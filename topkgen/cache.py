@@ -24,6 +24,7 @@ fatal: the kernels were compiled, and the CLI warns that they were not cached.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -154,13 +155,9 @@ class LocalStore:
         the name replaces a symlink or FIFO there, never what a symlink points to."""
         path = self.root / rel
         try:
-            if stat.S_ISDIR(os.lstat(path).st_mode):
-                os.rmdir(path)  # an empty directory in an entry's place; a full one is refused below
-        except FileNotFoundError:
-            pass
-        except OSError as err:
-            raise _naming(err, path) from None
-        try:
+            with contextlib.suppress(FileNotFoundError):
+                if stat.S_ISDIR(os.lstat(path).st_mode):
+                    os.rmdir(path)  # an empty directory in an entry's place; a full one is refused below
             atomic_write(path, data)
         except OSError as err:
             raise _naming(err, path) from None
@@ -242,11 +239,17 @@ def local_store() -> LocalStore:
     each write that fails is a warning where it happens."""
     base = cache_root()
     root = base / LOCAL_DIR
-    for path in (base, root, root / "ac", root / "cas"):
-        problem = directory_problem(path, writable=False)
-        if problem:
-            raise CacheUnusable(unusable_message(path, problem))
+    require_directories((base, root, root / "ac", root / "cas"), writable=False)
     return LocalStore(root)
+
+
+def require_directories(paths: Iterable[Path], *, what: str = "the compile cache", writable: bool = True) -> None:
+    """Each of `paths` usable as a cache directory (created if absent; see
+    paths.directory_problem), else CacheUnusable (exit 2) naming the first that is not."""
+    for path in paths:
+        problem = directory_problem(path, writable=writable)
+        if problem:
+            raise CacheUnusable(unusable_message(path, problem, what))
 
 
 def remote_store() -> RemoteStore | None:

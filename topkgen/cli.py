@@ -143,7 +143,7 @@ def _interruptions() -> Iterator[None]:
         console.echo(f"{chr(10) if console._isatty(sys.stderr) else ''}topkgen: interrupted", err=True)
         raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
     except BrokenPipeError:
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        _silence_stdout()
         raise click.exceptions.Exit(EXIT_BROKEN_PIPE) from None
     except OSError as err:
         if err.errno not in _FULL:
@@ -151,9 +151,15 @@ def _interruptions() -> Iterator[None]:
         # A full disk: the environment, not a bug. When it is stdout's, stdout goes to
         # /dev/null so that the interpreter's last flush does not fail again.
         if err.filename is None:
-            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+            _silence_stdout()
         where = printable(os.fsdecode(err.filename)) if err.filename is not None else "the output"
         raise InputError(f"cannot write {where}: {err.strerror}") from None
+
+
+def _silence_stdout() -> None:
+    """stdout to /dev/null: the interpreter's last flush of what could not be written then
+    fails no more."""
+    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def version_text() -> str:
@@ -260,25 +266,22 @@ class DtypeType(click.ParamType):
         return [CompletionItem(d) for d in self.choices if d.startswith(incomplete)]
 
 
-class PathArg(click.Path):
-    """A path argument that may not be empty: the OS reads "" as the current directory, so
+class _NotEmpty:
+    """An argument that may not be empty: the OS reads "" as the current directory, so
     `--out ""` was refused as `--out .` and `--policy ""` as a directory, naming neither."""
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if value == "":
-            self.fail("must not be empty", param, ctx)
-        return super().convert(value, param, ctx)
+            self.fail("must not be empty", param, ctx)  # type: ignore[attr-defined]
+        return super().convert(value, param, ctx)  # type: ignore[misc]
 
 
-class TextArg(click.ParamType):
+class PathArg(_NotEmpty, click.Path):
+    """A path that may not be empty."""
+
+
+class TextArg(_NotEmpty, click.types.StringParamType):
     """A word that may not be empty: diff's OLD and NEW (a path or a git revision)."""
-
-    name = "text"
-
-    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
-        if value == "":
-            self.fail("must not be empty", param, ctx)
-        return value
 
 
 class _ArchHelpOption(click.Option):

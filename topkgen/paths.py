@@ -70,14 +70,10 @@ def read_regular(path: Path, limit: int) -> bytes:
     device or a directory in its place is an OSError, never a read without end or a hang.
     FileNotFoundError (or NotADirectoryError) when nothing is there; OSError(EFBIG) when it
     holds more than `limit` bytes (nothing beyond limit + 1 is read)."""
-    mode = os.lstat(path).st_mode
-    if not stat.S_ISREG(mode):  # not even opened: opening a device can have effects
-        raise OSError(errno.EINVAL, f"not a regular file but {file_kind(mode)}", str(path))
+    _require_regular(os.lstat(path).st_mode, path)  # not even opened: opening a device can have effects
     fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
     try:
-        mode = os.fstat(fd).st_mode  # the file opened, whatever replaced the name since the lstat
-        if not stat.S_ISREG(mode):
-            raise OSError(errno.EINVAL, f"not a regular file but {file_kind(mode)}", str(path))
+        _require_regular(os.fstat(fd).st_mode, path)  # the file opened, whatever replaced the name since
         data = read_to_limit(fd, limit)
         if data is None:
             raise OSError(errno.EFBIG, f"larger than {limit} bytes", str(path))
@@ -115,13 +111,17 @@ def open_lock(path: Path) -> int:
     """A descriptor, for flock, of the lock file `path`, created if absent: opened as
     read_regular opens, so a FIFO or a symlink planted there is an OSError, not a hang."""
     fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC, 0o666)
-    mode = os.fstat(fd).st_mode
-    if not stat.S_ISREG(mode):
+    try:
+        _require_regular(os.fstat(fd).st_mode, path)
+    except OSError:
         os.close(fd)
-        raise OSError(errno.EINVAL, f"not a regular file but {file_kind(mode)}", str(path))
+        raise
     return fd
 
 
+def _require_regular(mode: int, path: Path) -> None:
+    if not stat.S_ISREG(mode):
+        raise OSError(errno.EINVAL, f"not a regular file but {file_kind(mode)}", str(path))
 
 
 def directory_problem(path: Path, *, writable: bool = True) -> str | None:

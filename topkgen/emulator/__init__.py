@@ -33,8 +33,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from topkgen.emulator.counters import Counters, PhaseStats, from_phases
-from topkgen.paths import (atomic_write, cache_root, cuda_include_dir, directory_problem, read_regular,
-                           unusable_message)
+from topkgen.paths import atomic_write, cache_root, cuda_include_dir, read_regular, unusable_message
 
 INCLUDE_DIR = Path(__file__).resolve().parent / "include"
 # The alignment sanitizer in trap mode makes a misaligned access trap as it faults on a GPU.
@@ -149,23 +148,20 @@ def compile_source(source: str, *, name: str = "kernel", defines: Sequence[str] 
     cache = cache_root() / "emulator"
     so_path = cache / f"{key}.so"
     if not _intact(so_path):
-        from topkgen.cache import CacheUnusable  # exit status 2: the shared object must live somewhere
+        from topkgen.cache import require_directories  # exit status 2: the shared object must live somewhere
 
-        for folder in (cache_root(), cache):
-            problem = directory_problem(folder)
-            if problem:
-                raise CacheUnusable(unusable_message(folder, problem, "the emulator cache"))
+        require_directories((cache_root(), cache), what="the emulator cache")
         tmp_dir = cache / f".build-{os.getpid()}-{os.urandom(4).hex()}"
         src, out = tmp_dir / f"{name}.cpp", tmp_dir / "module.so"
         try:
-            with _cache_writes(cache, CacheUnusable):
+            with _cache_writes(cache):
                 tmp_dir.mkdir()
                 src.write_text(unit)
             cmd = [cxx, *CXX_FLAGS, f"-I{INCLUDE_DIR}", f"-I{cuda_include_dir()}", str(src), "-o", str(out)]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
                 raise EmulationError(f"host compilation of '{name}' failed:\n{proc.stderr.strip()}")
-            with _cache_writes(cache, CacheUnusable):
+            with _cache_writes(cache):
                 data = out.read_bytes()
                 atomic_write(so_path, data)
                 atomic_write(so_path.with_suffix(".sha256"), hashlib.sha256(data).hexdigest().encode())
@@ -177,13 +173,16 @@ def compile_source(source: str, *, name: str = "kernel", defines: Sequence[str] 
 
 
 @contextlib.contextmanager
-def _cache_writes(cache: Path, error: type[Exception]) -> Iterator[None]:
+def _cache_writes(cache: Path) -> Iterator[None]:
     """A write in the emulator cache that fails (disk full; a directory where an entry
     belongs) as one line naming the path, exit status 2, instead of a traceback."""
     try:
         yield
     except OSError as err:
-        raise error(unusable_message(err.filename2 or err.filename or cache, err.strerror or str(err), "the emulator cache")) from None
+        from topkgen.cache import CacheUnusable
+
+        raise CacheUnusable(unusable_message(err.filename2 or err.filename or cache, err.strerror or str(err),
+                                             "the emulator cache")) from None
 
 
 def _intact(so_path: Path) -> bool:
