@@ -32,7 +32,7 @@ def topkgen_build(out: Path, cache: Path, remote: dict[str, str] | None = None) 
     env = {**os.environ, "TOPKGEN_CACHE_DIR": str(cache), **(remote or {})}
     if remote is None:
         env.pop("TOPKGEN_CACHE_URL", None)
-    proc = subprocess.run([sys.executable, "-m", "topkgen.cli", "build", "--out", str(out), "-j", str(JOBS)],
+    proc = subprocess.run([sys.executable, "-m", "topkgen", "build", "--out", str(out), "-j", str(JOBS)],
                           check=True, env=env, stdout=subprocess.PIPE, text=True, cwd=ROOT)
     return next(line.strip() for line in proc.stdout.splitlines() if line.startswith("  cache: "))
 

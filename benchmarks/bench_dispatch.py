@@ -45,7 +45,7 @@ def per_call_ns(fn, items) -> float:
 def main() -> None:
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "bundle"
-        subprocess.run([sys.executable, "-m", "topkgen.cli", "build", "--out", str(out), "-j", "2"], check=True,
+        subprocess.run([sys.executable, "-m", "topkgen", "build", "--out", str(out), "-j", "2"], check=True,
                        stdout=subprocess.DEVNULL)
         policy = pol.load()
         work = shapes(policy)

@@ -197,7 +197,7 @@ def main(argv: list[str] | None = None) -> int:
         return ncu_child(args)
     from topkgen.runtime import gpu_unavailable
 
-    topkgen = [sys.executable, "-m", "topkgen.cli"]
+    topkgen = [sys.executable, "-m", "topkgen"]
     reason = gpu_unavailable()
     if reason is not None:
         print(f"no GPU: {reason}. Running the CPU-side parts only (build for sm_90, collect the GPU tests, "

@@ -32,7 +32,7 @@ def built_bundle(tmp_path_factory):
     import sys
 
     out = tmp_path_factory.mktemp("built") / "out"
-    proc = subprocess.run([sys.executable, "-m", "topkgen.cli", "build", "--out", str(out), "-j", "2"],
+    proc = subprocess.run([sys.executable, "-m", "topkgen", "build", "--out", str(out), "-j", "2"],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     return out

@@ -22,7 +22,7 @@ from topkgen.schema import load_schema
 
 from .conftest import DEFAULT_POLICY, LEGACY_POLICY
 
-TOPKGEN = [sys.executable, "-m", "topkgen.cli"]
+TOPKGEN = [sys.executable, "-m", "topkgen"]
 
 
 def run(*args, cache: Path, check: bool = True) -> subprocess.CompletedProcess:
@@ -227,7 +227,7 @@ def test_the_manifest_names_the_policy_alike_from_any_working_directory(default_
     for label, path in (("in a repo", policy), ("outside", outside)):
         for cwd in (tmp_path, path.parent, Path("/")):
             out = tmp_path / f"out-{len(manifests)}"
-            subprocess.run([sys.executable, "-m", "topkgen.cli", "build", "--policy", str(path), "--arch", "sm_90",
+            subprocess.run([sys.executable, "-m", "topkgen", "build", "--policy", str(path), "--arch", "sm_90",
                             "--out", str(out)], cwd=cwd, check=True, capture_output=True,
                            env={**os.environ, "TOPKGEN_CACHE_DIR": str(base / "cache"),
                                 "PYTHONPATH": str(Path(__file__).resolve().parent.parent)})

@@ -193,7 +193,7 @@ def _tampered_copy(built_bundle: Path, tmp_path: Path, mutate) -> tuple[Path, in
 def _python_refusal(root: Path) -> str:
     with pytest.raises(TopKError) as err:
         TopK(root, arch="sm_90", backend="emulator")
-    cli = subprocess.run([sys.executable, "-m", "topkgen.cli", "show", str(root)], capture_output=True, text=True)
+    cli = subprocess.run([sys.executable, "-m", "topkgen", "show", str(root)], capture_output=True, text=True)
     assert cli.returncode == 2 and cli.stderr == f"topkgen: error: {err.value}\n"
     return str(err.value)
 
@@ -524,7 +524,7 @@ def test_both_loaders_refuse_what_is_not_a_regular_file_of_the_bundle(cpp, built
     j, jit = _first(root, "jit_kernels", "sm_90")
     mutate(root, target.format(cubin=kernel["cubin"], source=jit["source"]))
     expected = f"{root}/manifest.json: " + message.format(k=k, j=j, cubin=kernel["cubin"], source=jit["source"])
-    python = _bounded(sys.executable, "-m", "topkgen.cli", "show", root)
+    python = _bounded(sys.executable, "-m", "topkgen", "show", root)
     native = _bounded(cpp, "verify", root)
     print(f"{case}:\n  Python: {python.stderr.strip()}\n  C++:    {native.stderr.strip()}")
     assert (python.returncode, python.stderr) == (2, f"topkgen: error: {expected}\n")
@@ -541,14 +541,14 @@ def test_a_fifo_manifest_stops_no_command(built_bundle, tmp_path):
     expected = f"topkgen: error: {root}/manifest.json: cannot read manifest: it is a FIFO, not a regular file\n"
     for args in (["diff", root, built_bundle], ["run", "--bundle", root, "--backend", "emulator", "--arch", "sm_90",
                                                 "--k", "4", tmp_path / "x.npy"]):
-        proc = _bounded(sys.executable, "-m", "topkgen.cli", *args)
+        proc = _bounded(sys.executable, "-m", "topkgen", *args)
         assert (proc.returncode, proc.stderr) == (2, expected), args
 
 
 def test_a_bundle_reached_through_a_link_is_served(cpp, built_bundle, tmp_path):
     """Only what is inside the bundle must not be a link: the directory itself may be one."""
     os.symlink(built_bundle, tmp_path / "link")
-    assert _bounded(sys.executable, "-m", "topkgen.cli", "show", tmp_path / "link").returncode == 0
+    assert _bounded(sys.executable, "-m", "topkgen", "show", tmp_path / "link").returncode == 0
     assert _bounded(cpp, "verify", tmp_path / "link").returncode == 0
 
 

@@ -21,7 +21,7 @@ from topkgen.schema import load_schema
 from .conftest import DEFAULT_POLICY, LEGACY_POLICY, ROOT
 from .test_cli_usability import on_terminal
 
-TOPKGEN = [sys.executable, "-m", "topkgen.cli"]
+TOPKGEN = [sys.executable, "-m", "topkgen"]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 ENV.pop("NO_COLOR", None)
 

@@ -31,7 +31,7 @@ def op(tmp_path_factory):
 
     arch = _CudaBackend().current_arch()
     out = tmp_path_factory.mktemp("gpu") / "bundle"
-    subprocess.run([sys.executable, "-m", "topkgen.cli", "build", "--arch", arch, "--out", str(out)], check=True)
+    subprocess.run([sys.executable, "-m", "topkgen", "build", "--arch", arch, "--out", str(out)], check=True)
     return TopK(out, backend="cuda")
 
 

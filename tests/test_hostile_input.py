@@ -20,7 +20,7 @@ from topkgen.schema import SchemaViolation, validate
 from .conftest import DEFAULT_POLICY
 
 BASE = DEFAULT_POLICY.read_text()
-TOPKGEN = [sys.executable, "-m", "topkgen.cli"]
+TOPKGEN = [sys.executable, "-m", "topkgen"]
 
 
 def _variant(old: str, new: str) -> str:

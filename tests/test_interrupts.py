@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import sys
 import time
 from pathlib import Path
 
@@ -41,6 +42,29 @@ def test_ctrl_c_is_exit_130_and_one_line_for_every_command(cli, tiny_bundle, tin
         result = cli(*args)
         assert (result.exit_code, result.stderr, result.stdout) == (130, "topkgen: interrupted\n", ""), name
     assert not (tmp_path / "out").exists() and not (tmp_path / "o.npz").exists()
+
+
+# A Ctrl-C that lands while Python is still importing the CLI, before its handler exists:
+# here, as the CLI imports click.
+_CTRL_C_ON_IMPORTING_CLICK = """\
+import sys
+class CtrlC:
+    def find_spec(self, name, path=None, target=None):
+        if name == "click":
+            raise KeyboardInterrupt
+sys.meta_path.insert(0, CtrlC())
+sys.argv = ["topkgen", "plan"]
+"""
+
+
+@pytest.mark.parametrize("start", [
+    "from importlib.metadata import entry_points\nentry_points(group='console_scripts')['topkgen'].load()()\n",
+    "import runpy\nrunpy.run_module('topkgen', run_name='__main__')\n",  # python -m topkgen
+], ids=["installed command", "python -m topkgen"])
+def test_ctrl_c_while_the_cli_is_still_importing_is_exit_130_and_one_line(start):
+    proc = subprocess.run([sys.executable, "-c", _CTRL_C_ON_IMPORTING_CLICK + start], capture_output=True, text=True,
+                          env=ENV)
+    assert (proc.returncode, proc.stderr, proc.stdout) == (130, "topkgen: interrupted\n", "")
 
 
 def _interrupt(args: list[str], cache: Path, ready) -> subprocess.CompletedProcess:

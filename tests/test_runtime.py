@@ -23,7 +23,7 @@ ARCHS = ("sm_90", "sm_100")
 @pytest.fixture(scope="module")
 def bundle_dir(tmp_path_factory):
     out = tmp_path_factory.mktemp("bundle") / "out"
-    proc = subprocess.run([sys.executable, "-m", "topkgen.cli", "build", "--out", str(out), "-j", "2"],
+    proc = subprocess.run([sys.executable, "-m", "topkgen", "build", "--out", str(out), "-j", "2"],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     return out
@@ -104,7 +104,7 @@ def test_leading_dims_out_and_raw_bfloat16(bundle_dir):
 
 def test_an_arch_the_bundle_lacks_is_served_by_jit(tmp_path):
     out = tmp_path / "sm90only"
-    subprocess.run([sys.executable, "-m", "topkgen.cli", "build", "--arch", "sm_90", "--out", str(out)],
+    subprocess.run([sys.executable, "-m", "topkgen", "build", "--arch", "sm_90", "--out", str(out)],
                    check=True, capture_output=True)
     op = TopK(out, arch="sm_100", backend="emulator")
     sel = op.explain("float32", 100, 5000)
@@ -174,7 +174,7 @@ def test_concurrent_nvrtc_jit_compiles_leave_one_good_entry(tmp_path):
 def test_topkgen_run_on_the_emulator(bundle_dir, tmp_path):
     x = make_rows("float32", 5, 3000, seed=11)
     np.save(tmp_path / "in.npy", x)
-    proc = subprocess.run([sys.executable, "-m", "topkgen.cli", "run", "--bundle", str(bundle_dir), "--arch", "sm_90",
+    proc = subprocess.run([sys.executable, "-m", "topkgen", "run", "--bundle", str(bundle_dir), "--arch", "sm_90",
                            "--backend", "emulator", "--k", "33", "--smallest", "--deterministic",
                            str(tmp_path / "in.npy"), "-o", str(tmp_path / "out.npz")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -183,13 +183,13 @@ def test_topkgen_run_on_the_emulator(bundle_dir, tmp_path):
     check_topk(x, result["values"], result["indices"], 33, False, True, "float32")
     xb = make_rows("bfloat16", 3, 500, seed=12)
     np.save(tmp_path / "bf16.npy", xb)  # numpy stores ml_dtypes.bfloat16 as raw 2-byte records
-    proc = subprocess.run([sys.executable, "-m", "topkgen.cli", "run", "--bundle", str(bundle_dir), "--arch", "sm_100",
+    proc = subprocess.run([sys.executable, "-m", "topkgen", "run", "--bundle", str(bundle_dir), "--arch", "sm_100",
                            "--backend", "emulator", "--k", "20", str(tmp_path / "bf16.npy"), "-o",
                            str(tmp_path / "bf16.npz")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     result = np.load(tmp_path / "bf16.npz")
     check_topk(xb, result["values"].view(xb.dtype), result["indices"], 20, True, True, "bfloat16")
-    bad = subprocess.run([sys.executable, "-m", "topkgen.cli", "run", "--bundle", str(bundle_dir), "--arch", "sm_90",
+    bad = subprocess.run([sys.executable, "-m", "topkgen", "run", "--bundle", str(bundle_dir), "--arch", "sm_90",
                           "--backend", "emulator", "--k", "5000", str(tmp_path / "in.npy"), "-o",
                           str(tmp_path / "bad.npz")], capture_output=True, text=True)
     assert bad.returncode == 2 and "Invalid value for '--k': 5000 is not in the range 1<=x<=1024" in bad.stderr

@@ -49,7 +49,7 @@ def small(tmp_path_factory):
     """TopK over the small-split policy's bundle (all JIT: nothing to compile), emulated."""
     root = tmp_path_factory.mktemp("split")
     (root / "policy.yaml").write_text(small_split_policy())
-    proc = subprocess.run([sys.executable, "-m", "topkgen.cli", "build", "--policy", str(root / "policy.yaml"),
+    proc = subprocess.run([sys.executable, "-m", "topkgen", "build", "--policy", str(root / "policy.yaml"),
                            "--arch", "sm_90", "--out", str(root / "bundle")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     return TopK(root / "bundle", arch="sm_90", backend="emulator")
@@ -129,7 +129,7 @@ def test_chunks_longer_than_shared_memory(tmp_path):
     """With 4 KB of shared memory a chunk of 2048 is not resident: stage 1 collects candidates
     from global memory (or filters the row), as one CTA does with a long row."""
     (tmp_path / "policy.yaml").write_text(small_split_policy(shared_row_bytes=4096))
-    proc = subprocess.run([sys.executable, "-m", "topkgen.cli", "build", "--policy", str(tmp_path / "policy.yaml"),
+    proc = subprocess.run([sys.executable, "-m", "topkgen", "build", "--policy", str(tmp_path / "policy.yaml"),
                            "--arch", "sm_90", "--out", str(tmp_path / "bundle")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     op = TopK(tmp_path / "bundle", arch="sm_90", backend="emulator")

@@ -19,7 +19,7 @@ import pytest
 from .conftest import ROOT
 from .topk_cases import check_topk, make_rows
 
-TOPKGEN = [sys.executable, "-m", "topkgen.cli"]
+TOPKGEN = [sys.executable, "-m", "topkgen"]
 # Two kernels (sm_90, float32, K 64 and 1024), tuned as the default policy's sm_90 kernels
 # so that the compile and emulator caches serve both.
 TINY_POLICY = """\

@@ -23,13 +23,13 @@ from click.shell_completion import CompletionItem
 
 from topkgen import console, errors, suggest
 from topkgen import policy as pol
+from topkgen.launch import EXIT_INTERRUPTED  # 130; launch also gives it to a Ctrl-C during the imports
 from topkgen.reader import printable
 from topkgen.split import ROWS_MAX
 
 EXIT_INPUT = 2
 EXIT_INTERNAL = 70  # EX_SOFTWARE
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a write the file system refused for want of room
-EXIT_INTERRUPTED = 130  # 128 + SIGINT: what a shell reports for a command Ctrl-C ended
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for `cat file | head -1`'s cat
 PLAN_SCHEMA_VERSION = 2  # schemas/plan.schema.json
 SHOW_SCHEMA_VERSION = 2  # schemas/show.schema.json
@@ -884,5 +884,7 @@ def cache_verify(percent: float, remote: bool, seed: int | None, jobs: int) -> N
     sys.exit(1 if result.problems else 0)
 
 
-if __name__ == "__main__":  # pragma: no cover
-    sys.exit(main(prog_name="topkgen"))
+if __name__ == "__main__":  # `python -m topkgen.cli`, as scripts once ran it: the one entry point
+    from topkgen.launch import main as launch
+
+    launch()
