@@ -1,7 +1,8 @@
 """Directories `build --out` and `merge --out` never replace, --force or not: the command's
-own inputs, the compile cache, the home directory, a git repository, a file system's root
-(and, for --force, a top-level directory or a tree holding a repository). A hostile-user
-trial wiped each of them with --force; merge wrote over one of its own parts without it."""
+own inputs, the compile caches (local, and a file:// shared one), the home directory, a git
+repository, a file system's root (and, for --force, a top-level directory or a tree holding a
+repository). A hostile-user trial wiped each of them with --force; merge wrote over one of its
+own parts without it."""
 
 from __future__ import annotations
 
@@ -89,6 +90,13 @@ def _cache(tmp_path, monkeypatch) -> Path:
     return cache
 
 
+def _shared_cache(tmp_path, monkeypatch) -> Path:
+    shared = tmp_path / "mnt" / "shared"
+    _precious(shared)
+    monkeypatch.setenv("TOPKGEN_CACHE_URL", f"file://{shared}")
+    return shared
+
+
 # (what to set up, the --out it gives relative to tmp_path, the reason in the refusal)
 PROTECTED = {
     "home": (_home, "users/me", "is the home directory {tmp}/users/me"),
@@ -97,6 +105,9 @@ PROTECTED = {
     "cache": (_cache, "store/cache", "is the compile cache {tmp}/store/cache (TOPKGEN_CACHE_DIR)"),
     "in the cache": (_cache, "store/cache/sub", "lies inside the compile cache {tmp}/store/cache (TOPKGEN_CACHE_DIR)"),
     "holds the cache": (_cache, "store", "holds the compile cache {tmp}/store/cache (TOPKGEN_CACHE_DIR)"),
+    "shared cache": (_shared_cache, "mnt/shared", "is the shared compile cache {tmp}/mnt/shared (TOPKGEN_CACHE_URL)"),
+    "holds the shared cache": (_shared_cache, "mnt", "holds the shared compile cache {tmp}/mnt/shared "
+                                                     "(TOPKGEN_CACHE_URL)"),
 }
 
 

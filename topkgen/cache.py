@@ -37,8 +37,8 @@ from pathlib import Path
 from typing import Any, Iterable, Protocol
 
 from topkgen.errors import InputError
-from topkgen.paths import (atomic_write, cache_root, directory_problem, read_regular, temporary_beside,
-                           unusable_message)
+from topkgen.paths import (atomic_write, cache_root, directory_problem, read_regular, shared_cache_directory,
+                           temporary_beside, unusable_message)
 
 CACHE_FORMAT = 1  # part of every key: a new record layout never reads an old one
 LOCAL_DIR = "nvrtc-store"
@@ -260,8 +260,9 @@ def remote_store() -> RemoteStore | None:
     if "://" not in url:
         raise CacheConfigError(f"TOPKGEN_CACHE_URL={url}: not a URL (s3://bucket/prefix, gs://, file:///path, "
                                f"memory://name)")
-    if url.startswith(("file://", "local://")):
-        return LocalStore(Path(url.split("://", 1)[1]), url)  # atomic create-if-absent with a hard link
+    directory = shared_cache_directory()
+    if directory is not None:
+        return LocalStore(directory, url)  # atomic create-if-absent with a hard link
     return _remote(url)
 
 

@@ -25,7 +25,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from topkgen.errors import InputError
-from topkgen.paths import cache_root, open_lock
+from topkgen.paths import cache_root, open_lock, shared_cache_directory
 from topkgen.reader import ReadError, printable, read_json
 
 _ARCH_DIR = re.compile(r"sm_[0-9]{2,3}a?")
@@ -76,7 +76,7 @@ def protected(out: Path, inputs: tuple[Path, ...] = ()) -> str | None:
     swaps the whole directory for the bundle, and for these that loses what the user cannot
     have meant to give up: the current directory or a parent (where the user works), a file
     system's root or the home directory (everything), a git repository (its history), the
-    compile cache (the build's own store) or the command's inputs (what it reads)."""
+    compile caches, local and shared (the build's own stores) or the command's inputs (what it reads)."""
     resolved = out.resolve()
     cwd = Path.cwd().resolve()
     if resolved == cwd or resolved in cwd.parents:
@@ -94,6 +94,10 @@ def protected(out: Path, inputs: tuple[Path, ...] = ()) -> str | None:
     relation = _relation(resolved, cache_root().resolve())
     if relation:
         return f"{relation} the compile cache {_show(cache_root())} (TOPKGEN_CACHE_DIR)"
+    shared = shared_cache_directory()
+    relation = shared and _relation(resolved, shared.resolve())
+    if relation:
+        return f"{relation} the shared compile cache {_show(shared)} (TOPKGEN_CACHE_URL)"
     if os.path.lexists(resolved / ".git"):
         return "is a git repository (it holds .git)"
     return None

@@ -38,6 +38,15 @@ def cache_root() -> Path:
     return Path(base) / "topkgen"
 
 
+def shared_cache_directory() -> Path | None:
+    """The folder a file:// (or local://) TOPKGEN_CACHE_URL names: the shared cache on a
+    mounted file system. None for an object store or when unset."""
+    url = os.environ.get("TOPKGEN_CACHE_URL", "").strip()
+    if url.startswith(("file://", "local://")):
+        return Path(url.split("://", 1)[1])
+    return None
+
+
 @contextlib.contextmanager
 def temporary_beside(path: Path, data: bytes) -> Iterator[Path]:
     """`data` in a synced temporary file beside `path` (the same file system, so it can be
