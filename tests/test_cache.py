@@ -378,3 +378,30 @@ def test_verify_recompiles_a_sample_and_finds_a_wrong_entry(tmp_path):
     assert "1 identical, 1 wrong" in proc.stdout
     assert f"{records[0]['key'][:16]} {records[0]['name']} (sm_90): recompiled cubin differs" in proc.stdout
     assert topkgen("cache", "verify", "--sample", "0", env=env, check=False).returncode == 2
+
+
+def test_verify_remote_during_an_outage_is_one_line_and_exit_2(tmp_path):
+    """An unreachable store is the environment, not a bug (it was exit 70 and 'internal error')."""
+    env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",
+           "AWS_EC2_METADATA_DISABLED": "true", "AWS_ENDPOINT_URL_S3": "http://127.0.0.1:1", "AWS_MAX_ATTEMPTS": "1",
+           "TOPKGEN_CACHE_URL": "s3://down/ci", "TOPKGEN_CACHE_DIR": str(tmp_path / "cache")}
+    proc = topkgen("cache", "verify", "--remote", "--sample", "100", env=env, check=False)
+    assert (proc.returncode, proc.stdout, proc.stderr.count("\n")) == (2, "", 1), proc.stderr
+    assert proc.stderr.startswith("topkgen: error: s3://down/ci: cannot read ac/: EndpointConnectionError: ")
+
+
+def test_verify_stops_with_one_line_when_the_store_fails_midway(cli, tmp_path, monkeypatch):
+    """Listing worked, then a read failed (the connection dropped): the store is named, exit 2."""
+    env = {"TOPKGEN_CACHE_DIR": str(tmp_path / "cache")}
+    topkgen("build", "--arch", "sm_90", "--shard", "1/15", "--out", tmp_path / "out", env=env)  # 2 kernels
+    monkeypatch.setenv("TOPKGEN_CACHE_DIR", env["TOPKGEN_CACHE_DIR"])
+
+    def dropped(self, rel):
+        raise ConnectionResetError(104, "Connection reset by peer")
+
+    monkeypatch.setattr(cache.LocalStore, "get", dropped)
+    result = cli("cache", "verify", "--sample", "100")
+    store = tmp_path / "cache" / cache.LOCAL_DIR
+    assert (result.exit_code, result.stdout) == (2, ""), result.stderr
+    assert result.stderr.startswith(f"topkgen: error: {store}: cannot read ac/")
+    assert result.stderr.endswith(": ConnectionResetError: [Errno 104] Connection reset by peer\n")

@@ -17,6 +17,7 @@ import re
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Callable, TypeVar
 
 from topkgen import bundle, cache
 from topkgen import toolchain as tc
@@ -40,6 +41,9 @@ def foreign_include(source: str) -> str | None:
         if any(word in _OPENS_FILES for word in _FILE_WORDS.findall(line)):
             return line.strip()
     return None
+
+
+T = TypeVar("T")
 
 
 class CacheInputError(ValueError):
@@ -123,7 +127,7 @@ def verify(percent: float, *, remote: bool = False, seed: int | None = None, job
     store: cache.Store | None = cache.remote_store() if remote else cache.local_store()
     if store is None:
         raise CacheInputError("--remote: TOPKGEN_CACHE_URL is not set")
-    keys = [n[:-len(".json")] for n in store.names("ac") if n.endswith(".json")]
+    keys = [n[:-len(".json")] for n in _reading(store, "ac/", lambda: store.names("ac")) if n.endswith(".json")]
     seed = seed if seed is not None else int.from_bytes(os.urandom(4), "big")
     sample = sorted(random.Random(seed).sample(keys, math.ceil(len(keys) * percent / 100)))
     result = VerifyResult(store.label, len(keys), len(sample), seed)
@@ -138,19 +142,31 @@ def verify(percent: float, *, remote: bool = False, seed: int | None = None, job
     return result
 
 
+def _reading(store: cache.Store, what: str, read: Callable[[], T]) -> T:
+    """`read()`; its failure (an outage, a refused permission) is the store's, not an entry's:
+    the verification stops with one line naming the store, not a traceback."""
+    try:
+        return read()
+    except Exception as err:  # noqa: BLE001 - network, credentials, OSError: whatever the store's library raises
+        raise CacheInputError(f"{store.label}: cannot read {what}: {type(err).__name__}: {err}") from None
+
+
 def _verify_one(store: cache.Store, key: str) -> str:
     """'identical', 'skipped', or a line that says what is wrong with the entry."""
     from topkgen.compile import CompileError, cache_key, compile_kernel, toolchain
 
-    data = store.get(cache.ac_path(key))
+    def get(rel: str) -> bytes | None:
+        return _reading(store, rel, lambda: store.get(rel))
+
+    data = get(cache.ac_path(key))
     record = cache.parse_record(data, key) if data is not None else None
     if record is None:
         return f"{key[:16]}: not a valid action record"
     label = f"{key[:16]} {record['name']} ({record['arch']})"
     if tc.digest(record["toolchain"]) != tc.digest(toolchain()):
         return "skipped"
-    source = store.get(cache.cas_path(record["source_sha256"]))
-    cubin = store.get(cache.cas_path(record["cubin_sha256"]))
+    source = get(cache.cas_path(record["source_sha256"]))
+    cubin = get(cache.cas_path(record["cubin_sha256"]))
     if source is None or cache.sha256(source) != record["source_sha256"]:
         return f"{label}: its source is missing or fails its sha256"
     if cubin is None or cache.sha256(cubin) != record["cubin_sha256"]:
