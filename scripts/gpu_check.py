@@ -105,7 +105,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--timer", choices=("auto", "nvbench", "events"), default="auto",
                         help="auto: nvbench (cuda-bench) when importable, else CUDA events")
     parser.add_argument("--sets", help="comma-separated shape sets of benchmarks/shapes.py (default all)")
-    parser.add_argument("--data", help=f"comma-separated data kinds (default all: {', '.join(DATA_KINDS)})")
+    parser.add_argument("--data", help=f"comma-separated data kinds (default all: {', '.join(DATA_KINDS)})".replace("%", "%%"))
     parser.add_argument("--skip", default="", help=f"comma-separated stages to skip: {', '.join(STAGES)}")
     parser.add_argument("--max-noise", type=float, default=1.0, help="relative noise to stop at, in %% (default 1)")
     parser.add_argument("--list", action="store_true", help="list the cases it would time and exit")
