@@ -457,8 +457,8 @@ by CI jobs; TOPKGEN_CACHE_READONLY=1 reads it without writing).""")
 @POLICY_OPTION
 @ARCH_OPTION
 @click.option("--out", "out_dir", type=PathArg(file_okay=False), default="out", show_default=True, metavar="DIR",
-              help="Bundle directory: <arch>/<kernel>.cubin and manifest.json. Must be new, empty or a bundle "
-                   "(else --force); checked before compiling.")
+              help="Bundle directory: <arch>/<kernel>.cubin, jit/<arch>/<kernel>.cu and manifest.json. Must be "
+                   "new, empty or a bundle (else --force); checked before compiling.")
 @click.option("-j", "--jobs", type=click.IntRange(1, 256), default=console.available_cpus,
               metavar="N", help=JOBS_HELP + ".")
 @click.option("--allow-over-budget", is_flag=True, help="Report kernels over their resource budget without failing.")
