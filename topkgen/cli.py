@@ -609,7 +609,7 @@ Examples:
               metavar="PATH",
               help="The policy file inside a git revision or the working tree, from the repository's top.")
 @click.option("--shapes", "shapes_file", type=PathArg(dir_okay=False), metavar="FILE",
-              help="Workload file (YAML or JSON): a list of {arch, dtype, k, n, deterministic?}.")
+              help="Workload file (YAML or JSON): a list of {arch, dtype, k, n, rows?, deterministic?}.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default="text", show_default=True,
               help="json: schemas/diff.schema.json; markdown: under 60,000 characters, for a pull-request comment.")
 @click.option("--build", "build", is_flag=True,
