@@ -208,3 +208,12 @@ def test_sanitizer_runs_each_tool_once_over_every_shape(gc, tmp_path, monkeypatc
     code = (tmp_path / "code.memcheck.py").read_text()
     compile(code, "sanitizer-child", "exec")
     assert all(repr((dtype, k, n)) in code for _, dtype, k, n in gc.SANITIZER_SHAPES)
+
+
+def test_help_lists_the_options_the_readme_names():
+    """--help once crashed on a '%' in a help text (argparse formats them)."""
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--help"], capture_output=True,
+                          text=True)
+    assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr
+    for option in ("--results", "--budget-s", "--sets", "--skip", "--data"):
+        assert option in proc.stdout
