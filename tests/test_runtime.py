@@ -189,6 +189,14 @@ def test_topkgen_run_on_the_emulator(bundle_dir, tmp_path):
     assert proc.returncode == 0, proc.stderr
     result = np.load(tmp_path / "bf16.npz")
     check_topk(xb, result["values"].view(xb.dtype), result["indices"], 20, True, True, "bfloat16")
+    # The file says bfloat16 (2-byte records): --dtype float16 is refused, not read as float16 bits.
+    # --dtype float16 does decide what raw uint16 bits hold.
+    clash = subprocess.run([sys.executable, "-m", "topkgen", "run", "--bundle", str(bundle_dir), "--arch", "sm_90",
+                            "--backend", "emulator", "--k", "2", "--dtype", "fp16", str(tmp_path / "bf16.npy")],
+                           capture_output=True, text=True)
+    assert (clash.returncode, clash.stdout) == (2, ""), clash.stderr
+    assert clash.stderr == (f"topkgen: error: {tmp_path / 'bf16.npy'}: bfloat16[3, 500]: dtype: 'float16' does not "
+                            f"match the array's bfloat16\n")
     bad = subprocess.run([sys.executable, "-m", "topkgen", "run", "--bundle", str(bundle_dir), "--arch", "sm_90",
                           "--backend", "emulator", "--k", "5000", str(tmp_path / "in.npy"), "-o",
                           str(tmp_path / "bad.npz")], capture_output=True, text=True)

@@ -722,17 +722,18 @@ def run(bundle_dir: str, arch: str | None, backend: str, k: int, smallest: bool,
     if output_path is not None:
         check_output_file(Path(output_path), force=force, inputs=(Path(input_path),))
     x, stored = read_npy_stored(input_path)
+    found = "bfloat16" if stored.kind == "V" else str(x.dtype)  # 2-byte records: how numpy saves ml_dtypes' bfloat16
     try:
         op = TopK(bundle_dir, arch=arch, backend=backend)
         try:  # what the input's shape and type allow: the message names the file
-            name = dtype_name(str(x.dtype), dtype)
+            name = dtype_name(found, dtype)
             answer = op.explain(name, k, x.shape[-1], deterministic)
         except TopKError as err:
-            raise InputError(f"{input_path}: {x.dtype}{list(x.shape)}: {err}") from None
+            raise InputError(f"{input_path}: {found}{list(x.shape)}: {err}") from None
         if backend == "cuda":
-            values, indices = _run_on_gpu(op, x, k, smallest, deterministic, dtype)
+            values, indices = _run_on_gpu(op, x, k, smallest, deterministic, name)
         else:
-            values, indices = op(x, k, largest=not smallest, deterministic=deterministic, dtype=dtype)
+            values, indices = op(x, k, largest=not smallest, deterministic=deterministic, dtype=name)
     except NoGpuError as err:
         raise InputError(f"{err}; without a GPU, run the same kernels on the CPU: --backend emulator "
                          f"--arch {arch or _first_arch(bundle_dir)}") from None
