@@ -612,6 +612,19 @@ int main(int, char** argv) {
 
 @pytest.mark.skipif(any(Path(d, "libcuda.so.1").exists() for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib")),
                     reason="a CUDA driver is installed here")
+def test_cpp_select_reads_rows_as_select_does(cpp, built_bundle, default_policy):
+    """A ROWS of 0 or below is refused with select's reason (0 once read as "not given", so the
+    unsplit kernel came back); a ROWS that is not a whole integer is a malformed line."""
+    shapes = [("sm_90", "float32", 8, 1000, False, True, rows) for rows in (0, -5, 4)]
+    got = cpp_select(cpp, built_bundle, shapes)
+    assert got == [python_select(default_policy, s) for s in shapes]
+    assert got[:2] == ["error: rows: must be >= 1, got 0", "error: rows: must be >= 1, got -5"]
+    for line in ("sm_90 float32 8 1000 fast 1 abc", "sm_90 float32 8 1000 fast 1 4x", "sm_90 float32 8 1000 fast 1 4 5"):
+        proc = subprocess.run([cpp, "select", built_bundle], input=line + "\n", capture_output=True, text=True)
+        assert (proc.returncode, proc.stdout) == (2, ""), line
+        assert proc.stderr == f"topkgen-cpp: error: stdin: expected 'ARCH DTYPE K N MODE JIT [ROWS]', got '{line}'\n"
+
+
 def test_launch_without_a_driver_says_so(cpp, built_bundle, tmp_path):
     x = tmp_path / "x.bin"
     x.write_bytes(bytes(4 * 3 * 300))

@@ -26,7 +26,8 @@ namespace {
 
 struct Shape {
   std::string arch, dtype;
-  std::int64_t k = 0, n = 0, rows = 0;  // rows 0: not given
+  std::int64_t k = 0, n = 0, rows = 0;
+  bool has_rows = false;  // without ROWS the batch size is unknown: no split plan
   bool deterministic = false, jit = false;
 };
 
@@ -38,7 +39,11 @@ bool parse_shape(const std::string& line, Shape& s) {
   if (mode != "fast" && mode != "deterministic") return false;
   s.deterministic = mode == "deterministic";
   s.jit = jit != 0;
-  if (!(in >> s.rows)) s.rows = 0;
+  std::string rows, rest;
+  if (!(in >> rows)) return true;
+  std::istringstream number(rows);  // the whole field an integer: "abc" and "4x" are not a batch size
+  if (!(number >> s.rows) || !number.eof() || (in >> rest)) return false;
+  s.has_rows = true;  // 0 and negative counts are refused by Bundle::plan, with the reason
   return true;
 }
 
@@ -68,7 +73,7 @@ int select(const std::string& dir) {
   std::string out;
   for (const Shape& s : read_shapes()) {
     try {
-      if (s.rows == 0) {
+      if (!s.has_rows) {
         out += bundle.select(s.arch, s.dtype, s.k, s.n, s.deterministic, s.jit).name;
       } else {
         const topkgen::Plan p = bundle.plan(s.arch, s.dtype, s.k, s.n, s.rows, s.deterministic, s.jit);
