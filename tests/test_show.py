@@ -25,7 +25,24 @@ def test_show_dispatch_prints_the_table(cli, built_bundle):
     out = cli("show", built_bundle, "--arch", "sm_100", "--dispatch").stdout
     assert "dispatch sm_100 float32 fast:" in out and "dispatch sm_100 float16 deterministic:" in out
     row = next(line for line in out.splitlines() if "topk_register_n1024_k16_det_f32_sm_100" in line and " jit " in line)
-    assert row.split()[:2] == ["1..16", "=1024"] and row.split()[-1] == "topk_register_ladder_k16_det_f32_sm_100"
+    assert row.split()[:3] == ["1..2^31-1", "1..16", "=1024"]
+    assert row.split()[-1] == "topk_register_ladder_k16_det_f32_sm_100"
+
+
+def test_show_dispatch_tells_the_split_rows_apart(cli, built_bundle):
+    """Rows of one (k, n) window that differ only in batch size and chunks per row printed as
+    identical lines before the rows and chunks columns."""
+    out = cli("show", built_bundle, "--arch", "sm_90", "--dispatch").stdout
+    manifest = json.loads((built_bundle / "manifest.json").read_text())
+    split = next(r for r in manifest["dispatch"]["sm_90"]["float32"]["fast"] if r["chunks"] > 1)
+    table = out.split("dispatch sm_90 float32 fast:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+    assert table[0].split() == ["rows", "k", "n", "kernel", "chunks", "source", "without", "JIT"]
+    lo, hi = split["rows"]
+    assert [f"{lo}..{hi}", split["kernel"], str(split["chunks"])] in [[c[0], c[3], c[4]] for c in map(str.split, table)]
+    for mode in ("fast", "deterministic"):
+        for dtype in ("float32", "bfloat16", "float16"):
+            lines = out.split(f"dispatch sm_90 {dtype} {mode}:\n", 1)[1].split("\n\n", 1)[0].splitlines()
+            assert len(lines) == len(set(lines)), (dtype, mode)
 
 
 def test_show_json_is_the_manifest_parts_of_the_chosen_archs(cli, built_bundle):

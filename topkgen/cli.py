@@ -577,10 +577,9 @@ def show(bundle_dir: str, archs: tuple[str, ...], fmt: str, with_dispatch: bool)
             for dtype, by_mode in sorted(doc["dispatch"][arch].items()):
                 for mode in ("fast", "deterministic"):
                     click.echo(f"\ndispatch {arch} {dtype} {mode}:")
-                    click.echo(_table(("k", "n", "kernel", "source", "without JIT"),
-                                      [(_span(r["k"]), _span(r["n"]), r["kernel"], r["source"],
-                                        "same" if r["aot_fallback"] == r["kernel"] else r["aot_fallback"] or "none")
-                                       for r in by_mode[mode]]))
+                    click.echo(_table(("rows", "k", "n", "kernel", "chunks", "source", "without JIT"),
+                                      [(_span(r["rows"]), _span(r["k"]), _span(r["n"]), r["kernel"], str(r["chunks"]),
+                                        r["source"], _without_jit(r)) for r in by_mode[mode]]))
 
 
 def _kernel_row(e: dict[str, Any]) -> tuple[str, ...]:
@@ -589,6 +588,16 @@ def _kernel_row(e: dict[str, Any]) -> tuple[str, ...]:
             str(e["launch"]["threads_per_block"]), str(r["registers"]), f"{r['spill_stores']}/{r['spill_loads']}",
             str(r["stack_bytes"]), str(r["static_shared_bytes"]), str(e["launch"]["dynamic_shared_bytes"]),
             str(e["size_bytes"]), f"{b['max_registers']} regs, {'spills ok' if b['spills_allowed'] else 'no spills'}")
+
+
+def _without_jit(row: dict[str, Any]) -> str:
+    """What serves a dispatch row's shapes when JIT is off: 'same', the AOT kernel (and its
+    chunks per row when it splits), or 'none'."""
+    if row["aot_fallback"] is None:
+        return "none"
+    if (row["aot_fallback"], row["aot_chunks"]) == (row["kernel"], row["chunks"]):
+        return "same"
+    return row["aot_fallback"] + (f" in {row['aot_chunks']} chunks" if row["aot_chunks"] > 1 else "")
 
 
 def _span(bounds: list[int]) -> str:
