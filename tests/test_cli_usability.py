@@ -227,3 +227,24 @@ def test_an_empty_path_is_refused_by_name(cli, tmp_path, monkeypatch, args, name
     assert result.exit_code == 2, (result.exit_code, result.stderr)
     assert result.stderr.endswith(f"Error: Invalid value for '{name}': must not be empty\n"), result.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_summaries_read_as_sentences(cli, tmp_path, monkeypatch):
+    """A trial as a new user found 'wrote mine//manifest.json', '1 kernels', a bundle called a
+    manifest, and the emulator asking for `arch:` where the CLI's option is --arch."""
+    monkeypatch.chdir(tmp_path)
+    result = cli("build", "--arch", "sm_90", "--shard", "1/29", "--out", "mine/")
+    assert result.exit_code == 0, result.stderr
+    assert "\nwrote mine/manifest.json in " in result.stdout
+    assert ": shard 1/29 of 29: 1 kernel (sm_90 1), " in result.stdout
+    assert [console.count(n, "kernel") for n in (0, 1, 2)] == ["0 kernels", "1 kernel", "2 kernels"]
+
+    alone = cli("diff", "mine")
+    assert alone.exit_code == 2 and alone.stderr.endswith(", and mine is a bundle or manifest\n")
+
+    import numpy as np
+
+    np.save(tmp_path / "x.npy", np.zeros((1, 100), np.float32))
+    run = cli("run", "--bundle", "mine", "--backend", "emulator", "--k", "3", "x.npy")
+    assert (run.exit_code, run.stderr) == (2, "topkgen: error: --arch: the emulator backend runs one arch's kernels; "
+                                              "name it, e.g. --arch sm_90\n")

@@ -372,10 +372,10 @@ def plan(policy_path: str | None, archs: tuple[str, ...], fmt: str) -> None:
         rows = [(k["name"], k["family"], k["dtype"], str(k["k"]), _window(k["n_window"]), k["mode"],
                  k["work_rung"], str(k["launch"]["threads_per_block"]), str(k["launch"]["min_ctas_per_sm"]))
                 for k in doc["kernels"] if k["arch"] == arch]
-        click.echo(f"\n{arch}: {len(rows)} kernels")
+        click.echo(f"\n{arch}: {console.count(len(rows), 'kernel')}")
         click.echo(_table(header, rows))
     per_arch = ", ".join(f"{a} {n}" for a, n in doc["totals"]["per_arch"].items())
-    click.echo(f"\ntotal: {doc['totals']['all']} kernels ({per_arch})")
+    click.echo(f"\ntotal: {console.count(doc['totals']['all'], 'kernel')} ({per_arch})")
     click.echo("\nJIT-only tiers (never in the bundle):")
     if not doc["jit_only"]:
         click.echo("  none")
@@ -495,8 +495,8 @@ def build(policy_path: str | None, archs: tuple[str, ...], out_dir: str, jobs: i
     counts = {a: sum(1 for k in manifest["kernels"] if k["arch"] == a) for a in chosen}
     size = sum(k["size_bytes"] for k in manifest["kernels"])
     of_plan = f"shard {shard[0]}/{shard[1]} of {len(specs)}: " if shard else ""
-    click.echo(f"wrote {out_dir}/manifest.json in {console.seconds(progress.elapsed)}: {of_plan}"
-               f"{len(manifest['kernels'])} kernels ({', '.join(f'{a} {n}' for a, n in counts.items())}), "
+    click.echo(f"wrote {Path(out_dir) / 'manifest.json'} in {console.seconds(progress.elapsed)}: {of_plan}"
+               f"{console.count(len(manifest['kernels']), 'kernel')} ({', '.join(f'{a} {n}' for a, n in counts.items())}), "
                f"{console.size(size)} of cubin, NVRTC {manifest['nvrtc_version']}\n  {_cache_stats(result.cache)}")
     _cache_warnings(result.cache)
 
@@ -642,8 +642,9 @@ def diff(old: str, new: str | None, policy_in_repo: str, shapes_file: str | None
         shapes = differ.load_shapes(shapes_file) if shapes_file else None
         sides = [differ.load_side(old, policy_in_repo=policy_in_repo)]
         if new is None and sides[0].kind != "revision":
+            kind = {"manifest": "bundle or manifest", "policy": "policy file"}.get(sides[0].kind, sides[0].kind)
             raise InputError(f"NEW is missing: only a git revision may stand alone (it is compared with the "
-                             f"working tree), and {old} is a {sides[0].kind}")
+                             f"working tree), and {old} is a {kind}")
         sides.append(differ.load_side(new, policy_in_repo=policy_in_repo) if new is not None
                      else differ.load_worktree_side(policy_in_repo=policy_in_repo))
         if build:
@@ -728,6 +729,9 @@ def run(bundle_dir: str, arch: str | None, backend: str, k: int, smallest: bool,
     from topkgen.paths import atomic_write
     from topkgen.runtime import NoGpuError, TopK, TopKError, dtype_name
 
+    if backend == "emulator" and arch is None:  # the runtime would name its own argument, arch=
+        raise InputError(f"--arch: the emulator backend runs one arch's kernels; name it, e.g. "
+                         f"--arch {_first_arch(bundle_dir)}")
     if output_path is not None:
         check_output_file(Path(output_path), force=force, inputs=(Path(input_path),))
     x, stored = read_npy_stored(input_path)
@@ -835,7 +839,8 @@ def merge(parts: tuple[str, ...], out_dir: str, force: bool) -> None:
     except shards.ShardError as err:
         raise InputError(str(err)) from None
     counts = {a: sum(1 for k in manifest["kernels"] if k["arch"] == a) for a in manifest["archs"]}
-    click.echo(f"merged {len(parts)} shards into {out_dir}/manifest.json: {len(manifest['kernels'])} kernels "
+    click.echo(f"merged {len(parts)} shards into {Path(out_dir) / 'manifest.json'}: "
+               f"{console.count(len(manifest['kernels']), 'kernel')} "
                f"({', '.join(f'{a} {n}' for a, n in counts.items())})")
 
 
@@ -862,7 +867,7 @@ def cache_import(bundle_dir: str) -> None:
         sys.exit(1)
     where = f" and {result.remote} ({console.size(result.remote_written)} written)" if result.remote else ""
     click.echo(f"imported {bundle_dir}: {result.added} entries added, {result.present} already present, "
-               f"{len(result.skipped)} skipped, of {result.kernels} kernels, into the local cache{where}")
+               f"{len(result.skipped)} skipped, of {console.count(result.kernels, 'kernel')}, into the local cache{where}")
     if result.skipped:
         click.echo(f"  skipped (this checkout renders a different source): {', '.join(result.skipped)}")
     if not result.toolchain_matches:

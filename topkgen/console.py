@@ -59,6 +59,11 @@ def warning(message: str) -> None:
     echo(f"{click.style('topkgen: warning:', fg='yellow', bold=True)} {message}", err=True)
 
 
+def count(number: int, noun: str) -> str:
+    """'1 kernel', '2 kernels': summary lines read as sentences."""
+    return f"{number} {noun}{'' if number == 1 else 's'}"
+
+
 def size(nbytes: int) -> str:
     """Bytes as people read them: `1.9 MiB`, `36.0 KiB`, `512 B`."""
     for unit, scale in (("MiB", 1 << 20), ("KiB", 1 << 10)):
