@@ -300,6 +300,23 @@ def test_manifest_and_bundle_sides_compare_resources(bundles, tmp_path):
     assert "! topk_radix_dyn_k64_fast_f32_sm_90: old: 200 registers > budget 96; new: n/a" in proc.stdout
 
 
+def test_a_bundle_whose_files_would_not_load_is_refused_not_the_same(bundles, tmp_path):
+    """A cubin changed after the build: every loader refuses the bundle, so diff must not call
+    it "same" (it read the manifest only). A lone manifest file has no files to check."""
+    b = tmp_path / "b"
+    shutil.copytree(bundles / "full", b)
+    manifest = json.loads((b / "manifest.json").read_text())
+    index, entry = next((i, k) for i, k in enumerate(manifest["kernels"]) if k["arch"] == "sm_90")
+    cubin = bytearray((b / entry["cubin"]).read_bytes())
+    cubin[-1] ^= 1
+    (b / entry["cubin"]).write_bytes(bytes(cubin))
+    proc = topkgen("diff", bundles / "full", b, "--stat")
+    assert (proc.returncode, proc.stdout) == (2, "")
+    assert proc.stderr == (f"topkgen: error: {b / 'manifest.json'}: kernels[{index}].sha256: {entry['cubin']} does not "
+                           f"match its sha256 in the manifest\n")
+    assert topkgen("diff", bundles / "full", b / "manifest.json", "--stat").returncode == 0
+
+
 def test_a_duplicated_kernel_entry_is_refused(bundles, tmp_path):
     manifest = json.loads((bundles / "full" / "manifest.json").read_text())
     manifest["kernels"].append(manifest["kernels"][3])

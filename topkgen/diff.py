@@ -225,7 +225,9 @@ def _manifest_side(label: str, path: Path) -> Side:
     from topkgen import bundle  # with NVRTC's module: only when a side is a bundle
 
     try:
-        manifest, _ = bundle.load_manifest(path, versions=(1, 2, 3))  # diff still reads older bundles
+        manifest, root = bundle.load_manifest(path, versions=(1, 2, 3))  # diff still reads older bundles
+        if path.is_dir() and manifest["schema_version"] == bundle.SCHEMA_VERSION:
+            bundle.read_files(root, manifest)  # a bundle whose files would not load is not "the same"
         policy = bundle.manifest_policy(manifest, label)
     except bundle.ManifestError as err:
         raise DiffInputError(str(err)) from None
