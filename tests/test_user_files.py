@@ -9,6 +9,8 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import socket
+import stat
 import subprocess
 import sys
 from pathlib import Path
@@ -251,6 +253,28 @@ def test_run_checks_its_arguments_and_output_before_running(cli, tiny_bundle, tm
         assert cli(*args, "--arch", "sm_90", "-o", tmp_path / "o.npz").exit_code == 0
     assert cli(*args, "--arch", "sm_90", "-o", tmp_path / "notes.npz", "--force").exit_code == 0
     assert sorted(np.load(tmp_path / "notes.npz").files) == ["indices", "values"]
+
+
+def test_run_force_never_replaces_a_device_a_fifo_or_the_bundle_it_reads(cli, tiny_bundle, tmp_path):
+    """-o is written beside its name and renamed over it: `-o /dev/null --force` as root
+    deleted /dev/null, and `-o BUNDLE/manifest.json --force` the bundle being read."""
+    bundle = tmp_path / "bundle"
+    shutil.copytree(tiny_bundle, bundle)
+    before = _tree(bundle)
+    np.save(tmp_path / "in.npy", np.zeros((2, 100), np.float32))
+    args = ["run", "--bundle", bundle, "--backend", "emulator", "--arch", "sm_90", "--k", "3", tmp_path / "in.npy",
+            "--force", "-o"]
+    os.mkfifo(tmp_path / "fifo")
+    _one_line_error(cli(*args, tmp_path / "fifo"), f"-o {tmp_path / 'fifo'}: is a FIFO, not a regular file, and -o "
+                                                   f"replaces regular files only, --force or not")
+    assert stat.S_ISFIFO(os.lstat(tmp_path / "fifo").st_mode)
+    with socket.socket(socket.AF_UNIX) as sock:
+        sock.bind(str(tmp_path / "sock"))
+        _one_line_error(cli(*args, tmp_path / "sock"), "is a socket, not a regular file")
+    assert stat.S_ISSOCK(os.lstat(tmp_path / "sock").st_mode)
+    for target in (bundle / "manifest.json", bundle / "sm_90" / "new.npz"):
+        _one_line_error(cli(*args, target), f"-o {target}: lies inside the input {bundle}")
+    assert _tree(bundle) == before
 
 
 # ----------------------------------------------------------------------------- internal errors

@@ -733,7 +733,7 @@ def run(bundle_dir: str, arch: str | None, backend: str, k: int, smallest: bool,
         raise InputError(f"--arch: the emulator backend runs one arch's kernels; name it, e.g. "
                          f"--arch {_first_arch(bundle_dir)}")
     if output_path is not None:
-        check_output_file(Path(output_path), force=force, inputs=(Path(input_path),))
+        check_output_file(Path(output_path), force=force, inputs=(Path(input_path), Path(bundle_dir)))
     x, stored = read_npy_stored(input_path)
     found = "bfloat16" if stored.kind == "V" else str(x.dtype)  # 2-byte records: how numpy saves ml_dtypes' bfloat16
     try:

@@ -19,13 +19,14 @@ import fcntl
 import hashlib
 import os
 import re
+import stat
 import tempfile
 import zipfile
 from pathlib import Path
 from typing import Iterable, Iterator
 
 from topkgen.errors import InputError
-from topkgen.paths import cache_root, open_lock, shared_cache_directory
+from topkgen.paths import cache_root, file_kind, open_lock, shared_cache_directory
 from topkgen.reader import ReadError, printable, read_json
 
 _ARCH_DIR = re.compile(r"sm_[0-9]{2,3}a?")
@@ -186,14 +187,26 @@ def check_output_file(path: Path, *, force: bool = False, inputs: tuple[Path, ..
 
 
 def _check_output_file(path: Path, force: bool, inputs: tuple[Path, ...]) -> None:
+    """The output is written beside `path` and renamed over it: whatever is there is gone,
+    so --force may replace a regular file (or a link) only, never a device, FIFO or socket
+    (`-o /dev/null --force` as root deleted /dev/null), an input, or a file inside an input
+    directory (the bundle being read)."""
     label = f"-o {_show(path)}"
     if path.is_dir():
         raise DestinationError(f"{label}: is a directory")
     parent = path.parent
     if not parent.is_dir():
         raise DestinationError(f"{label}: {_show(parent)} is not an existing directory")
+    with contextlib.suppress(FileNotFoundError):
+        mode = os.lstat(path).st_mode
+        if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+            raise DestinationError(f"{label}: is {file_kind(mode)}, not a regular file, and -o replaces "
+                                   f"regular files only, --force or not")
+    resolved = path.resolve()
     for source in inputs:
         with contextlib.suppress(OSError):
+            if source.is_dir() and source.resolve() in resolved.parents:
+                raise DestinationError(f"{label}: lies inside the input {_show(source)}")
             if path.exists() and os.path.samefile(path, source):
                 raise DestinationError(f"{label}: is the input file {_show(source)}")
     if path.exists() and not force:
