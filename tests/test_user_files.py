@@ -195,6 +195,22 @@ RUN_INPUTS = {
     "empty_but_huge": (lambda p: p.write_bytes(_npy_with_header(
         "{'descr': '<f4', 'fortran_order': False, 'shape': (0, 4611686018427387904), }")),
         "the header declares shape (0, 4611686018427387904): a dimension over 2147483647"),
+    # found by a hostile trial of the runtime: numpy raised from reshape (exit 70)
+    "rows_over_2_31": (lambda p: p.write_bytes(_npy_with_header(
+        "{'descr': '<f4', 'fortran_order': False, 'shape': (2147483647, 2147483647, 0), }")),
+        "the header declares shape (2147483647, 2147483647, 0): 4611686014132420609 rows, over 2147483647"),
+    "empty_unshapeable": (lambda p: p.write_bytes(_npy_with_header(
+        "{'descr': '<f4', 'fortran_order': False, 'shape': (2147483647, 2147483647, 2147483647, 0, 5), }")),
+        "the header declares shape (2147483647, 2147483647, 2147483647, 0, 5): too large for numpy to shape"),
+    # refused from the header: a 1 GiB int8 file was read whole first
+    "int8": (lambda p: np.save(p, np.zeros((3, 100), np.int8)), "dtype int8 is not one topkgen ranks: float32, "
+             "float16, or bfloat16 (ml_dtypes.bfloat16, or its bits as uint16)"),
+    "float64": (lambda p: np.save(p, np.zeros((3, 100))), "dtype float64 is not one topkgen ranks"),
+    # numpy's own refusal advised allow_pickle=True
+    "huge_header": (lambda p: p.write_bytes(b"\x93NUMPY\x02\x00" + (20001).to_bytes(4, "little") + b"{" + b" " * 20000),
+                    "the header is 20001 bytes long (at most 10000)"),
+    # the path was printed twice ("x.npy: cannot read: x.npy: not a regular file")
+    "fifo": (lambda p: os.mkfifo(p), "is a FIFO, not a regular file"),
     "structured": (lambda p: np.save(p, np.zeros(4, dtype=[("a", "<f4"), ("b", "<f4")])), "a structured dtype"),
     "objects": (lambda p: p.write_bytes(_npy_with_header("{'descr': '|O', 'fortran_order': False, 'shape': (2,), }",
                                                          b"\0" * 16)), "holds Python objects"),

@@ -4,25 +4,32 @@ np.load trusts the header: a few bytes that declare shape (1, 2^40) make it try 
 4 TiB, an empty file raises EOFError, an .npz archive comes back as a lazy zip. Here the
 header is parsed by numpy's own header reader, and its shape and dtype are checked against
 the file's size before anything is allocated. Archives, empty files, 0-d arrays, object,
-structured and subarray dtypes are refused by name; Fortran-order and big-endian arrays
-come back C-ordered and native, so both backends take them.
+structured and subarray dtypes, and element types topkgen does not rank, are refused by
+name before the data is read; Fortran-order and big-endian arrays come back C-ordered and
+native, so both backends take them.
 """
 
 from __future__ import annotations
 
+import math
 import os
 import stat
 
 import numpy as np
 
 from topkgen.errors import InputError
+from topkgen.paths import file_kind
 from topkgen.policy import N_MAX
 from topkgen.reader import printable
+from topkgen.split import ROWS_MAX
 
 MAGIC = b"\x93NUMPY"
 MAX_HEADER_BYTES = 10_000
 _ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
 _NUMERIC_KINDS = "biufc"
+# float32, float16, ml_dtypes.bfloat16 (numpy saves it as raw 2-byte records), and uint16
+# bits of bfloat16 or float16 (run's --dtype says which): policy.DTYPE_SIZES as numpy stores them
+_RANKED = ("f4", "f2", "V2", "u2")
 
 
 class NpyError(InputError, ValueError):
@@ -44,13 +51,16 @@ def read_npy_stored(path: str | os.PathLike) -> tuple[np.ndarray, np.dtype]:
         return NpyError(f"{label}: {reason}")
 
     try:
-        if not stat.S_ISREG(os.stat(path).st_mode):
-            raise fail("not a regular file")
-        handle = open(path, "rb")
+        mode = os.stat(path).st_mode  # not opened unless a regular file: opening a device can have effects
+        if stat.S_ISREG(mode):  # O_NONBLOCK: a FIFO swapped in since is opened without waiting for a writer
+            handle = os.fdopen(os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC), "rb")
+            mode = os.fstat(handle.fileno()).st_mode
     except OSError as err:
         raise fail(f"cannot read: {err.strerror}") from None
     except ValueError as err:  # a NUL byte in the path
         raise fail(f"cannot read: {err}") from None
+    if not stat.S_ISREG(mode):
+        raise fail(f"is {file_kind(mode)}, not a regular file")
     with handle:
         size = os.fstat(handle.fileno()).st_size
         head = handle.read(len(MAGIC))
@@ -63,6 +73,10 @@ def read_npy_stored(path: str | os.PathLike) -> tuple[np.ndarray, np.dtype]:
         handle.seek(0)
         try:
             version = np.lib.format.read_magic(handle)
+            length = int.from_bytes(handle.read(2 if version == (1, 0) else 4), "little")
+            if length > MAX_HEADER_BYTES:  # numpy's own refusal advises allow_pickle=True
+                raise fail(f"the header is {length} bytes long (at most {MAX_HEADER_BYTES})")
+            handle.seek(len(MAGIC) + 2)
             if version == (1, 0):
                 shape, fortran, dtype = np.lib.format.read_array_header_1_0(handle, max_header_size=MAX_HEADER_BYTES)
             elif version == (2, 0):
@@ -89,6 +103,11 @@ def read_npy_stored(path: str | os.PathLike) -> tuple[np.ndarray, np.dtype]:
         if max(shape) > N_MAX:  # an empty array may still declare one (numpy cannot even shape it)
             raise fail(f"the header declares shape {tuple(shape)}: a dimension over {N_MAX} "
                        f"(rows and row lengths are 32-bit in the kernels)")
+        rows = math.prod(shape[:-1])
+        if rows > ROWS_MAX:
+            raise fail(f"the header declares shape {tuple(shape)}: {rows} rows, over {ROWS_MAX}")
+        if math.prod(dim for dim in shape if dim) > ROWS_MAX * N_MAX:  # numpy cannot shape it, empty as it is
+            raise fail(f"the header declares shape {tuple(shape)}: too large for numpy to shape, empty as it is")
         flat = np.empty(count, dtype=dtype)
         if handle.readinto(flat.view(np.uint8)) != declared:
             raise fail("the file changed while it was read")
@@ -108,7 +127,8 @@ def _check_dtype(dtype: np.dtype, fail) -> None:
         raise fail(f"a structured dtype ({printable(str(dtype))}) is not an array of numbers")
     if dtype.subdtype is not None:
         raise fail(f"a subarray dtype ({printable(str(dtype))}) is not supported")
-    if dtype.kind == "V" and dtype.itemsize == 2:
-        return  # ml_dtypes.bfloat16, which numpy saves as raw 2-byte records
-    if dtype.kind not in _NUMERIC_KINDS or dtype.itemsize == 0:
+    if dtype.kind not in _NUMERIC_KINDS + "V" or dtype.itemsize == 0:
         raise fail(f"dtype {printable(str(dtype))} is not an array of numbers")
+    if f"{dtype.kind}{dtype.itemsize}" not in _RANKED:  # refused before the data is read
+        raise fail(f"dtype {printable(str(dtype))} is not one topkgen ranks: float32, float16, or bfloat16 "
+                   f"(ml_dtypes.bfloat16, or its bits as uint16)")
