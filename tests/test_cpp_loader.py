@@ -635,6 +635,23 @@ def test_launch_without_a_driver_says_so(cpp, built_bundle, tmp_path):
     assert not (tmp_path / "v.bin").exists()
 
 
+@pytest.mark.parametrize("rows, largest, message", [
+    ("abc", "1", "launch: expected ARCH DTYPE K N ROWS MODE JIT as whole numbers and names, got "
+                 "'sm_90 float32 10 300 abc fast 0'"),  # was "error: stoi"
+    ("3x", "1", "launch: expected ARCH DTYPE K N ROWS MODE JIT as whole numbers and names, got "
+                "'sm_90 float32 10 300 3x fast 0'"),  # was read as 3
+    ("99999999999", "1", "rows: must be <= 2147483647, got 99999999999"),  # was "error: stoi"
+    ("0", "1", "rows: must be >= 1, got 0"),
+    ("3", "2", "launch: LARGEST must be 0 or 1, got '2'"),
+])
+def test_launch_reads_its_arguments_whole_before_the_driver(cpp, built_bundle, tmp_path, rows, largest, message):
+    x = tmp_path / "x.bin"
+    x.write_bytes(bytes(4 * 3 * 300))
+    proc = subprocess.run([cpp, "launch", built_bundle, "sm_90", "float32", "10", "300", rows, "fast", "0", largest, x,
+                           tmp_path / "v.bin", tmp_path / "i.bin"], capture_output=True, text=True)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", f"topkgen-cpp: error: {message}\n")
+
+
 def test_gpu_check_launches_every_aot_kernel_through_both_loaders(cpp, built_bundle, gpu_check, monkeypatch):
     """scripts/gpu_check.py's C++-against-Python step (it needs a GPU): its cases reach every
     AOT kernel, and both loaders pick that kernel for the case's shape with JIT off."""

@@ -10,7 +10,8 @@
 //                               when the bundle says so), outputs written raw to VALUES and
 //                               INDICES (int64); prints the kernel and its chunks per row
 //
-// Errors: "topkgen-cpp: error: MESSAGE" on stderr, exit 2 (1 for a driver failure in launch).
+// Errors: "topkgen-cpp: error: MESSAGE" on stderr, exit 2 (a missing driver and a failed
+// driver call in launch too).
 #include <topkgen/loader.hpp>
 
 #include <algorithm>
@@ -124,15 +125,18 @@ int launch(const std::vector<std::string>& a) {
   // DIR ARCH DTYPE K N ROWS MODE JIT LARGEST IN VALUES INDICES
   topkgen::Bundle bundle(a[0]);
   Shape s;
-  if (!parse_shape(a[1] + " " + a[2] + " " + a[3] + " " + a[4] + " " + a[6] + " " + a[7], s))
-    throw topkgen::Error("launch: bad shape arguments");
-  const int rows = std::stoi(a[5]);
-  const bool largest = a[8] != "0";
+  const std::string shape = a[1] + " " + a[2] + " " + a[3] + " " + a[4] + " " + a[6] + " " + a[7] + " " + a[5];
+  if (!parse_shape(shape, s) || !s.has_rows)  // select's reading of a line, ROWS last
+    throw topkgen::Error("launch: expected ARCH DTYPE K N ROWS MODE JIT as whole numbers and names, got '" +
+                         a[1] + " " + a[2] + " " + a[3] + " " + a[4] + " " + a[5] + " " + a[6] + " " + a[7] + "'");
+  if (a[8] != "0" && a[8] != "1") throw topkgen::Error("launch: LARGEST must be 0 or 1, got '" + a[8] + "'");
+  const bool largest = a[8] == "1";
+  const topkgen::Plan plan = bundle.plan(s.arch, s.dtype, s.k, s.n, s.rows, s.deterministic, s.jit);  // checks rows
+  const int rows = static_cast<int>(s.rows);
   const std::size_t elem = s.dtype == "float32" ? 4 : 2;
-  const topkgen::Plan plan = bundle.plan(s.arch, s.dtype, s.k, s.n, rows, s.deterministic, s.jit);
   const std::string x = slurp(a[9]);
-  if (x.size() != static_cast<std::size_t>(rows) * s.n * elem)
-    throw topkgen::Error(a[9] + ": expected " + std::to_string(rows * s.n * elem) + " bytes");
+  const std::size_t expected = static_cast<std::size_t>(rows) * static_cast<std::size_t>(s.n) * elem;
+  if (x.size() != expected) throw topkgen::Error(a[9] + ": expected " + std::to_string(expected) + " bytes");
   const auto& d = topkgen::cu::Driver::get();
   topkgen::cu::current_arch();  // a current context
   topkgen::cu::DevicePtr dx = 0, dv = 0, di = 0, dw = 0;
