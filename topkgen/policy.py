@@ -8,6 +8,8 @@ It imports the standard library and PyYAML only, so other build systems can use 
 from __future__ import annotations
 
 import hashlib
+import operator
+import sys
 from dataclasses import dataclass, field
 from functools import cached_property
 from importlib import resources
@@ -791,12 +793,25 @@ def check_shape(k: int, n: int) -> None:
         raise DispatchError(f"k: must be <= n, got k={k} > n={n}")
 
 
+def as_integer(label: str, value: object) -> int:
+    """`value` as a Python int: any integral type (numpy's integers too, through
+    operator.index), so that every entry point takes what `x.shape` or arithmetic on arrays
+    gives; a bool is refused, though Python counts it an int: True is never a k or an n."""
+    numpy = sys.modules.get("numpy")  # numpy's bool has __index__ too; checked without importing numpy
+    if isinstance(value, bool) or (numpy is not None and isinstance(value, numpy.bool_)):
+        raise DispatchError(f"{label}: must be an integer, got {value!r}")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise DispatchError(f"{label}: must be an integer, got {value!r}") from None
+
+
 def _check_counts(*counts: tuple[str, object, int]) -> None:
     """Each (label, value, most) an integer in 1..most: every type first, then every range."""
     for label, value, _ in counts:
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise DispatchError(f"{label}: must be an integer, got {value!r}")
+        as_integer(label, value)
     for label, value, most in counts:
+        value = operator.index(value)
         if value <= 0:
             raise DispatchError(f"{label}: must be >= 1, got {value}")
         if value > most:

@@ -27,7 +27,7 @@ from topkgen.dispatch_table import Choice
 from topkgen.errors import InputError
 from topkgen.manifest_checks import entries
 from topkgen.explain import Explanation, explain
-from topkgen.policy import DTYPE_SIZES, DispatchError, kernels_of_rule
+from topkgen.policy import DTYPE_SIZES, DispatchError, as_integer, kernels_of_rule
 from topkgen.render import params, render
 from topkgen.split import WORKSPACE_ALIGNMENT, ChunkPlan, Stage, stages
 from topkgen.suggest import did_you_mean
@@ -161,6 +161,7 @@ class TopK:
     def choose(self, dtype: str, k: int, n: int, deterministic: bool = False, rows: int | None = None) -> Choice:
         """The kernel for a shape, and its chunks per row for a batch of `rows` (None: the
         batch is unknown, served unsplit): one lookup in the dispatch table."""
+        dtype, k, n, rows = _request(dtype, k, n, rows)
         jit = not jit_disabled()
         if not jit and not self.in_bundle:
             raise TopKError(f"TOPKGEN_DISABLE_JIT is set and the bundle {self.root} has no kernels for {self.arch}")
@@ -172,7 +173,9 @@ class TopK:
 
     def plan(self, dtype: str, k: int, n: int, rows: int, deterministic: bool = False) -> ChunkPlan | None:
         """How a batch of `rows` rows is split (None: it is not), so that a caller can size
-        the workspace it passes (`workspace_bytes`)."""
+        the workspace it passes (`workspace_bytes`). A batch of 0 rows launches nothing, as a
+        call on one does: it is not split."""
+        dtype, k, n, rows = _request(dtype, k, n, rows)
         choice = self.choose(dtype, k, n, deterministic, rows)
         return ChunkPlan(rows, n, k, choice.chunks, DTYPE_SIZES[dtype]) if choice.chunks > 1 else None
 
@@ -186,6 +189,7 @@ class TopK:
         """The kernel that serves a shape and why: the table's choice, whose str() is what
         `topkgen explain` prints for the bundle's policy (an arch the bundle lacks is
         served by JIT, and says so)."""
+        dtype, k, n, rows = _request(dtype, k, n, rows)
         choice = self.choose(dtype, k, n, deterministic, rows)
         answer = explain(self.policy, self.arch, dtype, k, n, deterministic=deterministic, jit=not jit_disabled(),
                          rows=rows)
@@ -209,9 +213,7 @@ class TopK:
         array of at least `workspace_bytes(...)` bytes, serves it without an allocation;
         without one the backend allocates it on the stream. Nothing waits for the GPU."""
         view = self._backend.view(x, dtype)
-        if isinstance(k, bool) or not isinstance(k, (int, np.integer)):
-            raise TopKError(f"k: must be an integer, got {k!r}")
-        k = int(k)
+        k = _integer("k", k)
         choice = self.choose(view.dtype, k, view.n, deterministic, view.rows or None)
         kernel = self._kernel(choice)
         entry = self._entries[choice.kernel]
@@ -238,6 +240,29 @@ class TopK:
             loaded = self._backend.load_jit(name, render(self._specs[name]))
         self._loaded[name] = loaded
         return loaded
+
+
+def _integer(label: str, value: Any) -> int:
+    """An integer argument as an int, by the rule the policy's own checks apply (any
+    integral type, numpy's too; not a bool)."""
+    try:
+        return as_integer(label, value)
+    except DispatchError as err:
+        raise TopKError(str(err)) from None
+
+
+def _request(dtype: str, k: Any, n: Any, rows: Any) -> tuple[str, int, int, int | None]:
+    """A request's arguments as `choose`, `plan`, `workspace_bytes` and `explain` all take
+    them: k, n and rows as ints whatever integral type they came as (what `__call__` takes
+    too), rows 0 as None (an empty batch launches nothing, so nothing is split). The ranges
+    are the dispatch table's to check, with the messages every loader gives."""
+    k, n = _integer("k", k), _integer("n", n)
+    if rows is None:
+        return dtype, k, n, None
+    rows = _integer("rows", rows)
+    if rows < 0:
+        raise TopKError(f"rows: must be >= 0, got {rows}")
+    return dtype, k, n, rows or None
 
 
 class _View:

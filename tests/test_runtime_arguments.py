@@ -1,0 +1,50 @@
+"""The runtime API's arguments, as a hostile caller passes them: every one the runtime cannot
+serve is refused with a TopKError naming it, before any work is done or anything written, and
+arguments that mean the same are taken the same way by every method (emulator backend; the
+cuda backend shares the checks)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from topkgen.runtime import TopK, TopKError
+
+from .topk_cases import make_rows
+
+
+@pytest.fixture(scope="module")
+def op(built_bundle):
+    return TopK(built_bundle, arch="sm_90", backend="emulator")
+
+
+def test_numpy_integers_are_taken_by_every_method(op):
+    """What x.shape or arithmetic on arrays gives is an integer everywhere, not only in __call__."""
+    k, n, rows = np.int64(64), np.int32(4096), np.uint8(3)
+    assert op.choose("float32", k, n, rows=rows) == op.choose("float32", 64, 4096, rows=3)
+    assert op.plan("float32", k, n, rows) == op.plan("float32", 64, 4096, 3)
+    assert op.workspace_bytes("float32", k, n, rows) == op.workspace_bytes("float32", 64, 4096, 3)
+    assert str(op.explain("float32", k, n, rows=rows)) == str(op.explain("float32", 64, 4096, rows=3))
+    x = make_rows("float32", 3, 4096, seed=1)
+    assert all(np.array_equal(a, b) for a, b in zip(op(x, k), op(x, 64)))
+    for bad in (True, np.True_, 64.0, "64", None):
+        with pytest.raises(TopKError, match=r"^k: must be an integer, got "):
+            op.workspace_bytes("float32", bad, 4096, 3)
+    with pytest.raises(TopKError, match=r"^n: must be an integer, got 4096\.0$"):
+        op.choose("float32", 64, 4096.0)
+    with pytest.raises(TopKError, match=r"^rows: must be an integer, got False$"):
+        op.plan("float32", 64, 4096, False)
+    with pytest.raises(TopKError, match=r"^k: must be an integer, got True$"):
+        op(x, True)
+
+
+def test_a_batch_of_no_rows_needs_no_workspace(op):
+    """A call on 0 rows launches nothing; the methods that size its workspace agree."""
+    assert op.workspace_bytes("float32", 16, 262144, 1) > 0  # one row of this length is split
+    assert op.workspace_bytes("float32", 16, 262144, 0) == 0
+    assert op.plan("float32", 16, 262144, 0) is None
+    assert op.choose("float32", 16, 262144, rows=0) == op.choose("float32", 16, 262144)
+    values, indices = op(np.zeros((0, 262144), np.float32), 16)
+    assert values.shape == indices.shape == (0, 16)
+    with pytest.raises(TopKError, match=r"^rows: must be >= 0, got -1$"):
+        op.workspace_bytes("float32", 16, 262144, -1)
