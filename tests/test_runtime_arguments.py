@@ -48,3 +48,42 @@ def test_a_batch_of_no_rows_needs_no_workspace(op):
     assert values.shape == indices.shape == (0, 16)
     with pytest.raises(TopKError, match=r"^rows: must be >= 0, got -1$"):
         op.workspace_bytes("float32", 16, 262144, -1)
+
+
+def test_dtypes_are_named_as_on_the_command_line(op):
+    """The CLI's short spellings (one table, topkgen.suggest's) name the same dtypes here."""
+    assert op.choose("bf16", 64, 4096) == op.choose("bfloat16", 64, 4096)
+    assert op.workspace_bytes("FP32", 16, 262144, 1) == op.workspace_bytes("float32", 16, 262144, 1)
+    assert op.explain("half", 8, 100).kernel.dtype == "float16"
+    x = make_rows("float32", 2, 300, seed=2)
+    assert all(np.array_equal(a, b) for a, b in zip(op(x, 5, dtype="fp32"), op(x, 5)))
+    raw = make_rows("float16", 2, 300, seed=3)
+    assert all(np.array_equal(a.view(np.uint16), b.view(np.uint16))
+               for a, b in zip(op(raw.view(np.uint16), 5, dtype="fp16"), op(raw, 5)))
+    with pytest.raises(TopKError, match=r"^dtype: 'fp16' \(float16\) does not match the array's float32$"):
+        op(x, 5, dtype="fp16")
+    with pytest.raises(TopKError, match=r"^dtype: raw uint16 input must be bfloat16 or float16, got 'f32' \(float32\)$"):
+        op(raw.view(np.uint16), 5, dtype="f32")
+    with pytest.raises(TopKError, match=r"^dtype: expected a name such as 'float32' or 'bf16', got <class"):
+        op.choose(np.float32, 5, 300)
+    with pytest.raises(TopKError, match=r"^dtype: expected a name"):
+        op(x, 5, dtype=np.dtype(np.float32))
+
+
+def test_big_endian_arrays_are_refused_for_their_byte_order(op):
+    x = make_rows("float32", 2, 300, seed=4)
+    swapped = x.astype(">f4")
+    message = (r"^x: byte order: its elements are big-endian \(>f4\), the kernels read the machine's; "
+               r"convert with x\.astype\(x\.dtype\.newbyteorder\('='\)\)$")
+    with pytest.raises(TopKError, match=message):
+        op(swapped, 5)
+    converted = swapped.astype(swapped.dtype.newbyteorder("="))  # what the message says to do
+    assert all(np.array_equal(a, b) for a, b in zip(op(converted, 5), op(x, 5)))
+    from topkgen.runtime import _device_array, dtype_name
+
+    class Interface:  # a device array as the cuda backend reads it, big-endian
+        __cuda_array_interface__ = {"typestr": ">f4", "shape": (2, 300), "strides": None, "data": (1 << 40, False),
+                                    "version": 3}
+
+    with pytest.raises(TopKError, match=message):
+        dtype_name(_device_array(Interface(), "x")[3], None)

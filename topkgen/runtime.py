@@ -30,6 +30,7 @@ from topkgen.explain import Explanation, explain
 from topkgen.policy import DTYPE_SIZES, DispatchError, as_integer, kernels_of_rule
 from topkgen.render import params, render
 from topkgen.split import WORKSPACE_ALIGNMENT, ChunkPlan, Stage, stages
+from topkgen import suggest
 from topkgen.suggest import did_you_mean
 
 BACKENDS = ("cuda", "emulator")
@@ -251,12 +252,20 @@ def _integer(label: str, value: Any) -> int:
         raise TopKError(str(err)) from None
 
 
+def _dtype(dtype: Any) -> str:
+    """A dtype argument with the short spellings the CLI takes (fp32, bf16, fp16, ...: one
+    table, topkgen.suggest's), so that code and command lines name types alike."""
+    if not isinstance(dtype, str):
+        raise TopKError(f"dtype: expected a name such as 'float32' or 'bf16', got {dtype!r}")
+    return suggest.dtype(dtype)
+
+
 def _request(dtype: str, k: Any, n: Any, rows: Any) -> tuple[str, int, int, int | None]:
     """A request's arguments as `choose`, `plan`, `workspace_bytes` and `explain` all take
-    them: k, n and rows as ints whatever integral type they came as (what `__call__` takes
-    too), rows 0 as None (an empty batch launches nothing, so nothing is split). The ranges
+    them: the dtype's short spellings expanded, k, n and rows as ints whatever integral type
+    they came as (what `__call__` takes too), rows 0 as None (an empty batch launches nothing, so nothing is split). The ranges
     are the dispatch table's to check, with the messages every loader gives."""
-    k, n = _integer("k", k), _integer("n", n)
+    dtype, k, n = _dtype(dtype), _integer("k", k), _integer("n", n)
     if rows is None:
         return dtype, k, n, None
     rows = _integer("rows", rows)
@@ -556,7 +565,7 @@ def _device_array(x: Any, label: str) -> tuple[int, tuple[int, ...], tuple[int, 
         itemsize = int(cai["typestr"][2:])
         strides = None if cai.get("strides") is None else tuple(s // itemsize for s in cai["strides"])
         try:
-            name = np.dtype(cai["typestr"]).name  # "<u2": uint16, raw bfloat16 or float16 bits
+            name = str(np.dtype(cai["typestr"]))  # "<u2": uint16, raw bfloat16 or float16 bits; ">f4" stays
         except TypeError:
             name = cai["typestr"]
         return int(cai["data"][0]), tuple(cai["shape"]), strides, name
@@ -582,15 +591,24 @@ def _c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...] | None) -> bo
 
 
 def dtype_name(found: str, requested: str | None) -> str:
-    """The topkgen dtype of an array whose element type is `found`; raw uint16 holds
-    bfloat16 (the default) or float16 bits, as `requested` says."""
+    """The topkgen dtype of an array whose element type is `found` (numpy's str of it:
+    "float32", or ">f4" for a byte order other than the machine's); raw uint16 holds
+    bfloat16 (the default) or float16 bits, as `requested` says (short spellings too)."""
+    if found.startswith((">", "<")):  # numpy spells only a non-native byte order so
+        endian = "big" if found[0] == ">" else "little"
+        raise TopKError(f"x: byte order: its elements are {endian}-endian ({found}), the kernels read the machine's; "
+                        f"convert with x.astype(x.dtype.newbyteorder('='))")
+    shown = repr(requested)  # as the caller spelled it, and what that means
+    if requested is not None and _dtype(requested) != requested:
+        requested = _dtype(requested)
+        shown = f"{shown} ({requested})"
     name = found
     if name == "uint16":
         name = requested or "bfloat16"
         if name not in ("bfloat16", "float16"):
-            raise TopKError(f"dtype: raw uint16 input must be bfloat16 or float16, got {name!r}")
+            raise TopKError(f"dtype: raw uint16 input must be bfloat16 or float16, got {shown}")
     if name not in DTYPE_SIZES:
         raise TopKError(f"x: dtype {found} is not supported ({', '.join(DTYPE_SIZES)})")
     if requested is not None and requested != name:
-        raise TopKError(f"dtype: {requested!r} does not match the array's {name}")
+        raise TopKError(f"dtype: {shown} does not match the array's {name}")
     return name
