@@ -87,3 +87,23 @@ def test_big_endian_arrays_are_refused_for_their_byte_order(op):
 
     with pytest.raises(TopKError, match=message):
         dtype_name(_device_array(Interface(), "x")[3], None)
+
+
+def test_the_constructor_names_an_argument_of_the_wrong_type(built_bundle):
+    with pytest.raises(TopKError, match=r"^arch: expected a name such as 'sm_90' \(a str\), got int 90$"):
+        TopK(built_bundle, arch=90, backend="emulator")
+    with pytest.raises(TopKError, match=r"^bundle: expected a path \(str or os\.PathLike\), got NoneType None$"):
+        TopK(None, arch="sm_90", backend="emulator")
+    with pytest.raises(TopKError, match=r"^bundle: expected a path .*, got bytes b'out'$"):
+        TopK(b"out", arch="sm_90", backend="emulator")
+    with pytest.raises(TopKError, match=r"^backend: \['emulator'\] is not one of cuda, emulator$"):
+        TopK(built_bundle, arch="sm_90", backend=["emulator"])
+    assert TopK(str(built_bundle), arch="sm_90", backend="emulator").arch == "sm_90"
+
+
+def test_a_0_d_array_has_no_rows_to_take_the_top_of(op):
+    for x in (np.array(3.0, np.float32), np.array(3, np.uint16)):
+        with pytest.raises(TopKError, match=r"^x: expected at least one dimension of size >= 1, got shape \(\)$"):
+            op(x, 1)
+    values, indices = op(np.array([3.0, 1.0, 2.0], np.float32), 1)  # one dimension: one row
+    assert (values.tolist(), indices.tolist()) == ([3.0], [0])

@@ -125,7 +125,14 @@ class TopK:
     """Top-k over the last dimension, served by the kernels of a bundle (or JIT)."""
 
     def __init__(self, bundle: str | os.PathLike, *, arch: str | None = None, backend: str = "cuda") -> None:
-        if backend not in BACKENDS:
+        """`bundle`: the bundle's directory (or its manifest.json); `arch`: the arch whose
+        kernels serve the calls ("sm_90"; default the GPU's, which the emulator has none of);
+        `backend`: "cuda" or "emulator". Each is checked before anything is read."""
+        if not isinstance(bundle, (str, os.PathLike)):
+            raise TopKError(f"bundle: expected a path (str or os.PathLike), got {type(bundle).__name__} {bundle!r}")
+        if arch is not None and not isinstance(arch, str):
+            raise TopKError(f"arch: expected a name such as 'sm_90' (a str), got {type(arch).__name__} {arch!r}")
+        if not isinstance(backend, str) or backend not in BACKENDS:
             raise TopKError(f"backend: {backend!r} is not one of {', '.join(BACKENDS)}")
         try:
             self.manifest, self.root = bundles.load_manifest(bundle)
@@ -320,9 +327,10 @@ class _EmulatorBackend(_Backend):
         if not isinstance(x, np.ndarray):
             raise TopKError(f"x: the emulator backend takes numpy arrays, got {type(x).__name__}")
         name = dtype_name(str(x.dtype), dtype)
+        view = _View(x, name, x.shape)  # its shape first: a 0-d array has no last dimension to look at
         if x.size and x.shape[-1] > 1 and x.strides[-1] != x.itemsize:
             raise TopKError("x: the last dimension must be contiguous")
-        return _View(x, name, x.shape)
+        return view
 
     def load_aot(self, name: str, cubin: bytes, symbol: str, source: str) -> Any:
         return self.load_jit(name, source)  # the very source the cubin was compiled from
