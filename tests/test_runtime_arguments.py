@@ -107,3 +107,70 @@ def test_a_0_d_array_has_no_rows_to_take_the_top_of(op):
             op(x, 1)
     values, indices = op(np.array([3.0, 1.0, 2.0], np.float32), 1)  # one dimension: one row
     assert (values.tolist(), indices.tolist()) == ([3.0], [0])
+
+
+def _sentinel(shape, dtype) -> np.ndarray:
+    return np.full(shape, 7, dtype)
+
+
+def test_bad_out_arrays_are_refused_before_any_work(op):
+    """Each refusal leaves the arrays as they were (nothing launched, nothing written)."""
+    x = make_rows("float32", 2, 300, seed=5)
+    good = (_sentinel((2, 4), np.float32), _sentinel((2, 4), np.int64))
+    read_only = _sentinel((2, 4), np.float32)
+    read_only.flags.writeable = False
+    bad = {
+        "out: expected a pair of arrays (values, indices), got a tuple of 3": (*good, good[1].copy()),
+        "out: expected a pair of arrays (values, indices), got a ndarray": good[0],
+        "out[0] (values): the emulator backend takes numpy arrays, got list": ([[7.0] * 4] * 2, good[1]),
+        "out[1] (indices): the emulator backend takes numpy arrays, got list": (good[0], [[7] * 4] * 2),
+        "out[0] (values): the array is read-only": (read_only, good[1]),
+        "out[1] (indices): expected int64 elements, got int32": (good[0], _sentinel((2, 4), np.int32)),
+        "out[0] (values): expected float32 elements, got float64": (_sentinel((2, 4), np.float64), good[1]),
+        "out[0] (values): expected a contiguous array of shape [2, 4], got [2, 5]": (_sentinel((2, 5), np.float32),
+                                                                                   good[1]),
+        "out[1] (indices): expected a contiguous array of shape [2, 4], got a non-contiguous one of [2, 4]":
+            (good[0], _sentinel((4, 2), np.int64).T),
+    }
+    for message, out in bad.items():
+        with pytest.raises(TopKError) as err:
+            op(x, 4, out=out)
+        assert str(err.value) == message
+        for array in (out if isinstance(out, tuple) else (out,)):
+            assert np.all(np.asarray(array) == 7), message
+    values, indices = op(x, 4, out=list(good))  # a list of two arrays is a pair too
+    assert values is good[0] and indices is good[1] and np.array_equal(values, op(x, 4)[0])
+
+
+def test_16_bit_values_may_be_written_as_their_uint16_bits(op):
+    """As the cuda backend always has: an `out` values array of uint16 takes bfloat16 or
+    float16 results as raw bits (the convention raw 16-bit input follows), whatever x holds."""
+    for dtype in ("bfloat16", "float16"):
+        x = make_rows(dtype, 3, 500, seed=6)
+        want_values, want_indices = op(x, 10)
+        for given in (x, x.view(np.uint16)):
+            for values_type in (x.dtype, np.uint16):
+                out = (np.zeros((3, 10), values_type), np.zeros((3, 10), np.int64))
+                op(given, 10, out=out, dtype=dtype)
+                assert np.array_equal(out[0].view(np.uint16), want_values.view(np.uint16)), (dtype, values_type)
+                assert np.array_equal(out[1], want_indices)
+    with pytest.raises(TopKError, match=r"^out\[0\] \(values\): expected float32 elements, got uint16$"):
+        op(make_rows("float32", 3, 500, seed=6), 10, out=(np.zeros((3, 10), np.uint16), np.zeros((3, 10), np.int64)))
+
+
+def test_a_workspace_is_a_writeable_contiguous_array_of_bytes(op):
+    """Checked whether or not the call splits, so that a caller learns it on the first call."""
+    need = op.workspace_bytes("float32", 16, 262144, 1)
+    assert need > 0 and op.workspace_bytes("float32", 16, 300, 2) == 0
+    read_only = np.zeros(need, np.uint8)
+    read_only.flags.writeable = False
+    bad = {"workspace: an array of object cannot hold the candidates; pass bytes (a uint8 array)":
+               np.empty(need // 8 + 1, object),
+           "workspace: must be contiguous": np.zeros(2 * need, np.uint8)[::2],
+           "workspace: the array is read-only": read_only,
+           "workspace: the emulator backend takes numpy arrays, got bytearray": bytearray(need)}
+    for x in (np.zeros((1, 262144), np.float32), np.zeros((2, 300), np.float32)):  # split, and not
+        for message, workspace in bad.items():
+            with pytest.raises(TopKError) as err:
+                op(x, 16, workspace=workspace)
+            assert str(err.value) == message

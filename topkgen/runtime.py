@@ -311,6 +311,36 @@ class _Backend:
         raise NotImplementedError
 
 
+OUT_LABELS = ("out[0] (values)", "out[1] (indices)")
+
+
+def _out_pair(out: Any) -> tuple[Any, Any]:
+    """`out`'s two arrays: a pair (values, indices), as a tuple or a list."""
+    if not isinstance(out, (tuple, list)) or len(out) != 2:
+        what = f"{type(out).__name__} of {len(out)}" if isinstance(out, (tuple, list)) else type(out).__name__
+        raise TopKError(f"out: expected a pair of arrays (values, indices), got a {what}")
+    return out[0], out[1]
+
+
+def _value_types(dtype: str) -> tuple[str, ...]:
+    """The element types an `out` values array may hold for input of `dtype`, in both
+    backends: the input's, or for a 16-bit type raw uint16 bits (the convention raw 16-bit
+    input follows). The kernels write k elements of x's size per row: an `out` of another
+    size would be written past its end, or short of it."""
+    return (dtype, "uint16") if DTYPE_SIZES[dtype] == 2 else (dtype,)
+
+
+def _check_out(label: str, shape: tuple[int, ...], found_shape: tuple[int, ...], contiguous: bool,
+               dtypes: tuple[str, ...], found: str) -> None:
+    """An output array as both backends need it: `shape`, contiguous (the kernels write
+    rows of k elements back to back), and holding one of `dtypes`."""
+    if found_shape != shape or not contiguous:
+        raise TopKError(f"{label}: expected a contiguous array of shape {list(shape)}, got "
+                        f"{'a non-contiguous one of ' if found_shape == shape else ''}{list(found_shape)}")
+    if found not in dtypes:
+        raise TopKError(f"{label}: expected {' or '.join(dtypes)} elements, got {found}")
+
+
 def _check_alignment(address: int) -> None:
     """The kernels read the workspace's candidates with 16-byte vector loads and its int64
     indices with 8-byte ones: an address off a 16-byte boundary faults on the GPU."""
@@ -341,13 +371,22 @@ class _EmulatorBackend(_Backend):
         return compile_source(source, name=name)
 
     def run(self, work: _Work, view: _View, k: int, out: Any, stream: Any, workspace: Any):
-        x = np.ascontiguousarray(view.array).reshape(view.rows, view.n)
+        # Every argument is checked before the launches: nothing is written on a refusal.
         shape = (*view.shape[:-1], k)
         if out is not None:
-            out_values, out_indices = out
-            if out_values.shape != shape or out_indices.shape != shape or out_indices.dtype != np.int64 \
-                    or out_values.dtype != view.array.dtype:
-                raise TopKError(f"out: expected ({view.array.dtype}{list(shape)}, int64{list(shape)})")
+            out = _out_pair(out)
+            for array, dtypes, label in zip(out, (_value_types(view.dtype), ("int64",)), OUT_LABELS):
+                _host_array(array, label)
+                _check_out(label, shape, array.shape, array.flags.c_contiguous, dtypes, str(array.dtype))
+        if workspace is not None:
+            _host_array(workspace, "workspace")
+            if workspace.dtype.hasobject:  # references to Python objects, not bytes to write candidates into
+                raise TopKError(f"workspace: an array of {workspace.dtype} cannot hold the candidates; pass bytes "
+                                f"(a uint8 array)")
+            if not workspace.flags.c_contiguous:
+                raise TopKError("workspace: must be contiguous")
+            _check_alignment(workspace.ctypes.data)  # as on the GPU, though the emulator copies it
+        x = np.ascontiguousarray(view.array).reshape(view.rows, view.n)
         values = np.empty((view.rows, k), dtype=x.dtype)
         indices = np.empty((view.rows, k), dtype=np.int64)
         pointers = {"x": x, "values": values, "indices": indices}
@@ -357,10 +396,10 @@ class _EmulatorBackend(_Backend):
             work.kernel.launch(work.name, work.launch.grid(stage.grid_rows), work.launch.threads,
                                arguments(work.params, stage, pointers, None),
                                shared_bytes=work.launch.dynamic_shared_bytes)
-        if out is not None:
-            out_values[...] = values.reshape(shape)
-            out_indices[...] = indices.reshape(shape)
-            return out_values, out_indices
+        if out is not None:  # the bits, into uint16 values too
+            out[0][...] = values.reshape(shape).view(out[0].dtype)
+            out[1][...] = indices.reshape(shape)
+            return out
         return values.reshape(shape), indices.reshape(shape)
 
     @staticmethod
@@ -369,16 +408,21 @@ class _EmulatorBackend(_Backend):
         caller's array or a new one."""
         if workspace is None:
             workspace = np.empty(plan.workspace_bytes, dtype=np.uint8)
-        if not isinstance(workspace, np.ndarray) or not workspace.flags.c_contiguous or not workspace.flags.writeable:
-            raise TopKError("workspace: the emulator backend takes a writeable, contiguous numpy array")
         if workspace.nbytes < plan.workspace_bytes:
             raise TopKError(f"workspace: {workspace.nbytes} bytes, this call needs {plan.workspace_bytes} "
                             f"(TopK.workspace_bytes)")
-        _check_alignment(workspace.ctypes.data)  # as on the GPU, though the emulator copies it
         raw = workspace.reshape(-1).view(np.uint8)
         count = plan.rows * plan.candidates
         return {"candidate_indices": raw[:count * 8].view(np.int64),
                 "candidate_values": raw[plan.values_offset:plan.values_offset + count * dtype.itemsize].view(dtype)}
+
+
+def _host_array(array: Any, label: str) -> None:
+    """An array the emulator backend writes: a writeable numpy array."""
+    if not isinstance(array, np.ndarray):
+        raise TopKError(f"{label}: the emulator backend takes numpy arrays, got {type(array).__name__}")
+    if not array.flags.writeable:
+        raise TopKError(f"{label}: the array is read-only")
 
 
 # ----------------------------------------------------------------------------- cuda
@@ -447,18 +491,19 @@ class _CudaBackend(_Backend):
                 raise TopKError("out: pass (values, indices) device arrays for inputs that are not torch tensors")
             out = (torch.empty(shape, dtype=view.array.dtype, device=view.array.device),
                    torch.empty(shape, dtype=torch.int64, device=view.array.device))
-        values, indices = out
-        # The kernels write k elements of x's type and k int64 per row: an `out` of a narrower
-        # type would be written past its end.
-        value_types = (view.dtype, "uint16") if DTYPE_SIZES[view.dtype] == 2 else (view.dtype,)
-        pointers = {"x": int(view.ptr), "values": _device_ptr(values, shape, value_types, "out[0] (values)"),
-                    "indices": _device_ptr(indices, shape, ("int64",), "out[1] (indices)")}
+        values, indices = _out_pair(out)
+        pointers = {"x": int(view.ptr), "values": _device_ptr(values, shape, _value_types(view.dtype), OUT_LABELS[0]),
+                    "indices": _device_ptr(indices, shape, ("int64",), OUT_LABELS[1])}
+        space = None  # (address, bytes) of the caller's workspace, checked whether or not this call splits
+        if workspace is not None:
+            space = _device_bytes(workspace, "workspace")
+            _check_alignment(space[0])
         if not work.stages:  # an empty batch launches nothing
             return values, indices
         cuda_stream = self._stream(stream, view.array)
         release = None
         if work.plan is not None:
-            base, release = self._workspace(work.plan, workspace, cuda_stream, torch, view.array)
+            base, release = self._workspace(work.plan, space, cuda_stream, torch, view.array)
             pointers["candidate_indices"], pointers["candidate_values"] = base, base + work.plan.values_offset
         # The driver's default limit on dynamic shared memory is 48 KiB less the kernel's
         # static shared memory (cuda.h, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES), so
@@ -476,19 +521,18 @@ class _CudaBackend(_Backend):
             release()
         return values, indices
 
-    def _workspace(self, plan: ChunkPlan, workspace: Any, cuda_stream: Any, torch: Any, array: Any):
+    def _workspace(self, plan: ChunkPlan, space: tuple[int, int] | None, cuda_stream: Any, torch: Any, array: Any):
         """The workspace's device address, and what to call once the launches are enqueued.
         The caller's array costs no allocation. Otherwise the allocation is ordered on the
         launch stream and nothing waits: for torch inputs torch's caching allocator, with the
         launch stream current (it hands the block out again only to work queued after ours on
         that stream); else a cuda.core buffer from the device's memory pool, freed on the
         stream behind the launches."""
-        if workspace is not None:
-            ptr, nbytes = _device_bytes(workspace, "workspace")
+        if space is not None:
+            ptr, nbytes = space
             if nbytes < plan.workspace_bytes:
                 raise TopKError(f"workspace: {nbytes} bytes, this call needs {plan.workspace_bytes} "
                                 f"(TopK.workspace_bytes)")
-            _check_alignment(ptr)
             return ptr, None
         if torch is not None:
             with torch.cuda.stream(torch.cuda.ExternalStream(int(cuda_stream.handle), device=array.device)):
@@ -552,10 +596,7 @@ def _device_bytes(x: Any, label: str) -> tuple[int, int]:
 def _device_ptr(array: Any, shape: tuple[int, ...], dtypes: tuple[str, ...], label: str) -> int:
     """The address of an output array that has `shape`, is contiguous and holds one of `dtypes`."""
     ptr, found_shape, strides, found = _device_array(array, label)
-    if found_shape != shape or not _c_contiguous(found_shape, strides):
-        raise TopKError(f"{label}: expected a contiguous array of shape {list(shape)}, got {list(found_shape)}")
-    if found not in dtypes:
-        raise TopKError(f"{label}: expected {' or '.join(dtypes)} elements, got {found}")
+    _check_out(label, shape, found_shape, _c_contiguous(found_shape, strides), dtypes, found)
     return ptr
 
 
