@@ -5,6 +5,8 @@ cuda backend shares the checks)."""
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -174,3 +176,69 @@ def test_a_workspace_is_a_writeable_contiguous_array_of_bytes(op):
             with pytest.raises(TopKError) as err:
                 op(x, 16, workspace=workspace)
             assert str(err.value) == message
+
+
+def test_a_workspace_or_out_that_shares_memory_with_another_array_is_refused(op):
+    """The launches read x while CTAs write the candidates and the outputs in no order: on a
+    GPU any overlap races, and a workspace over x would overwrite the caller's input."""
+    x = make_rows("float32", 1, 262144, seed=7)
+    need = op.workspace_bytes("float32", 16, 262144, 1)
+    assert 0 < need <= x.nbytes  # x's own bytes would hold the workspace: the call splits
+    before = x.copy()
+    buffer = np.zeros(need + 4096, np.uint8)  # 16-byte aligned, as numpy allocates
+    values, indices = buffer[need:need + 64].view(np.float32).reshape(1, 16), buffer[need + 128:].view(np.int64)[:16]
+    bad = {
+        "workspace: shares memory with x; the kernels write workspace while they read or write x: pass separate arrays":
+            dict(workspace=x.view(np.uint8)),
+        "workspace: shares memory with out[0] (values); the kernels write workspace while they read or write "
+        "out[0] (values): pass separate arrays": dict(out=(values, indices.reshape(1, 16)), workspace=buffer),
+        "out[0] (values): shares memory with x; the kernels write out[0] (values) while they read or write x: "
+        "pass separate arrays": dict(out=(x[:, :16], np.zeros((1, 16), np.int64))),
+        "out[1] (indices): shares memory with out[0] (values); the kernels write out[1] (indices) while they read "
+        "or write out[0] (values): pass separate arrays": dict(out=(values, buffer[need:need + 128].view(np.int64)
+                                                                    .reshape(1, 16))),
+    }
+    for message, arguments in bad.items():
+        with pytest.raises(TopKError) as err:
+            op(x, 16, **arguments)
+        assert str(err.value) == message
+        assert np.array_equal(x, before) and not buffer.any()  # refused before anything was written
+    small = make_rows("float32", 2, 300, seed=8)
+    assert op.plan("float32", 16, 300, 2) is None
+    with pytest.raises(TopKError, match="^workspace: shares memory with x;"):  # whether or not the call splits
+        op(small, 16, workspace=small.view(np.uint8))
+    # One allocation cut into parts that do not overlap serves as workspace and outputs.
+    got = op(x, 16, out=(values, indices.reshape(1, 16)), workspace=buffer[:need])
+    assert got[0] is values and all(np.array_equal(a, b) for a, b in zip(got, op(x, 16)))
+
+
+def test_the_cuda_backend_refuses_overlaps_by_the_same_rule(op):
+    """Device arrays' ranges, from their pointers and sizes as the cuda backend reads them,
+    go through the same check (no GPU needed: the refusal comes before any launch)."""
+    pytest.importorskip("cuda.core")
+    from topkgen import runtime
+    from topkgen.split import stages
+
+    class Device:  # a device array as cupy or numba expose one
+        def __init__(self, typestr, shape, ptr):
+            self.__cuda_array_interface__ = {"typestr": typestr, "shape": shape, "strides": None,
+                                             "data": (ptr, False), "version": 3}
+
+    base, rows, n, k = 1 << 40, 1, 262144, 16
+    plan = op.plan("float32", k, n, rows)
+    backend = object.__new__(runtime._CudaBackend)  # its checks alone: no device is opened
+    x = Device("<f4", (rows, n), base)
+    view = backend.view(x, None)
+    work = runtime._Work(None, "", runtime.Launch(256, 1, 0), [], stages(rows, n, k, True, plan), plan)
+    values, indices = Device("<f4", (rows, k), base + (1 << 30)), Device("<i8", (rows, k), base + (2 << 30))
+    cases = {
+        "workspace: shares memory with x": Device("|u1", (plan.workspace_bytes,), base + 4 * n - 256),
+        "workspace: shares memory with out[1] (indices)": Device("|u1", (plan.workspace_bytes,), base + (2 << 30)),
+    }
+    for message, workspace in cases.items():
+        with pytest.raises(TopKError, match=f"^{re.escape(message)};"):
+            backend.run(work, view, k, (values, indices), None, workspace)
+    with pytest.raises(TopKError, match=r"^out\[0\] \(values\): shares memory with x;"):
+        backend.run(work, view, k, (Device("<f4", (rows, k), base + 64), indices), None, None)
+    with pytest.raises(TopKError, match=r"^out\[1\] \(indices\): shares memory with out\[0\] \(values\);"):
+        backend.run(work, view, k, (values, Device("<i8", (rows, k), base + (1 << 30) + 32)), None, None)

@@ -14,12 +14,14 @@ arguments passed by the names and in the order of the kernel's manifest `params`
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import sys
 from dataclasses import dataclass, replace
 from typing import Any
 
 import numpy as np
+from numpy.lib.array_utils import byte_bounds
 
 from topkgen import bundle as bundles
 from topkgen import dispatch_table
@@ -341,6 +343,19 @@ def _check_out(label: str, shape: tuple[int, ...], found_shape: tuple[int, ...],
         raise TopKError(f"{label}: expected {' or '.join(dtypes)} elements, got {found}")
 
 
+def _check_disjoint(extents: list[tuple[str, int, int]]) -> None:
+    """Refuse a call whose arrays share memory, from each one's (label, start, end) bytes as
+    its backend finds them (numpy's byte bounds; a device array's pointer and size). The
+    launches read x while CTAs write the candidates and the outputs in no order: on a GPU any
+    overlap is a race, and a workspace over x overwrites the caller's input. Bounds, not
+    elements: arrays that interleave within each other's span are refused too."""
+    for i, (label, start, end) in enumerate(extents):
+        for other, other_start, other_end in extents[:i]:
+            if start < end and other_start < other_end and start < other_end and other_start < end:
+                raise TopKError(f"{label}: shares memory with {other}; the kernels write {label} while they read or "
+                                f"write {other}: pass separate arrays")
+
+
 def _check_alignment(address: int) -> None:
     """The kernels read the workspace's candidates with 16-byte vector loads and its int64
     indices with 8-byte ones: an address off a 16-byte boundary faults on the GPU."""
@@ -386,6 +401,8 @@ class _EmulatorBackend(_Backend):
             if not workspace.flags.c_contiguous:
                 raise TopKError("workspace: must be contiguous")
             _check_alignment(workspace.ctypes.data)  # as on the GPU, though the emulator copies it
+        arrays = [("x", view.array), *zip(OUT_LABELS, out or ()), ("workspace", workspace)]
+        _check_disjoint([(label, *byte_bounds(array)) for label, array in arrays if array is not None])
         x = np.ascontiguousarray(view.array).reshape(view.rows, view.n)
         values = np.empty((view.rows, k), dtype=x.dtype)
         indices = np.empty((view.rows, k), dtype=np.int64)
@@ -494,10 +511,16 @@ class _CudaBackend(_Backend):
         values, indices = _out_pair(out)
         pointers = {"x": int(view.ptr), "values": _device_ptr(values, shape, _value_types(view.dtype), OUT_LABELS[0]),
                     "indices": _device_ptr(indices, shape, ("int64",), OUT_LABELS[1])}
+        size = DTYPE_SIZES[view.dtype]  # of uint16 values too
+        extents = [("x", view.ptr, view.ptr + view.rows * view.n * size),
+                   (OUT_LABELS[0], pointers["values"], pointers["values"] + math.prod(shape) * size),
+                   (OUT_LABELS[1], pointers["indices"], pointers["indices"] + math.prod(shape) * 8)]
         space = None  # (address, bytes) of the caller's workspace, checked whether or not this call splits
         if workspace is not None:
             space = _device_bytes(workspace, "workspace")
             _check_alignment(space[0])
+            extents.append(("workspace", space[0], space[0] + space[1]))
+        _check_disjoint(extents)
         if not work.stages:  # an empty batch launches nothing
             return values, indices
         cuda_stream = self._stream(stream, view.array)
