@@ -221,7 +221,11 @@ class TopK:
         """Returns (values, indices) of the k largest (or smallest) along the last dimension.
         A small batch of long rows may be split (two launches on the stream): `workspace`, an
         array of at least `workspace_bytes(...)` bytes, serves it without an allocation;
-        without one the backend allocates it on the stream. Nothing waits for the GPU."""
+        without one the backend allocates it on the stream. Nothing waits for the GPU.
+        `out`: (values, indices), contiguous, of x's leading shape and k; values of x's type
+        (or uint16 bits for 16-bit types), indices int64. Neither `out` nor `workspace` may
+        share memory with x or with each other. `dtype` (short spellings too: bf16, fp16)
+        says what raw uint16 input holds. Every argument is checked before anything runs."""
         view = self._backend.view(x, dtype)
         k = _integer("k", k)
         choice = self.choose(view.dtype, k, view.n, deterministic, view.rows or None)
