@@ -64,7 +64,7 @@ def test_dtypes_are_named_as_on_the_command_line(op):
                for a, b in zip(op(raw.view(np.uint16), 5, dtype="fp16"), op(raw, 5)))
     with pytest.raises(TopKError, match=r"^dtype: 'fp16' \(float16\) does not match the array's float32$"):
         op(x, 5, dtype="fp16")
-    with pytest.raises(TopKError, match=r"^dtype: raw uint16 input must be bfloat16 or float16, got 'f32' \(float32\)$"):
+    with pytest.raises(TopKError, match=r"^dtype: raw uint16 input must be bfloat16 or float16, got 'f32' \(float32\)"):
         op(raw.view(np.uint16), 5, dtype="f32")
     with pytest.raises(TopKError, match=r"^dtype: expected a name such as 'float32' or 'bf16', got <class"):
         op.choose(np.float32, 5, 300)

@@ -276,8 +276,9 @@ def _dtype(dtype: Any) -> str:
 def _request(dtype: str, k: Any, n: Any, rows: Any) -> tuple[str, int, int, int | None]:
     """A request's arguments as `choose`, `plan`, `workspace_bytes` and `explain` all take
     them: the dtype's short spellings expanded, k, n and rows as ints whatever integral type
-    they came as (what `__call__` takes too), rows 0 as None (an empty batch launches nothing, so nothing is split). The ranges
-    are the dispatch table's to check, with the messages every loader gives."""
+    they came as (what `__call__` takes too), rows 0 as None (an empty batch launches
+    nothing, so nothing is split). The ranges are the dispatch table's to check, with the
+    messages every loader gives."""
     dtype, k, n = _dtype(dtype), _integer("k", k), _integer("n", n)
     if rows is None:
         return dtype, k, n, None
