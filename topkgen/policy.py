@@ -808,10 +808,8 @@ def as_integer(label: str, value: object) -> int:
 
 def _check_counts(*counts: tuple[str, object, int]) -> None:
     """Each (label, value, most) an integer in 1..most: every type first, then every range."""
-    for label, value, _ in counts:
-        as_integer(label, value)
-    for label, value, most in counts:
-        value = operator.index(value)
+    values = [as_integer(label, value) for label, value, _ in counts]
+    for (label, _, most), value in zip(counts, values):
         if value <= 0:
             raise DispatchError(f"{label}: must be >= 1, got {value}")
         if value > most:
