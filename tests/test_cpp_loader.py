@@ -582,9 +582,11 @@ int main() {}
     assert proc.returncode == 0, proc.stderr
 
 
-def test_run_refuses_a_plan_made_for_another_batch_and_a_misaligned_workspace(cpp, built_bundle, tmp_path):
-    """A Plan's chunk and workspace size are its request's; run() checks before touching
-    the driver (so this runs without a GPU)."""
+def test_run_refuses_a_plan_made_for_another_batch_a_misaligned_workspace_and_shared_memory(cpp, built_bundle,
+                                                                                            tmp_path):
+    """A Plan's chunk and workspace size are its request's; buffers that overlap would race
+    (the Python runtime refuses them alike). run() checks before touching the driver (so this
+    runs without a GPU)."""
     probe = tmp_path / "run_checks.cpp"
     probe.write_text("""
 #include <topkgen/loader.hpp>
@@ -593,9 +595,13 @@ int main(int, char** argv) {
   topkgen::Bundle b(argv[1]);
   const topkgen::Plan p = b.plan("sm_90", "float32", 256, 131072, 1, false, false);
   std::printf("chunks %lld\\n", static_cast<long long>(p.chunks));
-  for (auto [rows, workspace] : {std::pair<int, unsigned long long>{4, 4096}, {1, 4097}}) {
+  // x: 1 x 131072 floats (512 KiB) at 1 MiB; values 1 KiB, indices 2 KiB; the workspace p.workspace_bytes
+  const unsigned long long x = 1 << 20, v = 4 << 20, i = 5 << 20, w = 6 << 20;
+  struct Case { int rows; unsigned long long x, v, i, w; };
+  for (const Case& c : {Case{4, x, v, i, w}, Case{1, x, v, i, w + 1}, Case{1, x, x + 4096, i, w},
+                        Case{1, x, v, v + 512, w}, Case{1, x, v, i, x + (256 << 10)}, Case{1, x, v, i, i}}) {
     try {
-      b.run(p, nullptr, 0x1000, 0x2000, 0x3000, rows, 131072, 256, true, workspace);
+      b.run(p, nullptr, c.x, c.v, c.i, c.rows, 131072, 256, true, c.w);
     } catch (const topkgen::Error& e) {
       std::printf("%s\\n", e.what());
     }
@@ -606,12 +612,13 @@ int main(int, char** argv) {
     subprocess.run(["g++", *_loader_flags(), "-O1", str(probe), "-o", str(exe), "-lcrypto", "-ldl"], check=True,
                    capture_output=True)
     out = subprocess.run([exe, built_bundle], capture_output=True, text=True, check=True).stdout.splitlines()
+    shared = "{a}: shares memory with {b}; the kernels write {a} while they read or write {b}: pass separate arrays"
     assert out == ["chunks 32", "plan: made for rows=1 n=131072 k=256, run with rows=4 n=131072 k=256",
-                   "workspace: must start at a multiple of 16 bytes"]
+                   "workspace: must start at a multiple of 16 bytes",  # then only one pair overlaps in each:
+                   shared.format(a="values", b="x"), shared.format(a="indices", b="values"),
+                   shared.format(a="workspace", b="x"), shared.format(a="workspace", b="indices")]
 
 
-@pytest.mark.skipif(any(Path(d, "libcuda.so.1").exists() for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib")),
-                    reason="a CUDA driver is installed here")
 def test_cpp_select_reads_rows_as_select_does(cpp, built_bundle, default_policy):
     """A ROWS of 0 or below is refused with select's reason (0 once read as "not given", so the
     unsplit kernel came back); a ROWS that is not a whole integer is a malformed line."""
@@ -625,6 +632,8 @@ def test_cpp_select_reads_rows_as_select_does(cpp, built_bundle, default_policy)
         assert proc.stderr == f"topkgen-cpp: error: stdin: expected 'ARCH DTYPE K N MODE JIT [ROWS]', got '{line}'\n"
 
 
+@pytest.mark.skipif(any(Path(d, "libcuda.so.1").exists() for d in ("/usr/lib/x86_64-linux-gnu", "/usr/lib64", "/usr/lib")),
+                    reason="a CUDA driver is installed here")
 def test_launch_without_a_driver_says_so(cpp, built_bundle, tmp_path):
     x = tmp_path / "x.bin"
     x.write_bytes(bytes(4 * 3 * 300))

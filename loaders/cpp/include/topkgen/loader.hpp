@@ -1116,6 +1116,7 @@ class Bundle {
     if (p.chunks > 1 && workspace == 0) throw Error("workspace: a split needs " + std::to_string(p.workspace_bytes) + " bytes");
     if (p.chunks > 1 && workspace % WORKSPACE_ALIGNMENT != 0)
       throw Error("workspace: must start at a multiple of " + std::to_string(WORKSPACE_ALIGNMENT) + " bytes");
+    check_disjoint(kern, p, x, values, indices, workspace);
     cu::Function fn = function(kern);
     const int flag = largest ? 1 : 0;
     if (p.chunks == 1) {
@@ -1130,6 +1131,26 @@ class Bundle {
 
  private:
   using Tables = std::map<std::string, std::map<std::string, std::map<std::string, detail::List>>>;
+
+  // The launches read x while CTAs write the candidates and the outputs in no order: any two
+  // of the buffers that overlap race (the Python runtime's _check_disjoint, same message).
+  static void check_disjoint(const Kernel& kern, const Plan& p, cu::DevicePtr x, cu::DevicePtr values,
+                             cu::DevicePtr indices, cu::DevicePtr workspace) {
+    const std::size_t elem = detail::dtype_size(kern.dtype), outputs = static_cast<std::size_t>(p.rows) * p.k;
+    const struct { const char* label; cu::DevicePtr start; std::size_t bytes; } extents[] = {
+        {"x", x, static_cast<std::size_t>(p.rows) * p.n * elem},
+        {"values", values, outputs * elem},
+        {"indices", indices, outputs * 8},
+        {"workspace", workspace, p.chunks > 1 ? static_cast<std::size_t>(p.workspace_bytes) : 0}};
+    for (std::size_t i = 1; i < 4; ++i)
+      for (std::size_t j = 0; j < i; ++j) {
+        const auto& a = extents[i];
+        const auto& b = extents[j];
+        if (a.bytes && b.bytes && a.start < b.start + b.bytes && b.start < a.start + a.bytes)
+          throw Error(std::string(a.label) + ": shares memory with " + b.label + "; the kernels write " + a.label +
+                      " while they read or write " + b.label + ": pass separate arrays");
+      }
+  }
 
   static std::vector<std::string> sorted_keys(const detail::json& obj) {
     std::vector<std::string> keys;
