@@ -242,3 +242,12 @@ def test_the_cuda_backend_refuses_overlaps_by_the_same_rule(op):
         backend.run(work, view, k, (Device("<f4", (rows, k), base + 64), indices), None, None)
     with pytest.raises(TopKError, match=r"^out\[1\] \(indices\): shares memory with out\[0\] \(values\);"):
         backend.run(work, view, k, (values, Device("<i8", (rows, k), base + (1 << 30) + 32)), None, None)
+
+    # An empty batch launches nothing, so backend.run returns after its checks: an empty
+    # workspace, wherever it points, passes them (it is never touched); a misaligned one does not.
+    empty = backend.view(Device("<f4", (0, n), base), None)
+    none = runtime._Work(None, "", runtime.Launch(256, 1, 0), [], [], None)
+    outputs = (Device("<f4", (0, k), base + (1 << 30)), Device("<i8", (0, k), base + (2 << 30)))
+    assert backend.run(none, empty, k, outputs, None, Device("|u1", (0,), base + (3 << 30) + 3)) == outputs
+    with pytest.raises(TopKError, match="^workspace: must start at a multiple of 16 bytes"):
+        backend.run(none, empty, k, outputs, None, Device("|u1", (64,), base + (3 << 30) + 3))

@@ -405,7 +405,8 @@ class _EmulatorBackend(_Backend):
                                 f"(a uint8 array)")
             if not workspace.flags.c_contiguous:
                 raise TopKError("workspace: must be contiguous")
-            _check_alignment(workspace.ctypes.data)  # as on the GPU, though the emulator copies it
+            if workspace.nbytes:  # as on the GPU (an empty one is never touched), though the emulator copies it
+                _check_alignment(workspace.ctypes.data)
         arrays = [("x", view.array), *zip(OUT_LABELS, out or ()), ("workspace", workspace)]
         _check_disjoint([(label, *byte_bounds(array)) for label, array in arrays if array is not None])
         x = np.ascontiguousarray(view.array).reshape(view.rows, view.n)
@@ -523,7 +524,8 @@ class _CudaBackend(_Backend):
         space = None  # (address, bytes) of the caller's workspace, checked whether or not this call splits
         if workspace is not None:
             space = _device_bytes(workspace, "workspace")
-            _check_alignment(space[0])
+            if space[1]:  # an empty one is never read or written, wherever it points
+                _check_alignment(space[0])
             extents.append(("workspace", space[0], space[0] + space[1]))
         _check_disjoint(extents)
         if not work.stages:  # an empty batch launches nothing
@@ -605,20 +607,20 @@ class _CudaBackend(_Backend):
 
 
 def _device_bytes(x: Any, label: str) -> tuple[int, int]:
-    """(pointer, size in bytes) of a contiguous device array of any element type."""
-    if type(x).__module__.startswith("torch") and hasattr(x, "data_ptr"):
-        if not x.is_cuda or not x.is_contiguous():
-            raise TopKError(f"{label}: expected a contiguous CUDA tensor")
-        return x.data_ptr(), x.numel() * x.element_size()
-    cai = getattr(x, "__cuda_array_interface__", None)
-    if cai is not None:
-        itemsize = int(cai["typestr"][2:])
-        strides = None if cai.get("strides") is None else tuple(s // itemsize for s in cai["strides"])
-        if not _c_contiguous(tuple(cai["shape"]), strides):
-            raise TopKError(f"{label}: expected a contiguous device array")
-        return int(cai["data"][0]), int(np.prod(cai["shape"], dtype=np.int64)) * itemsize
-    raise TopKError(f"{label}: expected a contiguous device array (a torch tensor or __cuda_array_interface__), "
-                    f"got {type(x).__name__}")
+    """(pointer, size in bytes) of a contiguous device array of any element type, read as
+    _device_array reads every device array (so a cuda.core Buffer, DLPack only, serves too)."""
+    ptr, shape, strides, name = _device_array(x, label)
+    if not _c_contiguous(shape, strides):
+        raise TopKError(f"{label}: expected a contiguous device array")
+    if hasattr(x, "element_size"):  # torch
+        itemsize = x.element_size()
+    elif hasattr(x, "__cuda_array_interface__"):
+        itemsize = int(x.__cuda_array_interface__["typestr"][2:])
+    else:  # DLPack: StridedMemoryView's numpy dtype, by name (bfloat16 is ml_dtypes')
+        import ml_dtypes  # noqa: F401 - registers bfloat16 with numpy
+
+        itemsize = np.dtype(name).itemsize
+    return ptr, math.prod(shape) * itemsize
 
 
 def _device_ptr(array: Any, shape: tuple[int, ...], dtypes: tuple[str, ...], label: str) -> int:
