@@ -199,6 +199,9 @@ RUN_INPUTS = {
     "rows_over_2_31": (lambda p: p.write_bytes(_npy_with_header(
         "{'descr': '<f4', 'fortran_order': False, 'shape': (2147483647, 2147483647, 0), }")),
         "the header declares shape (2147483647, 2147483647, 0): 4611686014132420609 rows, over 2147483647"),
+    "empty_over_numpys_limit": (lambda p: p.write_bytes(_npy_with_header(  # 2^62 elements of 4 bytes
+        "{'descr': '<f4', 'fortran_order': False, 'shape': (0, 2147483647, 2147483647), }")),
+        "the header declares shape (0, 2147483647, 2147483647): too large for numpy to shape"),
     "empty_unshapeable": (lambda p: p.write_bytes(_npy_with_header(
         "{'descr': '<f4', 'fortran_order': False, 'shape': (2147483647, 2147483647, 2147483647, 0, 5), }")),
         "the header declares shape (2147483647, 2147483647, 2147483647, 0, 5): too large for numpy to shape"),

@@ -50,6 +50,7 @@ def read_npy_stored(path: str | os.PathLike) -> tuple[np.ndarray, np.dtype]:
     def fail(reason: str) -> NpyError:
         return NpyError(f"{label}: {reason}")
 
+    handle = None
     try:
         mode = os.stat(path).st_mode  # not opened unless a regular file: opening a device can have effects
         if stat.S_ISREG(mode):  # O_NONBLOCK: a FIFO swapped in since is opened without waiting for a writer
@@ -60,6 +61,8 @@ def read_npy_stored(path: str | os.PathLike) -> tuple[np.ndarray, np.dtype]:
     except ValueError as err:  # a NUL byte in the path
         raise fail(f"cannot read: {err}") from None
     if not stat.S_ISREG(mode):
+        if handle is not None:
+            handle.close()
         raise fail(f"is {file_kind(mode)}, not a regular file")
     with handle:
         size = os.fstat(handle.fileno()).st_size
@@ -106,7 +109,7 @@ def read_npy_stored(path: str | os.PathLike) -> tuple[np.ndarray, np.dtype]:
         rows = math.prod(shape[:-1])
         if rows > ROWS_MAX:
             raise fail(f"the header declares shape {tuple(shape)}: {rows} rows, over {ROWS_MAX}")
-        if math.prod(dim for dim in shape if dim) > ROWS_MAX * N_MAX:  # numpy cannot shape it, empty as it is
+        if math.prod(dim for dim in shape if dim) * dtype.itemsize > np.iinfo(np.intp).max:  # numpy's own limit
             raise fail(f"the header declares shape {tuple(shape)}: too large for numpy to shape, empty as it is")
         flat = np.empty(count, dtype=dtype)
         if handle.readinto(flat.view(np.uint8)) != declared:
