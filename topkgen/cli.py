@@ -23,7 +23,7 @@ from click.shell_completion import CompletionItem
 
 from topkgen import console, errors, suggest
 from topkgen import policy as pol
-from topkgen.launch import EXIT_INTERRUPTED  # 130; launch also gives it to a Ctrl-C during the imports
+from topkgen.launch import EXIT_INTERRUPTED, INTERRUPTED  # launch says them of a Ctrl-C during the imports
 from topkgen.reader import printable
 from topkgen.split import ROWS_MAX
 
@@ -140,7 +140,7 @@ def _interruptions() -> Iterator[None]:
     try:
         yield
     except KeyboardInterrupt:
-        console.echo(f"{chr(10) if console._isatty(sys.stderr) else ''}topkgen: interrupted", err=True)
+        console.echo(f"{chr(10) if console._isatty(sys.stderr) else ''}{INTERRUPTED}", err=True)
         raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
     except BrokenPipeError:
         _silence_stdout()

@@ -11,6 +11,7 @@ from __future__ import annotations
 import sys
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT: what a shell reports for a command Ctrl-C ended
+INTERRUPTED = "topkgen: interrupted"
 
 
 def main() -> None:
@@ -19,5 +20,8 @@ def main() -> None:
 
         cli(prog_name="topkgen")
     except KeyboardInterrupt:
-        sys.stderr.write(("\n" if sys.stderr.isatty() else "") + "topkgen: interrupted\n")
+        try:  # stderr may be closed (2>&-: None) or a pipe nobody reads: the status still says it
+            sys.stderr.write(("\n" if sys.stderr.isatty() else "") + INTERRUPTED + "\n")
+        except (AttributeError, OSError, ValueError):
+            pass
         raise SystemExit(EXIT_INTERRUPTED) from None
