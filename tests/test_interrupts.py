@@ -66,7 +66,7 @@ def test_ctrl_c_while_the_cli_is_still_importing_is_exit_130_and_one_line(start)
                           env=ENV)
     assert (proc.returncode, proc.stderr, proc.stdout) == (130, "topkgen: interrupted\n", "")
     closed = subprocess.run([sys.executable, "-c", _CTRL_C_ON_IMPORTING_CLICK + start], stdout=subprocess.PIPE,
-                            stderr=subprocess.DEVNULL, env=ENV, pass_fds=(), close_fds=True,
+                            stderr=subprocess.DEVNULL, env=ENV,
                             preexec_fn=lambda: os.close(2))  # 2>&-: Python's stderr is None
     assert (closed.returncode, closed.stdout) == (130, b"")
 
