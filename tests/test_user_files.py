@@ -13,6 +13,7 @@ import socket
 import stat
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -287,13 +288,20 @@ def test_run_force_never_replaces_a_device_a_fifo_or_the_bundle_it_reads(cli, ti
     _one_line_error(cli(*args, tmp_path / "fifo"), f"-o {tmp_path / 'fifo'}: is a FIFO, not a regular file, and -o "
                                                    f"replaces regular files only, --force or not")
     assert stat.S_ISFIFO(os.lstat(tmp_path / "fifo").st_mode)
-    with socket.socket(socket.AF_UNIX) as sock:
-        sock.bind(str(tmp_path / "sock"))
-        _one_line_error(cli(*args, tmp_path / "sock"), "is a socket, not a regular file")
-    assert stat.S_ISSOCK(os.lstat(tmp_path / "sock").st_mode)
-    for target in (bundle / "manifest.json", bundle / "sm_90" / "new.npz"):
+    (tmp_path / "to-fifo.npz").symlink_to(tmp_path / "fifo")  # as /dev/stdout leads to a pipe or a terminal
+    _one_line_error(cli(*args, tmp_path / "to-fifo.npz"), "to-fifo.npz: points to a FIFO, not a regular file")
+    with tempfile.TemporaryDirectory(dir="/tmp") as short, socket.socket(socket.AF_UNIX) as sock:  # 108-byte names
+        sock.bind(f"{short}/sock")
+        _one_line_error(cli(*args, f"{short}/sock"), "is a socket, not a regular file")
+        assert stat.S_ISSOCK(os.lstat(f"{short}/sock").st_mode)
+    (bundle / "escape.npz").symlink_to(tmp_path / "elsewhere.npz")  # the name in the bundle is what is replaced
+    for target in (bundle / "manifest.json", bundle / "sm_90" / "new.npz", bundle / "escape.npz"):
         _one_line_error(cli(*args, target), f"-o {target}: lies inside the input {bundle}")
+    (bundle / "escape.npz").unlink()
     assert _tree(bundle) == before
+    (tmp_path / "into-bundle.npz").symlink_to(bundle / "manifest.json")  # the link is replaced, not the bundle
+    assert cli(*args, tmp_path / "into-bundle.npz").exit_code == 0
+    assert _tree(bundle) == before and not (tmp_path / "into-bundle.npz").is_symlink()
 
 
 # ----------------------------------------------------------------------------- internal errors

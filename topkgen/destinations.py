@@ -197,12 +197,15 @@ def _check_output_file(path: Path, force: bool, inputs: tuple[Path, ...]) -> Non
     parent = path.parent
     if not parent.is_dir():
         raise DestinationError(f"{label}: {_show(parent)} is not an existing directory")
-    with contextlib.suppress(FileNotFoundError):
-        mode = os.lstat(path).st_mode
+    for follow in (False, True):  # the name, then what a link there points to (-o /dev/stdout)
+        try:
+            mode = os.stat(path, follow_symlinks=follow).st_mode
+        except OSError:  # nothing there, or a dangling link
+            break
         if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
-            raise DestinationError(f"{label}: is {file_kind(mode)}, not a regular file, and -o replaces "
-                                   f"regular files only, --force or not")
-    resolved = path.resolve()
+            raise DestinationError(f"{label}: {'points to' if follow else 'is'} {file_kind(mode)}, not a regular "
+                                   f"file, and -o replaces regular files only, --force or not")
+    resolved = path.parent.resolve() / path.name  # the name is replaced, not what a link there points to
     for source in inputs:
         with contextlib.suppress(OSError):
             if source.is_dir() and source.resolve() in resolved.parents:
