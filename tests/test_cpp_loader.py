@@ -599,7 +599,8 @@ int main(int, char** argv) {
   const unsigned long long x = 1 << 20, v = 4 << 20, i = 5 << 20, w = 6 << 20;
   struct Case { int rows; unsigned long long x, v, i, w; };
   for (const Case& c : {Case{4, x, v, i, w}, Case{1, x, v, i, w + 1}, Case{1, x, x + 4096, i, w},
-                        Case{1, x, v, v + 512, w}, Case{1, x, v, i, x + (256 << 10)}, Case{1, x, v, i, i}}) {
+                        Case{1, x, v, v + 512, w}, Case{1, x, v, i, x + (256 << 10)}, Case{1, x, v, i, i},
+                        Case{1, ~0ull - 4095, ~0ull - 2047, i, w}}) {  // x's end past 2^64: no wrap-around
     try {
       b.run(p, nullptr, c.x, c.v, c.i, c.rows, 131072, 256, true, c.w);
     } catch (const topkgen::Error& e) {
@@ -616,7 +617,8 @@ int main(int, char** argv) {
     assert out == ["chunks 32", "plan: made for rows=1 n=131072 k=256, run with rows=4 n=131072 k=256",
                    "workspace: must start at a multiple of 16 bytes",  # then only one pair overlaps in each:
                    shared.format(a="values", b="x"), shared.format(a="indices", b="values"),
-                   shared.format(a="workspace", b="x"), shared.format(a="workspace", b="indices")]
+                   shared.format(a="workspace", b="x"), shared.format(a="workspace", b="indices"),
+                   shared.format(a="values", b="x")]
 
 
 def test_cpp_select_reads_rows_as_select_does(cpp, built_bundle, default_policy):

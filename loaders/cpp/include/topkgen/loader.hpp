@@ -1146,7 +1146,8 @@ class Bundle {
       for (std::size_t j = 0; j < i; ++j) {
         const auto& a = extents[i];
         const auto& b = extents[j];
-        if (a.bytes && b.bytes && a.start < b.start + b.bytes && b.start < a.start + a.bytes)
+        const bool overlap = a.start >= b.start ? a.start - b.start < b.bytes : b.start - a.start < a.bytes;  // no wrap
+        if (a.bytes && b.bytes && overlap)
           throw Error(std::string(a.label) + ": shares memory with " + b.label + "; the kernels write " + a.label +
                       " while they read or write " + b.label + ": pass separate arrays");
       }
