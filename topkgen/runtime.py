@@ -225,7 +225,7 @@ class TopK:
         `out`: (values, indices), contiguous, of x's leading shape and k; values of x's type
         (or uint16 bits for 16-bit types), indices int64. Neither `out` nor `workspace` may
         share memory with x or with each other. `dtype` (short spellings too: bf16, fp16)
-        says what raw uint16 input holds. Every argument is checked before anything runs."""
+        says what raw uint16 input holds. Every argument is checked before any launch."""
         view = self._backend.view(x, dtype)
         k = _integer("k", k)
         choice = self.choose(view.dtype, k, view.n, deterministic, view.rows or None)
