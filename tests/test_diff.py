@@ -277,6 +277,19 @@ def test_a_bundle_serves_an_arch_it_lacks_by_jit(bundles, default_policy):
     assert topkgen("diff", bundles / "full", DEFAULT_POLICY).returncode == 0
 
 
+def test_an_arch_a_bundle_lacks_keeps_its_jit_only_tiers(bundles, tmp_path):
+    """The runtime serves an arch the bundle lacks by JIT from the embedded policy, its exact
+    tiers included: they were reported removed (the manifest lists its own archs' tiers)."""
+    proc = topkgen("build", "--arch", "sm_90", "--out", tmp_path / "sm90", "-j", "2")
+    assert proc.returncode == 0, proc.stderr
+    manifest = json.loads((tmp_path / "sm90" / "manifest.json").read_text())
+    full = json.loads((bundles / "full" / "manifest.json").read_text())
+    assert {t["rule"] for t in manifest["jit_only"]} < {t["rule"] for t in full["jit_only"]}  # the case in question
+    code, doc = diff_json(bundles / "full", tmp_path / "sm90")
+    assert code == 1 and doc["summary"]["counts"]["sm_100"] == {"old": 29, "new": 0}
+    assert doc["summary"]["jit_only"] == {"added": 0, "removed": 0}
+
+
 def test_manifest_and_bundle_sides_compare_resources(bundles, tmp_path):
     b = tmp_path / "b"
     shutil.copytree(bundles / "full", b)

@@ -234,7 +234,9 @@ def _manifest_side(label: str, path: Path) -> Side:
     archs = list(manifest["archs"])
     side = Side(label, "manifest", f"bundle for {', '.join(archs) or 'no arch'}, NVRTC {manifest['nvrtc_version']}",
                 policy, archs, {k["name"]: k for k in manifest["kernels"]},
-                {t["rule"]: t for t in manifest["jit_only"]}, built=True, manifest=manifest)
+                # every arch's tiers, from the policy the manifest embeds: an arch the bundle lacks
+                # keeps its JIT-only tiers (the runtime serves it all by JIT from that policy)
+                {r.name: rule_record(r) for r in policy.jit_only_rules()}, built=True, manifest=manifest)
     _render_jit_kernels(side, installed_templates())  # what this topkgen's runtime compiles for it
     return side
 
