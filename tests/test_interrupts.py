@@ -139,3 +139,15 @@ def test_a_full_disk_under_stdout_is_one_line_not_an_internal_error(args):
         proc = subprocess.run([*TOPKGEN, *args], stdout=full, stderr=subprocess.PIPE, text=True, env=ENV)
     assert proc.returncode == 2, proc.stderr
     assert proc.stderr == "topkgen: error: cannot write the output: No space left on device\n"
+
+
+@pytest.mark.parametrize("args, status", [
+    (["plan"], 2), (["--version"], 2),           # output dropped without a word: was exit 0
+    (["diff", "{tiny}", DEFAULT_POLICY], 2),     # was exit 70 (sys.stdout is None)
+    (["diff", "{tiny}", DEFAULT_POLICY, "-q"], 1),  # prints nothing: the status is the answer
+])
+def test_a_closed_stdout_is_one_line_when_there_is_output(args, status, tiny_policy):  # noqa: F811
+    proc = subprocess.run([*TOPKGEN, *(str(a).format(tiny=tiny_policy) for a in args)], stderr=subprocess.PIPE,
+                          text=True, env=ENV, preexec_fn=lambda: os.close(1))  # >&-
+    assert (proc.returncode, proc.stderr) == (status, "topkgen: error: cannot write the output: standard output "
+                                                      "is closed\n" if status == 2 else "")

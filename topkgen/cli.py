@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import errno
+import io
 import json
 import os
 import sys
@@ -136,7 +137,10 @@ def _interruptions() -> Iterator[None]:
     head -1`): nothing printed, exit 141, the status a shell reports for any program SIGPIPE
     ends (cat, diff(1)); not 0, since the output was not all delivered and for diff 0 means
     "the same". stdout is pointed at /dev/null so that the interpreter's last flush cannot
-    complain either. A full disk (--help and --version included) is one line, exit 2."""
+    complain either. A full disk (--help and --version included) is one line, exit 2, as is
+    output to a closed stdout (`>&-`), which Python would drop without a word."""
+    if sys.stdout is None:
+        sys.stdout = _ClosedStdout()
     try:
         yield
     except KeyboardInterrupt:
@@ -146,6 +150,8 @@ def _interruptions() -> Iterator[None]:
         _silence_stdout()
         raise click.exceptions.Exit(EXIT_BROKEN_PIPE) from None
     except OSError as err:
+        if err.errno == errno.EBADF and isinstance(sys.stdout, _ClosedStdout):
+            raise InputError("cannot write the output: standard output is closed") from None
         if err.errno not in _FULL:
             raise
         # A full disk: the environment, not a bug. When it is stdout's, stdout goes to
@@ -154,6 +160,20 @@ def _interruptions() -> Iterator[None]:
             _silence_stdout()
         where = printable(os.fsdecode(err.filename)) if err.filename is not None else "the output"
         raise InputError(f"cannot write {where}: {err.strerror}") from None
+
+
+class _ClosedStdout(io.TextIOBase):
+    """sys.stdout when file descriptor 1 is closed (Python leaves None there, and click then
+    drops every line): writing fails as writing to a closed descriptor does, so that a
+    command whose output is lost says so; a command that prints nothing (diff -q) is fine."""
+
+    def writable(self) -> bool:
+        return True
+
+    def write(self, text: str) -> int:
+        if text:
+            raise OSError(errno.EBADF, "standard output is closed")
+        return 0
 
 
 def _silence_stdout() -> None:
