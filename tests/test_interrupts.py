@@ -151,3 +151,19 @@ def test_a_closed_stdout_is_one_line_when_there_is_output(args, status, tiny_pol
                           text=True, env=ENV, preexec_fn=lambda: os.close(1))  # >&-
     assert (proc.returncode, proc.stderr) == (status, "topkgen: error: cannot write the output: standard output "
                                                       "is closed\n" if status == 2 else "")
+
+
+def test_a_reader_that_leaves_mid_write_is_141_not_a_result():
+    """The pipe takes the first 64 KiB of a larger write, then its reader leaves: CPython's
+    stdout dropped the rest without an error, and show exited 0, diff 1 ("the sides differ")."""
+    legacy = ROOT / "policies" / "legacy" / "exact_n_grid.yaml"  # against the default: 1.5 MB of JSON
+    read_end, write_end = os.pipe()
+    proc = subprocess.Popen([*TOPKGEN, "diff", DEFAULT_POLICY, str(legacy), "--format", "json"], stdout=write_end,
+                            stderr=subprocess.PIPE, text=True, env=ENV)
+    os.close(write_end)
+    deadline = time.monotonic() + 60
+    while len(os.read(read_end, 16)) == 0 and time.monotonic() < deadline:  # it has begun to write
+        time.sleep(0.01)
+    os.close(read_end)
+    stderr = proc.communicate(timeout=120)[1]
+    assert (proc.returncode, stderr) == (141, "")

@@ -139,8 +139,7 @@ def _interruptions() -> Iterator[None]:
     "the same". stdout is pointed at /dev/null so that the interpreter's last flush cannot
     complain either. A full disk (--help and --version included) is one line, exit 2, as is
     output to a closed stdout (`>&-`), which Python would drop without a word."""
-    if sys.stdout is None:
-        sys.stdout = _ClosedStdout()
+    _own_stdout()
     try:
         yield
     except KeyboardInterrupt:
@@ -160,6 +159,49 @@ def _interruptions() -> Iterator[None]:
             _silence_stdout()
         where = printable(os.fsdecode(err.filename)) if err.filename is not None else "the output"
         raise InputError(f"cannot write {where}: {err.strerror}") from None
+
+
+def _own_stdout() -> None:
+    """The process's stdout as the handlers above need it: when fd 1 is closed, a stream whose
+    writes fail; else one that writes to the last byte. CPython's own buffered stdout drops,
+    without an error, the rest of a write a pipe took only part of because its reader left
+    (`topkgen show --format json | head -c 10` exited 0 after the first 64 KiB)."""
+    if sys.stdout is None:
+        sys.stdout = _ClosedStdout()
+        return
+    if sys.stdout is not sys.__stdout__:  # already ours, or a test runner's
+        return
+    try:
+        fd = sys.stdout.fileno()
+    except (AttributeError, OSError, ValueError):
+        return
+    sys.stdout.flush()
+    sys.stdout = io.TextIOWrapper(io.BufferedWriter(_WholeWrites(fd)), encoding=sys.__stdout__.encoding,
+                                  errors=sys.__stdout__.errors, line_buffering=sys.__stdout__.line_buffering,
+                                  write_through=sys.__stdout__.write_through)
+
+
+class _WholeWrites(io.RawIOBase):
+    """A file descriptor written to the last byte, or an OSError (BrokenPipeError when the
+    reader left): what the caller of write() assumes, and a pipe does not always give."""
+
+    def __init__(self, fd: int) -> None:
+        self._fd = fd
+
+    def writable(self) -> bool:
+        return True
+
+    def fileno(self) -> int:
+        return self._fd
+
+    def isatty(self) -> bool:
+        return os.isatty(self._fd)
+
+    def write(self, data: Any) -> int:
+        view = whole = memoryview(data).cast("B")
+        while view:
+            view = view[os.write(self._fd, view):]
+        return len(whole)
 
 
 class _ClosedStdout(io.TextIOBase):
