@@ -350,3 +350,14 @@ def test_the_installed_entry_point_has_the_same_handler(tmp_path):
                                                      "set TOPKGEN_DEBUG=1 for the traceback\n")
     assert json.loads(subprocess.run([*TOPKGEN, "plan", "--format", "json"], capture_output=True, text=True,
                                      check=True).stdout)["totals"]["all"] == 58
+
+
+def test_a_blank_cache_dir_is_unset_not_a_folder_named_blank(tmp_path, monkeypatch):
+    """TOPKGEN_CACHE_DIR=' ' made a folder named ' ' wherever a command ran."""
+    from topkgen.paths import cache_root
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    for blank in ("", " ", "\t"):
+        monkeypatch.setenv("TOPKGEN_CACHE_DIR", blank)
+        assert cache_root() == tmp_path / "xdg" / "topkgen"

@@ -30,9 +30,10 @@ def cuda_include_dir() -> Path:
 
 
 def cache_root() -> Path:
-    """TOPKGEN_CACHE_DIR, else the user cache directory."""
-    explicit = os.environ.get("TOPKGEN_CACHE_DIR")
-    if explicit:
+    """TOPKGEN_CACHE_DIR, else the user cache directory. Blank counts as unset (`=' '` made a
+    folder named ' ' in whatever directory a command ran in)."""
+    explicit = os.environ.get("TOPKGEN_CACHE_DIR", "")
+    if explicit.strip():
         return Path(explicit)
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "topkgen"
