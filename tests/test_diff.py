@@ -550,6 +550,19 @@ def test_a_revision_whose_templates_do_not_render(repo, name, content, message):
     assert not (repo / "PWNED").exists()
 
 
+def test_a_template_file_name_that_is_not_utf8_is_refused_by_name(repo):
+    """Git and the file system give such a name as lone surrogates; no template can include
+    it, and it is named in the message with its byte escaped, in a revision or a checkout."""
+    (repo / "templates" / os.fsdecode(b"bad\xffname.cuh")).write_bytes(b"x\n")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "a file name that is not UTF-8")
+    for args, where in ((("v1", "HEAD"), "HEAD:templates/"), (("v1",), "templates/")):
+        proc = topkgen("diff", *args, "--stat", cwd=repo)
+        assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+        assert proc.stderr == (f"topkgen: error: {where}bad\\xffname.cuh: the file name is not UTF-8 "
+                               f"(templates are named in UTF-8)\n")
+
+
 def schema_1(manifest: dict) -> dict:
     """A schema-2 manifest as topkgen wrote it before schema 2: no dispatch table, no JIT
     sources, no `serves`."""

@@ -17,7 +17,7 @@ from typing import Any
 
 import jinja2
 
-from topkgen import render
+from topkgen import reader, render
 from topkgen.policy import KernelSpec
 
 TEMPLATES_IN_REPO = "templates"
@@ -75,6 +75,17 @@ class Templates:
     where: str                # how messages name the folder: "HEAD~1:templates/", "templates/"
     files: dict[str, bytes]   # name relative to the folder -> content
 
+    def __post_init__(self) -> None:
+        # Git and the file system hand over names that are not UTF-8 with their bytes kept as
+        # lone surrogates; Jinja names templates in text, so no include could reach such a file,
+        # and it would break the renderer's key: refuse it by name, as a template's content is.
+        for name in self.files:
+            try:
+                name.encode("utf-8")
+            except UnicodeEncodeError:
+                raise SourceError(f"{self.where}{display_name(name)}: the file name is not UTF-8 "
+                                  f"(templates are named in UTF-8)") from None
+
     def digest(self, name: str) -> str | None:
         data = self.files.get(name)
         return None if data is None else hashlib.sha256(data).hexdigest()
@@ -94,6 +105,12 @@ class Templates:
             raise
         except (jinja2.TemplateError, ValueError) as err:
             raise SourceError(render.template_problem(err, self.where, spec.name)) from None
+
+
+def display_name(name: str) -> str:
+    """A file name for a message: bytes that are not UTF-8 as `\\xff`, control and
+    bidirectional characters escaped."""
+    return reader.printable(name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace"))
 
 
 def directory_templates(path: Path, where: str) -> Templates:
