@@ -215,7 +215,7 @@ def test_git_trees_are_read_in_one_batch_whatever_the_file_names(tmp_path):
     git(root, "add", "-A")
     git(root, "commit", "-qm", "many files")
     repo = GitRepo.around(root, "HEAD")
-    read = repo.read(repo.commit("HEAD"), ["templates"])
+    read = repo.read(repo.commit("HEAD"), {"templates": 1 << 20})
     assert read == {name: data for name, data in files.items() if name.startswith("templates/")}
 
 
@@ -524,6 +524,37 @@ def test_bad_sides(repo, tmp_path):
     assert "HEAD:policies/topk.yaml:10:14: archs.sm_90.threads: 300 is not one of" in proc.stderr
     outside = topkgen("diff", "HEAD~1", "HEAD", cwd=tmp_path)
     assert outside.returncode == 2 and "not inside a git repository" in outside.stderr
+
+
+def peak_rss_mib(*args, cwd: Path) -> tuple[subprocess.CompletedProcess, float]:
+    """`topkgen ARGS` and the largest resident set of it or any process it ran, in MiB."""
+    probe = ("import resource, subprocess, sys; p = subprocess.run(sys.argv[1:], capture_output=True, text=True); "
+             "print(p.returncode, resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss); print(p.stderr, end='')")
+    proc = subprocess.run([sys.executable, "-c", probe, *TOPKGEN, *map(str, args)], capture_output=True, text=True,
+                          cwd=cwd, env=ENV, check=True)
+    status, rss = proc.stdout.split("\n", 1)[0].split()
+    return subprocess.CompletedProcess(args, int(status), "", proc.stdout.split("\n", 1)[1]), int(rss) / 1024
+
+
+def test_a_revision_s_files_over_their_limit_are_refused_unread(repo):
+    """From the size git lists: a 96 MiB policy is never held in memory to be refused."""
+    (repo / "policies" / "topk.yaml").write_bytes(b"#" * (96 << 20))
+    git(repo, "commit", "-q", "-am", "a policy far over the limit")
+    proc, rss = peak_rss_mib("diff", "v1", "HEAD", "--stat", cwd=repo)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr == f"topkgen: error: HEAD:policies/topk.yaml: larger than 1048576 bytes ({96 << 20}); not read\n"
+    assert rss < 96, f"{rss:.0f} MiB: the blob was read"
+    # A template too, in a revision and in the working tree.
+    git(repo, "checkout", "-q", "v1")
+    (repo / "templates" / "huge.cuh").write_bytes(b"/" * ((1 << 20) + 1))
+    proc = topkgen("diff", "HEAD", "--stat", cwd=repo)
+    assert proc.returncode == 2 and proc.stderr.endswith(
+        f"error: templates/huge.cuh: larger than 1048576 bytes ({(1 << 20) + 1}); not read\n"), proc.stderr
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "a template over the limit")
+    proc = topkgen("diff", "v1", "HEAD", "--stat", cwd=repo)
+    assert proc.returncode == 2 and proc.stderr.endswith(
+        f"error: HEAD:templates/huge.cuh: larger than 1048576 bytes ({(1 << 20) + 1}); not read\n"), proc.stderr
 
 
 @pytest.mark.parametrize("name,content,message", [

@@ -20,10 +20,10 @@ from typing import Any, Callable
 
 from topkgen import reader, suggest
 from topkgen.errors import InputError
-from topkgen.policy import DispatchError, KernelSpec, Policy, PolicyError, kernels_of_rule, loads, plan, \
-    rule_record, select
-from topkgen.sources import TEMPLATES_IN_REPO, GitRepo, SourceError, Templates, directory_templates, \
-    installed_templates, repo_path
+from topkgen.policy import MAX_POLICY_BYTES, DispatchError, KernelSpec, Policy, PolicyError, kernels_of_rule, \
+    loads, plan, rule_record, select
+from topkgen.sources import MAX_TEMPLATE_BYTES, TEMPLATES_IN_REPO, GitRepo, SourceError, Templates, \
+    directory_templates, installed_templates, repo_path
 
 DEFAULT_POLICY_IN_REPO = "policies/topk.yaml"
 DEFAULT_KS = (1, 16, 32, 64, 100, 128, 256, 512, 1024)
@@ -179,7 +179,7 @@ def _revision_side(rev: str, policy_in_repo: str, cwd: Path | None) -> Side:
     repo = GitRepo.around(cwd, rev)
     commit = repo.commit(rev)
     policy_path = repo_path(policy_in_repo, "--policy")
-    files = repo.read(commit, [policy_path, TEMPLATES_IN_REPO])
+    files = repo.read(commit, {policy_path: MAX_POLICY_BYTES, TEMPLATES_IN_REPO: MAX_TEMPLATE_BYTES}, label=rev)
     if policy_path not in files:
         raise DiffInputError(f"{rev}: no {policy_path} at that revision")
     policy = loads(files[policy_path], source=f"{rev}:{policy_path}")

@@ -21,6 +21,7 @@ from topkgen import reader, render
 from topkgen.policy import KernelSpec
 
 TEMPLATES_IN_REPO = "templates"
+MAX_TEMPLATE_BYTES = 1 << 20  # a template file (the largest shipped is 30 KB)
 
 
 class SourceError(ValueError):
@@ -113,12 +114,21 @@ def display_name(name: str) -> str:
     return reader.printable(name.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace"))
 
 
+def too_large(where: str, size: int, limit: int) -> SourceError:
+    """A file refused from its size alone, never read."""
+    return SourceError(f"{display_name(where)}: larger than {limit} bytes ({size}); not read")
+
+
 def directory_templates(path: Path, where: str) -> Templates:
     files: dict[str, bytes] = {}
     try:
         for file in sorted(path.rglob("*")):
             if file.is_file():
-                files[file.relative_to(path).as_posix()] = file.read_bytes()
+                name = file.relative_to(path).as_posix()
+                size = file.stat().st_size
+                if size > MAX_TEMPLATE_BYTES:
+                    raise too_large(f"{where}{name}", size, MAX_TEMPLATE_BYTES)
+                files[name] = file.read_bytes()
     except OSError as err:
         raise SourceError(f"{where}: cannot read templates: {err.strerror}") from None
     return Templates(where, files)
@@ -158,19 +168,34 @@ class GitRepo:
             raise SourceError(f"{rev}: not a file, directory or git revision of {self.root.name}")
         return found.stdout.decode().strip()
 
-    def read(self, commit: str, paths: list[str]) -> dict[str, bytes]:
-        """Every regular file at or under `paths` in that commit: path -> content."""
-        listing = _git(["ls-tree", "-r", "-z", "--full-tree", commit, "--", *paths], self.root)
+    def read(self, commit: str, limits: dict[str, int], label: str | None = None) -> dict[str, bytes]:
+        """Every regular file at or under each path of `limits` in that commit: path -> content.
+
+        A file over its path's limit (bytes) is refused from the size git lists, before any
+        content is read: reading first would hold a 200 MB blob in memory only to refuse it.
+        `label` names the revision in messages (the commit's hash when None)."""
+        label = label or commit[:12]
+        listing = _git(["ls-tree", "-r", "-l", "-z", "--full-tree", commit, "--", *limits], self.root)
         if listing.returncode != 0:
             raise SourceError(f"{commit[:12]}: git ls-tree failed: {listing.stderr.decode(errors='replace').strip()}")
         blobs: dict[str, str] = {}
         for entry in listing.stdout.split(b"\0"):
             if not entry:
                 continue
-            meta, _, name = entry.partition(b"\t")
-            mode, kind, obj = meta.decode().split()
-            if kind == "blob" and mode in ("100644", "100755"):
-                blobs[name.decode("utf-8", "surrogateescape")] = obj
+            meta, _, raw_name = entry.partition(b"\t")
+            mode, kind, obj, size = meta.decode().split()
+            name = raw_name.decode("utf-8", "surrogateescape")
+            if kind != "blob":
+                continue
+            limit = _limit(limits, name)
+            if int(size) > limit:
+                raise too_large(f"{label}:{name}", int(size), limit)
+            if mode in ("100644", "100755"):
+                blobs[name] = obj
+        return self._cat(commit, blobs)
+
+    def _cat(self, commit: str, blobs: dict[str, str]) -> dict[str, bytes]:
+        """The contents of `blobs` (name -> object), in one `git cat-file --batch`."""
         if not blobs:
             return {}
         batch = _git(["cat-file", "--batch"], self.root, stdin="\n".join(blobs.values()) + "\n")
@@ -181,11 +206,17 @@ class GitRepo:
             end = out.index(b"\n", pos)
             header = out[pos:end].split()
             if len(header) != 3 or header[1] != b"blob":
-                raise SourceError(f"{commit[:12]}:{name}: git cat-file could not read it")
+                raise SourceError(f"{commit[:12]}:{display_name(name)}: git cat-file could not read it")
             size = int(header[2])
             contents[name] = out[end + 1:end + 1 + size]
             pos = end + 1 + size + 1
         return contents
+
+
+def _limit(limits: dict[str, int], name: str) -> int:
+    """The limit of the most specific path of `limits` that `name` is, or is under."""
+    return max(((len(path), limit) for path, limit in limits.items()
+                if name == path or name.startswith(path.rstrip("/") + "/")), default=(0, 0))[1]
 
 
 def _git(args: list[str], cwd: Path | None, stdin: str | None = None) -> subprocess.CompletedProcess:
