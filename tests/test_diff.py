@@ -557,6 +557,27 @@ def test_a_revision_s_files_over_their_limit_are_refused_unread(repo):
         f"error: HEAD:templates/huge.cuh: larger than 1048576 bytes ({(1 << 20) + 1}); not read\n"), proc.stderr
 
 
+def test_a_revision_s_policy_that_is_a_symbolic_link_is_named_as_one(repo):
+    policies = repo / "policies"
+    (policies / "topk.yaml").rename(policies / "real.yaml")
+    (policies / "topk.yaml").symlink_to("real.yaml")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "the policy is a link")
+    proc = topkgen("diff", "v1", "HEAD", "--stat", cwd=repo)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr == ("topkgen: error: HEAD:policies/topk.yaml: a symbolic link at that revision (to real.yaml); "
+                           "diff reads a revision's regular files only\n")
+    assert topkgen("diff", "HEAD", "--policy", "policies/real.yaml", "--stat", cwd=repo).returncode == 0
+    # templates/ as a link is not a folder of no templates (the installed ones would render it).
+    (repo / "templates").rename(repo / "real-templates")
+    (repo / "templates").symlink_to("real-templates")
+    git(repo, "add", "-A")
+    git(repo, "commit", "-q", "-m", "the templates are a link")
+    proc = topkgen("diff", "HEAD", "--policy", "policies/real.yaml", "--stat", cwd=repo)
+    assert proc.returncode == 2 and proc.stderr == ("topkgen: error: HEAD:templates: a symbolic link at that revision "
+                                                    "(to real-templates); diff reads a revision's regular files only\n")
+
+
 @pytest.mark.parametrize("name,content,message", [
     ("radix_select.cu.j2", b"{% if %}\n", "HEAD:templates/radix_select.cu.j2:1: "),
     ("topk_common.cuh", b"\xff\xfe not text\n", "HEAD:templates/topk_common.cuh: not UTF-8 text (byte 0)"),

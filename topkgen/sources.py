@@ -173,12 +173,15 @@ class GitRepo:
 
         A file over its path's limit (bytes) is refused from the size git lists, before any
         content is read: reading first would hold a 200 MB blob in memory only to refuse it.
+        A path asked for by name that is a symbolic link is refused too, since a revision's
+        link has no target diff could read, and skipping it would say there is no such file.
         `label` names the revision in messages (the commit's hash when None)."""
         label = label or commit[:12]
         listing = _git(["ls-tree", "-r", "-l", "-z", "--full-tree", commit, "--", *limits], self.root)
         if listing.returncode != 0:
             raise SourceError(f"{commit[:12]}: git ls-tree failed: {listing.stderr.decode(errors='replace').strip()}")
         blobs: dict[str, str] = {}
+        links: dict[str, str] = {}
         for entry in listing.stdout.split(b"\0"):
             if not entry:
                 continue
@@ -192,7 +195,15 @@ class GitRepo:
                 raise too_large(f"{label}:{name}", int(size), limit)
             if mode in ("100644", "100755"):
                 blobs[name] = obj
-        return self._cat(commit, blobs)
+            elif mode == "120000" and name in limits:
+                links[name] = obj
+        contents = self._cat(commit, {**blobs, **links})
+        if links:
+            name = next(iter(links))
+            raise SourceError(f"{label}:{display_name(name)}: a symbolic link at that revision (to "
+                              f"{display_name(contents[name].decode('utf-8', 'surrogateescape'))}); diff reads "
+                              f"a revision's regular files only")
+        return contents
 
     def _cat(self, commit: str, blobs: dict[str, str]) -> dict[str, bytes]:
         """The contents of `blobs` (name -> object), in one `git cat-file --batch`."""
