@@ -115,3 +115,19 @@ def test_a_part_is_not_a_bundle_to_either_loader(built, cpp):  # noqa: F811
     assert str(err.value) == expected
     proc = subprocess.run([cpp, "verify", part], capture_output=True, text=True)
     assert proc.returncode == 2 and proc.stderr == f"topkgen-cpp: error: {expected}\n"
+
+
+def test_diff_refuses_a_part_and_show_says_what_it_is(built):
+    """diff, like the loaders, takes a part for no bundle (compared whole, two parts of one plan
+    would differ by most kernels); show lists a part for inspection and says it is one."""
+    for old, new in ((built / "part1", built / "part2"), (built / "full", built / "part3" / "manifest.json")):
+        proc = topkgen("diff", old, new, "--stat", env={}, check=False)
+        part = new if old == built / "full" else old
+        index = 3 if old == built / "full" else 1
+        assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+        assert proc.stderr == (f"topkgen: error: {part}: a part of a sharded build (shard {index}/3), not a bundle; "
+                               f"merge the parts first: topkgen merge PART... --out DIR\n")
+    header = topkgen("show", built / "part2", env={}).stdout.splitlines()[0]
+    assert header.startswith(f"part {built / 'part2'} (shard 2/3 of a plan; merge the parts for a bundle): "
+                             f"manifest schema 3, NVRTC "), header
+    assert topkgen("show", built / "full", env={}).stdout.startswith(f"bundle {built / 'full'}: manifest schema 3, ")

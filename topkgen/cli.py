@@ -593,7 +593,7 @@ def _cache_warnings(stats: Any) -> None:
 @click.option("--dispatch", "with_dispatch", is_flag=True, help="Also show the dispatch table.")
 def show(bundle_dir: str, archs: tuple[str, ...], fmt: str, with_dispatch: bool) -> None:
     """What a bundle holds: kernels and their resources, JIT sources, dispatch. Checks every file as a loader does."""
-    from topkgen import bundle
+    from topkgen import bundle, shards
 
     try:
         manifest, root = bundle.load_manifest(bundle_dir)
@@ -616,7 +616,10 @@ def show(bundle_dir: str, archs: tuple[str, ...], fmt: str, with_dispatch: bool)
     if fmt == "json":
         click.echo(json.dumps(doc, indent=2))
         return
-    click.echo(f"bundle {bundle_dir}: manifest schema {doc['manifest_schema_version']}, NVRTC {doc['nvrtc_version']}, "
+    part = shards.part_of(manifest)  # shown for inspection, but called what it is: no bundle
+    what = (f"bundle {bundle_dir}" if part is None
+            else f"part {bundle_dir} ({part} of a plan; merge the parts for a bundle)")
+    click.echo(f"{what}: manifest schema {doc['manifest_schema_version']}, NVRTC {doc['nvrtc_version']}, "
                f"policy {doc['policy']['path']} ({doc['policy']['name']}, sha256 {doc['policy']['sha256'][:12]})")
     for arch in chosen:
         kernels = [e for e in doc["kernels"] if e["arch"] == arch]

@@ -222,10 +222,14 @@ def _sha256(text: str) -> str:
 
 
 def _manifest_side(label: str, path: Path) -> Side:
-    from topkgen import bundle  # with NVRTC's module: only when a side is a bundle
+    from topkgen import bundle, shards  # with NVRTC's module: only when a side is a bundle
 
     try:
         manifest, root = bundle.load_manifest(path, versions=(1, 2, 3))  # diff still reads older bundles
+        part = shards.part_of(manifest)
+        if part is not None:  # as the loaders refuse it: compared whole, it would lose most of its kernels
+            raise DiffInputError(f"{label}: a part of a sharded build ({part}), not a bundle; merge the parts "
+                                 f"first: topkgen merge PART... --out DIR")
         if path.is_dir() and manifest["schema_version"] == bundle.SCHEMA_VERSION:
             bundle.read_files(root, manifest)  # a bundle whose files would not load is not "the same"
         policy = bundle.manifest_policy(manifest, label)

@@ -47,6 +47,13 @@ def shard_record(specs: list[KernelSpec], archs: list[str], index: int, count: i
     return {"index": index, "count": count, "plan_sha256": plan_sha256(specs, archs)}
 
 
+def part_of(manifest: dict) -> str | None:
+    """`shard I/N` for the manifest of a part of a sharded build, None for a bundle's. A part's
+    dispatch rows name kernels that other parts hold, so it is no bundle to load or compare."""
+    shard = manifest.get("shard")
+    return None if shard is None else f"shard {shard['index']}/{shard['count']}"
+
+
 # Fields every part must agree on: what the full bundle's manifest takes from them.
 SHARED_FIELDS = ("generator", "toolchain", "policy", "archs", "jit_only", "nvrtc_version")
 
