@@ -100,6 +100,17 @@ def test_bad_shard_arguments_exit_2(tmp_path, arg):
     assert not (tmp_path / "x").exists()
 
 
+def test_a_shard_count_past_the_plan_s_size_is_refused(tmp_path):
+    """Every part holds a kernel: 58 shards of the 58-kernel plan, not 59 (an empty matrix job)."""
+    for arg, size in (("59/59", 58), ("1/999999", 58), ("30/30 --arch sm_90", 29)):
+        shard, *more = arg.split()
+        proc = topkgen("build", "--shard", shard, *more, "--out", tmp_path / "x", env={}, check=False)
+        assert proc.returncode == 2 and proc.stdout == "", proc.stderr
+        assert proc.stderr == (f"topkgen: error: --shard {shard}: more shards than the plan's {size} kernels "
+                               f"(a part would hold none); expected a COUNT of at most {size}\n")
+        assert not (tmp_path / "x").exists()
+
+
 def test_a_part_is_not_a_bundle_to_either_loader(built, cpp):  # noqa: F811
     """A part's dispatch rows name kernels that other parts hold: both loaders refuse it
     with one message, before serving anything."""

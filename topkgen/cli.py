@@ -537,11 +537,11 @@ def build(policy_path: str | None, archs: tuple[str, ...], out_dir: str, jobs: i
 
     policy = _load_policy(policy_path)
     chosen = _archs(policy, archs)
+    specs = [s for a in chosen for s in pol.plan(policy, a)]
     try:
-        shard = shards.parse(shard_text) if shard_text is not None else None
+        shard = shards.parse(shard_text, len(specs)) if shard_text is not None else None
     except shards.ShardError as err:
         raise InputError(str(err)) from None
-    specs = [s for a in chosen for s in pol.plan(policy, a)]
     total = len(shards.share(specs, *shard)) if shard else len(specs)
     try:
         with console.BuildProgress(total, label="building", stream=sys.stdout, lines=True) as progress:

@@ -24,11 +24,16 @@ class ShardError(ValueError):
     """A shard argument or a set of parts that cannot be merged: exit status 2."""
 
 
-def parse(text: str) -> tuple[int, int]:
-    """`I/N` with 1 <= I <= N (1-based, as CI matrices count jobs)."""
+def parse(text: str, kernels: int) -> tuple[int, int]:
+    """`I/N` with 1 <= I <= N (1-based, as CI matrices count jobs) and N at most the plan's
+    `kernels`: a part with no kernel is a matrix job that does nothing, and a count past the
+    plan's size is a typo, not a plan."""
     m = _SHARD.fullmatch(text.strip())
     if not m or not 1 <= int(m.group(1)) <= int(m.group(2)):
         raise ShardError(f"--shard {text}: expected INDEX/COUNT with 1 <= INDEX <= COUNT, e.g. 2/3")
+    if int(m.group(2)) > max(kernels, 1):  # 1/1 stays a build of the whole plan, even an empty one
+        raise ShardError(f"--shard {text}: more shards than the plan's {kernels} kernel{'s' * (kernels != 1)} "
+                         f"(a part would hold none); expected a COUNT of at most {max(kernels, 1)}")
     return int(m.group(1)), int(m.group(2))
 
 
