@@ -111,6 +111,21 @@ def test_a_shard_count_past_the_plan_s_size_is_refused(tmp_path):
         assert not (tmp_path / "x").exists()
 
 
+def test_merge_lists_a_few_of_many_missing_shards(built, tmp_path):
+    """A manifest may claim any count up to 999999: the message stays one short line."""
+    part = tmp_path / "p1"
+    shutil.copytree(built / "part1", part)
+    manifest = json.loads((part / "manifest.json").read_text())
+    manifest["shard"]["count"] = 999999
+    (part / "manifest.json").write_text(json.dumps(manifest))
+    proc = merge(part, "--out", tmp_path / "merged")
+    assert proc.returncode == 2
+    assert proc.stderr == ("topkgen: error: shards 2/999999, 3/999999, 4/999999, 5/999999, 6/999999 and 999993 more "
+                           "missing (given: 1/999999)\n")
+    two = merge(built / "part1", "--out", tmp_path / "merged")
+    assert two.stderr == "topkgen: error: shards 2/3, 3/3 missing (given: 1/3)\n"
+
+
 def test_a_part_is_not_a_bundle_to_either_loader(built, cpp):  # noqa: F811
     """A part's dispatch rows name kernels that other parts hold: both loaders refuse it
     with one message, before serving anything."""

@@ -102,8 +102,8 @@ def merge(parts: list[Path], out: Path, *, force: bool = False) -> dict:
         by_index[index] = part
     missing = [f"{i}/{count}" for i in range(1, count + 1) if i not in by_index]
     if missing:
-        raise ShardError(f"shard{'s' if len(missing) > 1 else ''} {', '.join(missing)} missing "
-                         f"(given: {', '.join(f'{i}/{count}' for i in sorted(by_index))})")
+        raise ShardError(f"shard{'s' if len(missing) > 1 else ''} {_first_few(missing)} missing "
+                         f"(given: {_first_few([f'{i}/{count}' for i in sorted(by_index)])})")
 
     policy = bundle.manifest_policy(first, str(first_part / bundle.MANIFEST))
     archs = first["archs"]
@@ -150,6 +150,12 @@ def merge(parts: list[Path], out: Path, *, force: bool = False) -> dict:
                                                    first["toolchain"])
     bundle.write_bundle(out, manifest, cubins | jit_files, force=force, inputs=tuple(parts))
     return manifest
+
+
+def _first_few(items: list[str], shown: int = 5) -> str:
+    """A list for a one-line message: a manifest's shard count can be anything up to 999999."""
+    more = len(items) - shown
+    return ", ".join(items[:shown]) + (f" and {more} more" if more > 1 else f", {items[-1]}" if more == 1 else "")
 
 
 def _first_difference(field: str, a: object, b: object) -> str:
