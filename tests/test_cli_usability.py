@@ -8,6 +8,7 @@ import json
 import os
 import pty
 import re
+import shutil
 import subprocess
 import sys
 
@@ -18,6 +19,7 @@ from click.testing import CliRunner
 from topkgen import cli as cli_module, console
 
 from .conftest import ROOT
+from .test_user_files import tiny_bundle, tiny_policy  # noqa: F401 (fixtures)
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 ENV.pop("NO_COLOR", None)
@@ -229,7 +231,7 @@ def test_an_empty_path_is_refused_by_name(cli, tmp_path, monkeypatch, args, name
     assert list(tmp_path.iterdir()) == []
 
 
-def test_summaries_read_as_sentences(cli, tmp_path, monkeypatch):
+def test_summaries_read_as_sentences(cli, tmp_path, monkeypatch, tiny_bundle):  # noqa: F811
     """A trial as a new user found 'wrote mine//manifest.json', '1 kernels', a bundle called a
     manifest, and the emulator asking for `arch:` where the CLI's option is --arch."""
     monkeypatch.chdir(tmp_path)
@@ -239,8 +241,9 @@ def test_summaries_read_as_sentences(cli, tmp_path, monkeypatch):
     assert ": shard 1/29 of 29: 1 kernel (sm_90 1), " in result.stdout
     assert [console.count(n, "kernel") for n in (0, 1, 2)] == ["0 kernels", "1 kernel", "2 kernels"]
 
-    alone = cli("diff", "mine")
-    assert alone.exit_code == 2 and alone.stderr.endswith(", and mine is a bundle or manifest\n")
+    shutil.copytree(tiny_bundle, tmp_path / "whole")
+    alone = cli("diff", "whole")
+    assert alone.exit_code == 2 and alone.stderr.endswith(", and whole is a bundle or manifest\n")
 
     import numpy as np
 
