@@ -31,11 +31,13 @@ def _bounded() -> None:
     resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
 
 
-def topkgen(*args, cache_dir: Path, prefix: tuple[str, ...] = (), timeout: float = 120) -> subprocess.CompletedProcess:
-    env = {**os.environ, "TOPKGEN_CACHE_DIR": str(cache_dir)}
-    env.pop("TOPKGEN_CACHE_URL", None)
-    return subprocess.run([*prefix, *TOPKGEN, *map(str, args)], capture_output=True, text=True, env=env,
-                          timeout=timeout, preexec_fn=_bounded)
+def topkgen(*args, cache_dir: Path, prefix: tuple[str, ...] = (), timeout: float = 120,
+            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
+    """topkgen with `cache_dir` as its cache and no remote, unless `env` names one."""
+    full = {**os.environ, "TOPKGEN_CACHE_DIR": str(cache_dir)}
+    full.pop("TOPKGEN_CACHE_URL", None)
+    return subprocess.run([*prefix, *TOPKGEN, *map(str, args)], capture_output=True, text=True,
+                          env={**full, **(env or {})}, timeout=timeout, preexec_fn=_bounded)
 
 
 def one_line_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
@@ -148,6 +150,61 @@ def test_a_forged_action_record_never_reaches_the_bundle(warm, cache_copy, tmp_p
     assert "cache: 1 local hits, 0 remote hits, 1 compiled;" in proc.stdout
     assert tree(tmp_path / "out") == tree(bundle)
     assert entry.read_bytes() == good  # repaired
+
+
+def _misdirect(store: Path, bundle: Path, how: str) -> tuple[Path, bytes]:
+    """Forge the record of the bundle's first kernel in the ac/cas directory `store` so that
+    only a loader's checks of its cubin can tell: `other-kernel` names the second kernel's
+    cubin (present and intact, sha256 and size fixed up), `other-arch` claims sm_100.
+    Returns the record's path and its good bytes."""
+    first, second = json.loads((bundle / "manifest.json").read_text())["kernels"][:2]
+    entry = store / cache.ac_path(first["cache_key"])
+    good = entry.read_bytes()
+    record = json.loads(good)
+    if how == "other-kernel":
+        record.update(cubin_sha256=second["sha256"], cubin_size=second["size_bytes"])
+    else:
+        record.update(arch="sm_100")
+    entry.write_bytes(cache.record_bytes(record))
+    return entry, good
+
+
+MISDIRECTED = ["other-kernel", "other-arch"]
+
+
+@pytest.mark.parametrize("how", MISDIRECTED)
+def test_a_record_naming_another_kernels_cubin_or_arch_is_compiled_again_and_repaired(warm, cache_copy, tmp_path,
+                                                                                       how):
+    """Served, it made a bundle the loaders refuse ("defines no function"); a wrong arch was
+    compiled again on every build and never repaired."""
+    entry, good = _misdirect(cache_copy / cache.LOCAL_DIR, warm[1], how)
+    proc = topkgen("build", *SHARD, "--out", tmp_path / "out", cache_dir=cache_copy, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "cache: 1 local hits, 0 remote hits, 1 compiled;" in proc.stdout
+    assert tree(tmp_path / "out") == tree(warm[1])
+    assert entry.read_bytes() == good  # repaired
+    again = topkgen("build", *SHARD, "--out", tmp_path / "out", cache_dir=cache_copy, timeout=60)
+    assert "cache: 2 local hits, 0 remote hits, 0 compiled;" in again.stdout
+
+
+@pytest.mark.parametrize("how", MISDIRECTED)
+def test_a_remote_record_naming_another_kernels_cubin_or_arch_is_rejected_and_never_copied(warm, tmp_path, how):
+    """The shared tier is not repaired (another job may be reading it): its entry is counted
+    as rejected, the kernel compiled here, and only the good entry reaches the local tier."""
+    remote = tmp_path / "remote"
+    shutil.copytree(warm[0] / cache.LOCAL_DIR, remote)
+    entry, good = _misdirect(remote, warm[1], how)
+    forged = entry.read_bytes()
+    env = {"TOPKGEN_CACHE_URL": f"file://{remote}"}
+    proc = topkgen("build", *SHARD, "--out", tmp_path / "out", cache_dir=tmp_path / "job", env=env, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert "cache: 0 local hits, 1 remote hits, 1 compiled;" in proc.stdout
+    assert "1 remote entries failed" in proc.stderr
+    assert tree(tmp_path / "out") == tree(warm[1])
+    assert (tmp_path / "job" / cache.LOCAL_DIR / entry.relative_to(remote)).read_bytes() == good
+    assert entry.read_bytes() == forged  # left as it was
+    again = topkgen("build", *SHARD, "--out", tmp_path / "out", cache_dir=tmp_path / "job", env=env, timeout=60)
+    assert "cache: 2 local hits, 0 remote hits, 0 compiled;" in again.stdout
 
 
 def test_a_record_of_nested_brackets_is_corrupt_not_a_crash():

@@ -4,7 +4,8 @@ that CI jobs share (s3://, gs://, file://, memory://).
 
 Why this shape: a key covers every input of a compile (`action_key`), so two machines share
 an entry only when they would have compiled the same bytes. Content is addressed by its
-sha256, so every byte read from any tier is checked before use. Writes go content first and
+sha256, so every byte read from any tier is checked before use, and an entry serves only when
+its cubin would pass a loader's checks for the kernel and arch asked for (entry_problem). Writes go content first and
 action record last, create-if-absent: a reader never finds a record without its content, the
 first writer wins, and a record that already names other bytes means a key missed an input.
 That is an error (`CacheConflict`), never an overwrite. TOPKGEN_CACHE_READONLY=1 keeps a job
@@ -36,6 +37,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Protocol
 
+from topkgen import manifest_checks
+from topkgen.dispatch_table import FieldError
 from topkgen.errors import InputError
 from topkgen.paths import (atomic_write, cache_root, directory_problem, read_regular, shared_cache_directory,
                            temporary_beside, unusable_message)
@@ -107,6 +110,26 @@ def parse_record(data: bytes, key: str) -> dict[str, Any] | None:
     if any(type(value) is not int or value < 0 for value in record["resources"].values()):
         return None  # counts of registers, bytes, barriers (a bool is no count)
     return record
+
+
+def entry_problem(record: dict[str, Any], cubin: bytes | None, name: str, arch: str) -> str | None:
+    """Why an entry (its record and the cubin it names, None when absent) cannot serve kernel
+    `name` for `arch`, or None. An entry serves only when its record is for that kernel and
+    arch and a loader would accept its cubin in a bundle (manifest_checks.check_file: sha256,
+    ELF machine, SM, the symbol defined as a function): a record that names another kernel's
+    cubin, its sha256 intact, or claims another arch, was otherwise served, copied into the
+    local tier and written into a bundle every loader refuses."""
+    if (record["name"], record["arch"]) != (name, arch):
+        return f"its record is for {record['name']} ({record['arch']}), not {name} ({arch})"
+    if cubin is None:
+        return f"{cas_path(record['cubin_sha256'])} is missing"
+    entry = manifest_checks.Entry("cubin", True, {"cubin": cas_path(record["cubin_sha256"]), "arch": arch,
+                                                  "sha256": record["cubin_sha256"], "symbol": record["symbol"]})
+    try:
+        manifest_checks.check_file(entry, cubin)
+    except FieldError as err:
+        return err.message
+    return None
 
 
 # ----------------------------------------------------------------------------- stores
@@ -291,9 +314,9 @@ class Hit:
     outcome: Outcome
 
 
-def _read(store: Store, key: str) -> tuple[dict[str, Any], bytes, int] | None:
-    """A verified entry (record, cubin, bytes read), or None when there is none; ValueError
-    for an entry that exists but fails verification."""
+def _read(store: Store, key: str, name: str, arch: str) -> tuple[dict[str, Any], bytes, int] | None:
+    """A verified entry for kernel `name` on `arch` (record, cubin, bytes read), or None when
+    there is none; ValueError for an entry that exists but fails verification (entry_problem)."""
     data = store.get(ac_path(key))
     if data is None:
         return None
@@ -301,8 +324,10 @@ def _read(store: Store, key: str) -> tuple[dict[str, Any], bytes, int] | None:
     if record is None:
         raise ValueError(f"{store.label}/{ac_path(key)} is not a valid action record")
     cubin = store.get(cas_path(record["cubin_sha256"]))
-    if cubin is None or sha256(cubin) != record["cubin_sha256"]:
-        raise ValueError(f"{store.label}/{cas_path(record['cubin_sha256'])} is missing or fails its sha256")
+    problem = entry_problem(record, cubin, name, arch)
+    if problem is not None:
+        raise ValueError(f"{store.label}/{ac_path(key)}: {problem}")
+    assert cubin is not None
     return record, cubin, len(data) + len(cubin)
 
 
@@ -310,12 +335,14 @@ def _remote_failure(err: Exception) -> str:
     return f"{type(err).__name__}: {err}"
 
 
-def lookup(key: str, source: str) -> Hit | Outcome:
-    """A verified hit from the local tier, else from the remote one (which then fills the
-    local tier); on a miss, the Outcome so far (rejected entries, remote failures)."""
+def lookup(key: str, source: str, name: str, arch: str) -> Hit | Outcome:
+    """A verified hit for kernel `name` on `arch` from the local tier, else from the remote
+    one (which then fills the local tier); on a miss, the Outcome so far (rejected remote
+    entries, remote failures). An entry that fails verification is never served nor copied:
+    the kernel is compiled and store() repairs the local entry."""
     local = local_store()
     try:
-        found = _read(local, key)
+        found = _read(local, key, name, arch)
     except ValueError:
         found = None  # compiled again; store() repairs the entry
     if found is not None:
@@ -324,7 +351,7 @@ def lookup(key: str, source: str) -> Hit | Outcome:
     if remote is None:
         return Outcome("compiled")
     try:
-        found = _read(remote, key)
+        found = _read(remote, key, name, arch)
     except ValueError:
         return Outcome("compiled", rejected=1)
     except Exception as err:  # network, credentials: an outage of the shared tier must not fail a build
@@ -386,6 +413,8 @@ def _put(target: Store, record: dict[str, Any], cubin: bytes, source: str, *, re
         return written + len(data)
     existing = target.get(ac_path(record["key"]))
     other = parse_record(existing, record["key"]) if existing is not None else None
+    if other is not None and _forged(target, other, record):
+        other = None  # corrupt, like a record that does not parse: repaired locally, left alone in the remote
     if other is not None and other["cubin_sha256"] != record["cubin_sha256"]:
         raise CacheConflict(
             f"cache conflict for kernel {record['name']} ({record['arch']}): {target.label}/{ac_path(record['key'])} "
@@ -395,6 +424,18 @@ def _put(target: Store, record: dict[str, Any], cubin: bytes, source: str, *, re
     if other is None and repair:
         target.replace(ac_path(record["key"]), data)  # type: ignore[attr-defined]
     return written
+
+
+def _forged(target: Store, other: dict[str, Any], record: dict[str, Any]) -> bool:
+    """Whether the record `other`, found under `record`'s key, is one no compile of that
+    kernel could have written: for another kernel or arch, or naming a cubin that is there
+    and fails entry_problem. A conflict is a record that names other bytes only because
+    the key missed an input: a cubin of the same kernel and arch, or one not there at all
+    (content is written before its record, so a reader never finds a record without it)."""
+    cubin = target.get(cas_path(other["cubin_sha256"]))
+    if cubin is None and (other["name"], other["arch"]) == (record["name"], record["arch"]):
+        return False
+    return entry_problem(other, cubin, record["name"], record["arch"]) is not None
 
 
 # ----------------------------------------------------------------------------- statistics

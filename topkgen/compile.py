@@ -110,9 +110,9 @@ def compile_kernel(source: str, name: str, arch: str, *, use_cache: bool = True)
     key = cache_key(source, name, arch)
     miss = cache.Outcome("compiled")
     if use_cache:
-        found = cache.lookup(key, source)
+        found = cache.lookup(key, source, name, arch)
         if isinstance(found, cache.Hit):
-            hit = _from_record(found.record, found.cubin, name, arch, found.outcome)
+            hit = _from_record(found.record, found.cubin, found.outcome)
             if hit is not None:
                 return hit
         else:
@@ -126,13 +126,11 @@ def compile_kernel(source: str, name: str, arch: str, *, use_cache: bool = True)
     return CompiledKernel(name, arch, symbol, cubin, resources, key, outcome)
 
 
-def _from_record(record: dict[str, Any], cubin: bytes, name: str, arch: str,
-                 outcome: cache.Outcome) -> CompiledKernel | None:
-    if record["name"] != name or record["arch"] != arch:
-        return None
+def _from_record(record: dict[str, Any], cubin: bytes, outcome: cache.Outcome) -> CompiledKernel | None:
+    """A cache hit as a compile (cache.lookup verified it is this kernel's, for its arch)."""
     try:
-        return CompiledKernel(name, arch, record["symbol"], cubin, Resources(**record["resources"]), record["key"],
-                              outcome)
+        return CompiledKernel(record["name"], record["arch"], record["symbol"], cubin, Resources(**record["resources"]),
+                              record["key"], outcome)
     except TypeError:
         return None  # a record with other resource fields: compile again
 
