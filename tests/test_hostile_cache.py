@@ -207,6 +207,22 @@ def test_a_remote_record_naming_another_kernels_cubin_or_arch_is_rejected_and_ne
     assert "cache: 2 local hits, 0 remote hits, 0 compiled;" in again.stdout
 
 
+def test_the_bundle_writer_refuses_a_cubin_a_loader_would_refuse(warm, tmp_path):
+    """Defence in depth behind the cache's checks: whatever served the cubins, a bundle the
+    loaders refuse is never written."""
+    from topkgen import bundle
+
+    manifest = json.loads((warm[1] / "manifest.json").read_text())
+    files = {e["cubin"]: (warm[1] / e["cubin"]).read_bytes() for e in manifest["kernels"]}
+    first, second = manifest["kernels"][:2]
+    files[first["cubin"]] = files[second["cubin"]]  # another kernel's cubin, its sha256 fixed up
+    first["sha256"], first["size_bytes"] = second["sha256"], second["size_bytes"]
+    with pytest.raises(bundle.BuildError, match=rf"kernels\[0\]\.symbol: {first['cubin']} defines no function "
+                                                rf"'{first['symbol']}'"):
+        bundle.write_bundle(tmp_path / "out", manifest, files)
+    assert not (tmp_path / "out").exists()
+
+
 def test_a_record_of_nested_brackets_is_corrupt_not_a_crash():
     assert cache.parse_record(b"[" * 200_000, "k") is None
 

@@ -224,7 +224,14 @@ def build(policy: Policy, archs: list[str], out: Path, *, jobs: int = 1, allow_o
 def write_bundle(out: Path, manifest: dict, files: dict[str, bytes], *, force: bool = False,
                  inputs: tuple[Path, ...] = ()) -> None:
     """Swap a complete bundle into `out` under the destination's lock; `inputs` as for
-    destinations.check_bundle_destination."""
+    destinations.check_bundle_destination. Each kernel's file is first checked as every
+    loader checks it (manifest_checks.check_file), so no source of cubins (a cache, a part
+    of a merge) can make a bundle the loaders refuse: the build fails instead."""
+    for entry in manifest_checks.entries(manifest):
+        try:
+            manifest_checks.check_file(entry, files[entry.path])
+        except dispatch_table.FieldError as err:
+            raise BuildError(f"not writing {out}: it would hold what a loader refuses: {err}") from None
     with locked(out):
         check_bundle_destination(out, force=force, inputs=inputs)  # another process may have written there meanwhile
         try:
