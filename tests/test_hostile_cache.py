@@ -263,23 +263,74 @@ def test_a_cache_dir_this_user_cannot_write_is_one_message(warm, cache_copy, tmp
     assert not (tmp_path / "out").exists()
 
 
-def test_a_cache_this_user_can_only_read_still_serves_its_hits(warm, cache_copy, tmp_path):
-    """A read-only cache (a shared copy, a read-only mount) is no error: verify reads it, and
-    a build of what it holds compiles nothing and writes nothing there."""
-    prefix = _without_dac_override()
-    store = cache_copy / cache.LOCAL_DIR
-    folders = [store, *(p for p in store.rglob("*") if p.is_dir())]
+def _read_only_mount(directory: Path) -> tuple[str, ...]:
+    """A command prefix that runs the command with `directory` bind-mounted read-only over
+    itself, in a mount namespace of its own (EROFS, as on a read-only volume)."""
+    if shutil.which("unshare") is None or subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode:
+        pytest.skip("no mount namespace here: a read-only mount cannot be made")
+    return ("unshare", "-m", "sh", "-c", 'mount --bind -o ro "$0" "$0" && exec "$@"', str(directory))
+
+
+@pytest.mark.parametrize("how", ["permission-bits", "read-only-mount"])
+def test_a_cache_this_user_can_only_read_still_serves_build_merge_and_import(tiny_bundle_for_run, tmp_path, how):
+    """A read-only cache (a shared copy, a read-only mount: every folder, locks/ too) is no
+    error: verify reads it; a build and a merge of what it holds compile nothing, write
+    nothing there and take their lock in a private temporary directory (they failed at the
+    very end, unable to create the lock); an import of what it holds has nothing to write."""
+    bundle, policy = tiny_bundle_for_run[0], tiny_bundle_for_run[0].parent / "tiny.yaml"
+    cache_dir = tmp_path / "cache"
+    shutil.copytree(bundle.parent / "cache", cache_dir, symlinks=True)
+    for i in (1, 2):
+        part = topkgen("build", "--policy", policy, "--shard", f"{i}/2", "--out", tmp_path / f"s{i}",
+                       cache_dir=cache_dir)
+        assert part.returncode == 0, part.stderr
+    (cache_dir / "locks").mkdir(exist_ok=True)
+    folders = [cache_dir, *(p for p in cache_dir.rglob("*") if p.is_dir())] if how == "permission-bits" else []
+    prefix = _without_dac_override() if how == "permission-bits" else _read_only_mount(cache_dir)
+    before = tree(cache_dir)
     for folder in folders:
         folder.chmod(0o555)
+    env = {"TMPDIR": str(tmp_path / "tmp")}
+    (tmp_path / "tmp").mkdir()
+    kernels = len(json.loads((bundle / "manifest.json").read_text())["kernels"])
     try:
-        verify = topkgen("cache", "verify", "--sample", "50", cache_dir=cache_copy, prefix=prefix, timeout=120)
+        verify = topkgen("cache", "verify", "--sample", "50", cache_dir=cache_dir, prefix=prefix, timeout=120)
         assert verify.returncode == 0, verify.stderr
-        built = topkgen("build", *SHARD, "--out", tmp_path / "out", cache_dir=cache_copy, prefix=prefix, timeout=120)
+        built = topkgen("build", "--policy", policy, "--out", tmp_path / "out", cache_dir=cache_dir, prefix=prefix,
+                        env=env, timeout=120)
         assert built.returncode == 0, built.stderr
-        assert "2 local hits, 0 remote hits, 0 compiled" in built.stdout
+        assert f"{kernels} local hits, 0 remote hits, 0 compiled" in built.stdout
+        assert tree(tmp_path / "out") == tree(bundle)
+        merged = topkgen("merge", tmp_path / "s1", tmp_path / "s2", "--out", tmp_path / "merged", cache_dir=cache_dir,
+                         prefix=prefix, env=env, timeout=120)
+        assert merged.returncode == 0, merged.stderr
+        assert tree(tmp_path / "merged") == tree(bundle)
+        imported = topkgen("cache", "import", bundle, cache_dir=cache_dir, prefix=prefix, env=env, timeout=120)
+        assert imported.returncode == 0, imported.stderr
+        assert f"0 entries added, {kernels} already present" in imported.stdout
     finally:
         for folder in folders:
             folder.chmod(0o755)
+    assert tree(cache_dir) == before
+    assert [p.suffix for p in (tmp_path / "tmp" / f"topkgen-locks-{os.getuid()}").iterdir()] == [".lock"] * 2
+
+
+def test_a_private_lock_directory_another_user_could_write_is_refused(cache_copy, tmp_path):
+    """The fallback lock directory sits in a shared temporary directory: one planted there
+    by another user, or open to others, would let them hold or swap the lock."""
+    prefix = _without_dac_override()
+    (tmp_path / "tmp" / f"topkgen-locks-{os.getuid()}").mkdir(parents=True, mode=0o777)
+    (tmp_path / "tmp" / f"topkgen-locks-{os.getuid()}").chmod(0o777)
+    (cache_copy / "locks").mkdir(exist_ok=True)
+    (cache_copy / "locks").chmod(0o555)
+    try:
+        proc = topkgen("build", *SHARD, "--out", tmp_path / "out", cache_dir=cache_copy, prefix=prefix,
+                       env={"TMPDIR": str(tmp_path / "tmp")}, timeout=60)
+    finally:
+        (cache_copy / "locks").chmod(0o755)
+    one_line_error(proc, "cannot create the lock", "Permission denied, nor in",
+                   "not a directory of this user's alone")
+    assert not (tmp_path / "out").exists()
 
 
 # ----------------------------------------------------------------------------- a full disk

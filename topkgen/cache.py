@@ -163,6 +163,8 @@ class LocalStore:
 
     def create(self, rel: str, data: bytes) -> bool:
         path = self.root / rel
+        if os.path.lexists(path):
+            return False  # nothing written: a cache that holds the entry and cannot be written is no error
         try:
             with temporary_beside(path, data) as tmp:
                 try:

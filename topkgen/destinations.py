@@ -243,15 +243,35 @@ def _check_writable(directory: Path, label: str) -> None:
 
 @contextlib.contextmanager
 def locked(destination: Path) -> Iterator[None]:
-    """Serialise writers of one destination; the lock file lives in the cache directory."""
+    """Serialise writers of one destination. The lock file lives in the cache directory,
+    keyed by the destination, so nothing is left beside it. A cache this user cannot write
+    (a read-only mount, which still serves its hits) must not fail the build at its very
+    end: the lock then lives in tempdir/topkgen-locks-UID, keyed the same, so builders of one
+    destination from that cache still serialise; that directory must be this user's alone
+    (another user could otherwise hold or swap the lock). Anything else in a lock's place
+    (a FIFO, a symlink) is refused."""
+    import errno
+
     key = hashlib.sha256(os.fsencode(Path(destination).resolve())).hexdigest()[:32]
     lock = cache_root() / "locks" / f"{key}.lock"
     try:
         lock.parent.mkdir(parents=True, exist_ok=True)
         fd = open_lock(lock)  # a FIFO or symlink planted there is refused, not waited on
     except OSError as err:
-        raise DestinationError(f"cannot create the lock {_show(lock)}: {err.strerror} "
-                               f"(set TOPKGEN_CACHE_DIR to a writable directory)") from None
+        problem = f"cannot create the lock {_show(lock)}: {err.strerror}"
+        if err.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise DestinationError(f"{problem} (set TOPKGEN_CACHE_DIR to a writable directory)") from None
+        private = Path(tempfile.gettempdir()) / f"topkgen-locks-{os.getuid()}"
+        try:
+            with contextlib.suppress(FileExistsError):
+                os.mkdir(private, 0o700)
+            info = os.lstat(private)
+            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
+                raise OSError(errno.EPERM, "not a directory of this user's alone", str(private))
+            fd = open_lock(private / f"{key}.lock")
+        except OSError as again:
+            raise DestinationError(f"{problem}, nor in {_show(private)}: {again.strerror} "
+                                   f"(set TOPKGEN_CACHE_DIR to a writable directory)") from None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX)
         try:
