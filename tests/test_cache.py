@@ -360,6 +360,31 @@ def test_import_refuses_a_cubin_copied_over_another_kernels(tmp_path, full_bundl
     assert not (tmp_path / "cache").exists()
 
 
+def _import(bundle: str, cache_dir: str, barrier, queue) -> None:
+    from topkgen import cache_admin
+
+    os.environ["TOPKGEN_CACHE_DIR"] = cache_dir
+    os.environ.pop("TOPKGEN_CACHE_URL", None)
+    barrier.wait()
+    queue.put(cache_admin.import_bundle(Path(bundle)).added)
+
+
+def test_concurrent_imports_count_each_entry_added_once(tmp_path, full_bundle):
+    """Two imports into one empty cache reported 48 + 58 entries added of 58: each counted
+    what was present before it wrote. An entry is added by the process that created it."""
+    ctx = mp.get_context("spawn")
+    barrier, queue = ctx.Barrier(2), ctx.Queue()
+    procs = [ctx.Process(target=_import, args=(str(full_bundle), str(tmp_path / "cache"), barrier, queue))
+             for _ in range(2)]
+    for p in procs:
+        p.start()
+    added = [queue.get(timeout=300) for _ in procs]
+    for p in procs:
+        p.join(60)
+    assert sum(added) == 58, added
+    assert len(os.listdir(tmp_path / "cache" / cache.LOCAL_DIR / "ac")) == 58
+
+
 def test_verify_recompiles_a_sample_and_finds_a_wrong_entry(tmp_path):
     env = {"TOPKGEN_CACHE_DIR": str(tmp_path / "cache")}
     topkgen("build", "--arch", "sm_90", "--shard", "1/15", "--out", tmp_path / "out", env=env)  # 2 kernels

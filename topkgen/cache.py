@@ -307,6 +307,7 @@ class Outcome:
     rejected: int = 0        # remote entries that failed verification (so compiled here)
     errors: tuple[str, ...] = ()  # remote I/O failures (the remote was skipped)
     local_errors: tuple[str, ...] = ()  # local writes that failed (disk full): the kernel was not cached
+    local_added: bool = False  # this process wrote the local record (not another process, not an earlier run)
 
 
 @dataclass(frozen=True)
@@ -377,9 +378,9 @@ def store(key: str, fields: dict[str, Any], cubin: bytes, source: str, miss: Out
     whose whole job is the write) a CacheUnusable."""
     record = {**fields, "key": key, "cubin_sha256": sha256(cubin), "cubin_size": len(cubin),
               "source_sha256": sha256(source.encode())}
-    local_errors = miss.local_errors
+    local_errors, added = miss.local_errors, False
     try:
-        _put(local_store(), record, cubin, source, repair=True)
+        added = _put(local_store(), record, cubin, source, repair=True)[1]
     except OSError as err:
         if strict:
             raise CacheUnusable(unusable_message(Path(err.filename or cache_root()), err.strerror)) from None
@@ -388,21 +389,22 @@ def store(key: str, fields: dict[str, Any], cubin: bytes, source: str, miss: Out
     written, errors = 0, miss.errors
     if remote is not None and not remote_readonly():
         try:
-            written = _put(remote, record, cubin, source, repair=False)
+            written = _put(remote, record, cubin, source, repair=False)[0]
         except CacheError:
             raise
         except Exception as err:
             errors += (_remote_failure(err),)
     return Outcome("compiled", remote_written=written, rejected=miss.rejected, errors=errors,
-                   local_errors=local_errors)
+                   local_errors=local_errors, local_added=added)
 
 
 def _local_failure(err: OSError) -> str:
     return f"{err.filename}: {err.strerror}" if err.filename else str(err)
 
 
-def _put(target: Store, record: dict[str, Any], cubin: bytes, source: str, *, repair: bool) -> int:
-    """Content first, the action record last, each create-if-absent; returns bytes written.
+def _put(target: Store, record: dict[str, Any], cubin: bytes, source: str, *, repair: bool) -> tuple[int, bool]:
+    """Content first, the action record last, each create-if-absent; returns the bytes
+    written and whether this call wrote the record (no other writer did, no earlier run).
     `repair` (the local tier only) replaces entries that fail verification."""
     written = 0
     for digest, data in ((record["cubin_sha256"], cubin), (record["source_sha256"], source.encode())):
@@ -412,7 +414,7 @@ def _put(target: Store, record: dict[str, Any], cubin: bytes, source: str, *, re
             target.replace(cas_path(digest), data)  # type: ignore[attr-defined]
     data = record_bytes(record)
     if target.create(ac_path(record["key"]), data):
-        return written + len(data)
+        return written + len(data), True
     existing = target.get(ac_path(record["key"]))
     other = parse_record(existing, record["key"]) if existing is not None else None
     if other is not None and _forged(target, other, record):
@@ -425,7 +427,8 @@ def _put(target: Store, record: dict[str, Any], cubin: bytes, source: str, *, re
             f"Nothing was overwritten: find the cause, then delete that entry.")
     if other is None and repair:
         target.replace(ac_path(record["key"]), data)  # type: ignore[attr-defined]
-    return written
+        return written + len(data), True
+    return written, False
 
 
 def _forged(target: Store, other: dict[str, Any], record: dict[str, Any]) -> bool:

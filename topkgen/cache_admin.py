@@ -97,13 +97,15 @@ def import_bundle(path: Path) -> ImportResult:
         fields = {"name": spec.name, "arch": spec.arch, "symbol": entry["symbol"], "resources": entry["resources"],
                   "toolchain": manifest["toolchain"]}
         chosen.append((key, fields, cubin, source))
-    local = cache.local_store()
-    present = sum(local.get(cache.ac_path(key)) is not None for key, *_ in chosen)
-    written = sum(cache.store(key, fields, cubin, source, cache.Outcome("compiled"), strict=True).remote_written
-                  for key, fields, cubin, source in chosen)
     remote = cache.remote_store()
+    added, written = 0, 0
+    for key, fields, cubin, source in chosen:
+        outcome = cache.store(key, fields, cubin, source, cache.Outcome("compiled"), strict=True)
+        added += outcome.local_added  # what this process created: a concurrent import counts the others
+        written += outcome.remote_written
+    present = len(chosen) - added
     return ImportResult(
-        kernels=len(manifest["kernels"]), added=len(chosen) - present, present=present, skipped=skipped,
+        kernels=len(manifest["kernels"]), added=added, present=present, skipped=skipped,
         toolchain_matches=tc.digest(manifest["toolchain"]) == tc.digest(toolchain()),
         remote=remote.label if remote is not None and not cache.remote_readonly() else None,
         remote_written=written)
