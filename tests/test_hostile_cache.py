@@ -372,6 +372,30 @@ def test_a_full_disk_during_cache_import_is_one_message(cli, full_disk, tiny_bun
     assert result.stderr.rstrip().endswith("No space left on device; set TOPKGEN_CACHE_DIR to a writable directory")
 
 
+# ----------------------------------------------------------------------------- a remote import cannot write
+
+@pytest.mark.parametrize("remote", ["regular-file", "read-only-mount"])
+def test_cache_import_into_a_remote_it_cannot_write_fails_once_the_local_cache_is_filled(tiny_bundle_for_run,
+                                                                                          tmp_path, remote):
+    """Filling the stores is import's whole job: it said "imported ... into the local cache
+    and file:///x (0 B written)", exit 0, when x was a file or a read-only directory."""
+    bundle = tiny_bundle_for_run[0]
+    kernels = len(json.loads((bundle / "manifest.json").read_text())["kernels"])
+    target = tmp_path / "remote"
+    if remote == "regular-file":
+        target.write_text("not a directory")
+        prefix, reason = (), "Not a directory"
+    else:
+        target.mkdir()
+        prefix, reason = _read_only_mount(target), "Read-only file system"
+    proc = topkgen("cache", "import", bundle, cache_dir=tmp_path / "cache", prefix=prefix,
+                   env={"TOPKGEN_CACHE_URL": f"file://{target}"}, timeout=120)
+    one_line_error(proc, f"TOPKGEN_CACHE_URL=file://{target}: cannot write this store: ", reason,
+                   f"; the local cache was filled all the same ({kernels} entries added, 0 already present)")
+    assert proc.stdout == ""
+    assert len(list((tmp_path / "cache" / cache.LOCAL_DIR / "ac").iterdir())) == kernels
+
+
 # ----------------------------------------------------------------------------- the emulator's cache
 
 EMULATED = """

@@ -371,11 +371,12 @@ def lookup(key: str, source: str, name: str, arch: str) -> Hit | Outcome:
 
 
 def store(key: str, fields: dict[str, Any], cubin: bytes, source: str, miss: Outcome, *,
-          strict: bool = False) -> Outcome:
+          strict: bool = False, write_remote: bool = True) -> Outcome:
     """Record a compile (symbol, resources, toolchain in `fields`) in the local tier and,
-    unless read-only, the remote one; `miss` is what the lookup before it found. A failed
-    local write (disk full) is in the Outcome's local_errors, or with `strict` (cache import,
-    whose whole job is the write) a CacheUnusable."""
+    unless read-only or not `write_remote`, the remote one; `miss` is what the lookup before
+    it found. A failed local write (disk full) is in the Outcome's local_errors, or with
+    `strict` (cache import, whose whole job is the write) a CacheUnusable; a failed remote
+    write is in its errors."""
     record = {**fields, "key": key, "cubin_sha256": sha256(cubin), "cubin_size": len(cubin),
               "source_sha256": sha256(source.encode())}
     local_errors, added = miss.local_errors, False
@@ -387,7 +388,7 @@ def store(key: str, fields: dict[str, Any], cubin: bytes, source: str, miss: Out
         local_errors += (_local_failure(err),)
     remote = remote_store()
     written, errors = 0, miss.errors
-    if remote is not None and not remote_readonly():
+    if remote is not None and not remote_readonly() and write_remote:
         try:
             written = _put(remote, record, cubin, source, repair=False)[0]
         except CacheError:

@@ -65,7 +65,9 @@ def import_bundle(path: Path) -> ImportResult:
     """Check every kernel first (nothing is written if one fails), then write the entries
     through the same tiers as a compile: local, and the remote unless read-only. A local
     cache that cannot be used or written (not a directory, no permission, disk full) is a
-    cache.CacheUnusable (exit 2) naming the path."""
+    cache.CacheUnusable (exit 2) naming the path. Filling the stores is import's whole job,
+    so a remote write that fails (a build only warns) is a cache.CacheConfigError (exit 2)
+    too, raised once the local part is done, which it says."""
     from topkgen.compile import cache_key, toolchain
     from topkgen.policy import plan
     from topkgen.render import render
@@ -98,12 +100,19 @@ def import_bundle(path: Path) -> ImportResult:
                   "toolchain": manifest["toolchain"]}
         chosen.append((key, fields, cubin, source))
     remote = cache.remote_store()
-    added, written = 0, 0
+    added, written, failure = 0, 0, None
     for key, fields, cubin, source in chosen:
-        outcome = cache.store(key, fields, cubin, source, cache.Outcome("compiled"), strict=True)
+        # After one remote failure the rest go to the local tier only: an outage fails once, not per kernel.
+        outcome = cache.store(key, fields, cubin, source, cache.Outcome("compiled"), strict=True,
+                              write_remote=failure is None)
         added += outcome.local_added  # what this process created: a concurrent import counts the others
         written += outcome.remote_written
+        failure = failure or next(iter(outcome.errors), None)
     present = len(chosen) - added
+    if failure is not None and remote is not None:
+        raise cache.CacheConfigError(
+            f"TOPKGEN_CACHE_URL={remote.label}: cannot write this store: {failure}; the local cache was filled "
+            f"all the same ({added} entries added, {present} already present)")
     return ImportResult(
         kernels=len(manifest["kernels"]), added=added, present=present, skipped=skipped,
         toolchain_matches=tc.digest(manifest["toolchain"]) == tc.digest(toolchain()),
