@@ -4,12 +4,13 @@ that CI jobs share (s3://, gs://, file://, memory://).
 
 Why this shape: a key covers every input of a compile (`action_key`), so two machines share
 an entry only when they would have compiled the same bytes. Content is addressed by its
-sha256, so every byte read from any tier is checked before use, and an entry serves only when
-its cubin would pass a loader's checks for the kernel and arch asked for (entry_problem). Writes go content first and
-action record last, create-if-absent: a reader never finds a record without its content, the
-first writer wins, and a record that already names other bytes means a key missed an input.
-That is an error (`CacheConflict`), never an overwrite. TOPKGEN_CACHE_READONLY=1 keeps a job
-(a pull request from a fork) from writing the remote at all.
+sha256, so every byte read from any tier is checked before use, and an entry serves only
+when its cubin passes a loader's checks for the kernel and arch asked for (entry_problem).
+Writes go content first and action record last, create-if-absent: a reader never finds a
+record without its content, the first writer wins, and a record that already names other
+bytes of the same kernel means a key missed an input. That is an error (`CacheConflict`),
+never an overwrite. TOPKGEN_CACHE_READONLY=1 keeps a job (a pull request from a fork) from
+writing the remote at all.
 
 A damaged or hostile cache directory: every entry is read as a regular file of bounded size,
 opened without following a symlink and without blocking (paths.read_regular); anything else
