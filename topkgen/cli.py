@@ -574,7 +574,8 @@ def _cache_stats(stats: Any) -> str:
 
 def _cache_warnings(stats: Any) -> None:
     if stats.rejected:
-        console.warning(f"{stats.rejected} remote entries failed sha256 verification and were compiled here instead")
+        console.warning(f"{stats.rejected} of the remote's entries failed verification (sha256, or the loaders' "
+                        f"checks of the cubin) and were compiled here instead")
     for error in stats.errors[:3]:
         console.warning(f"remote cache unavailable, compiled instead: {error}")
     if stats.local_errors:  # disk full, say: the bundle is complete, the next build compiles these again

@@ -5,11 +5,13 @@ they asked for it.
 `topkgen build --out DIR` (and `merge --out DIR`) replaces DIR only when DIR is missing, empty
 or a topkgen bundle (or with --force). Some directories are never replaced, --force or not,
 because losing them cannot be what the user meant (`protected`): the current directory and
-its parents, a file system's root, the home directory, a git repository, the compile cache
-and the command's own inputs; nor does --force reach a top-level directory of the file
+its parents, a file system's root, the home directory, a git repository, the compile caches
+(local and a file:// shared one) and the command's own inputs; nor does --force reach a top-level directory of the file
 system or a tree holding a git repository (`_forced_too_far`). `topkgen run -o FILE`
-replaces FILE only when it is the output of an earlier run (or with --force). Locks live in
-the cache directory, keyed by the destination, so nothing is left beside it.
+replaces FILE only when it is the output of an earlier run (or with --force), and never a
+device, FIFO or socket, an input, or a file inside the bundle it reads. Locks live in the
+cache directory (a per-user temporary one when the cache is read-only), keyed by the
+destination, so nothing is left beside it.
 """
 
 from __future__ import annotations
