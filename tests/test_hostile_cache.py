@@ -199,7 +199,7 @@ def test_a_remote_record_naming_another_kernels_cubin_or_arch_is_rejected_and_ne
     proc = topkgen("build", *SHARD, "--out", tmp_path / "out", cache_dir=tmp_path / "job", env=env, timeout=60)
     assert proc.returncode == 0, proc.stderr
     assert "cache: 0 local hits, 1 remote hits, 1 compiled;" in proc.stdout
-    assert "1 remote entries failed" in proc.stderr
+    assert "1 of the remote's entries failed verification" in proc.stderr
     assert tree(tmp_path / "out") == tree(warm[1])
     assert (tmp_path / "job" / cache.LOCAL_DIR / entry.relative_to(remote)).read_bytes() == good
     assert entry.read_bytes() == forged  # left as it was
