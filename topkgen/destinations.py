@@ -17,6 +17,7 @@ destination, so nothing is left beside it.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import hashlib
 import os
@@ -252,8 +253,6 @@ def locked(destination: Path) -> Iterator[None]:
     destination from that cache still serialise; that directory must be this user's alone
     (another user could otherwise hold or swap the lock). Anything else in a lock's place
     (a FIFO, a symlink) is refused."""
-    import errno
-
     key = hashlib.sha256(os.fsencode(Path(destination).resolve())).hexdigest()[:32]
     lock = cache_root() / "locks" / f"{key}.lock"
     try:
