@@ -9,6 +9,7 @@ to /dev/zero took 24 GB and a FIFO hung the build."""
 from __future__ import annotations
 
 import errno
+import hashlib
 import json
 import os
 import resource
@@ -36,6 +37,7 @@ def topkgen(*args, cache_dir: Path, prefix: tuple[str, ...] = (), timeout: float
     """topkgen with `cache_dir` as its cache and no remote, unless `env` names one."""
     full = {**os.environ, "TOPKGEN_CACHE_DIR": str(cache_dir)}
     full.pop("TOPKGEN_CACHE_URL", None)
+    full.pop("XDG_RUNTIME_DIR", None)  # the private lock directory then goes to TMPDIR
     return subprocess.run([*prefix, *TOPKGEN, *map(str, args)], capture_output=True, text=True,
                           env={**full, **(env or {})}, timeout=timeout, preexec_fn=_bounded)
 
@@ -266,9 +268,10 @@ def test_a_cache_dir_this_user_cannot_write_is_one_message(warm, cache_copy, tmp
 def _read_only_mount(directory: Path) -> tuple[str, ...]:
     """A command prefix that runs the command with `directory` bind-mounted read-only over
     itself, in a mount namespace of its own (EROFS, as on a read-only volume)."""
-    if shutil.which("unshare") is None or subprocess.run(["unshare", "-m", "true"], capture_output=True).returncode:
-        pytest.skip("no mount namespace here: a read-only mount cannot be made")
-    return ("unshare", "-m", "sh", "-c", 'mount --bind -o ro "$0" "$0" && exec "$@"', str(directory))
+    prefix = ("unshare", "-m", "sh", "-c", 'mount --bind -o ro "$0" "$0" && exec "$@"', str(directory))
+    if shutil.which("unshare") is None or subprocess.run([*prefix, "true"], capture_output=True).returncode:
+        pytest.skip("no mount namespace or bind mount here: a read-only mount cannot be made")
+    return prefix
 
 
 @pytest.mark.parametrize("how", ["permission-bits", "read-only-mount"])
@@ -313,6 +316,24 @@ def test_a_cache_this_user_can_only_read_still_serves_build_merge_and_import(tin
             folder.chmod(0o755)
     assert tree(cache_dir) == before
     assert [p.suffix for p in (tmp_path / "tmp" / f"topkgen-locks-{os.getuid()}").iterdir()] == [".lock"] * 2
+
+
+def test_a_lock_file_another_user_made_is_shared_for_reading(cache_copy, tmp_path):
+    """A lock file in the cache that this user cannot write (another user's, made with umask
+    022) is opened for reading, which flock allows: both users still serialise on it. It was
+    an error, then a private lock the other user never sees."""
+    prefix = _without_dac_override()
+    out = tmp_path / "out"
+    key = hashlib.sha256(os.fsencode(out.resolve())).hexdigest()[:32]
+    lock = cache_copy / "locks" / f"{key}.lock"
+    lock.parent.mkdir(exist_ok=True)
+    lock.write_bytes(b"")
+    lock.chmod(0o444)
+    (tmp_path / "tmp").mkdir()
+    proc = topkgen("build", *SHARD, "--out", out, cache_dir=cache_copy, prefix=prefix,
+                   env={"TMPDIR": str(tmp_path / "tmp")}, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    assert list((tmp_path / "tmp").iterdir()) == []  # no private lock directory: the shared lock served
 
 
 def test_a_private_lock_directory_another_user_could_write_is_refused(cache_copy, tmp_path):
@@ -507,8 +528,6 @@ def test_verify_never_compiles_a_cached_source_that_includes_another_file(tmp_pa
 def test_a_lock_that_is_not_a_regular_file_is_one_message_not_a_hang(cache_copy, tmp_path):
     """build serialises writers of one --out with a lock in the cache; a FIFO planted there
     would block open() for ever."""
-    import hashlib
-
     out = tmp_path / "out"
     key = hashlib.sha256(os.fsencode(out.resolve())).hexdigest()[:32]
     (cache_copy / "locks").mkdir(exist_ok=True)

@@ -244,15 +244,32 @@ def _check_writable(directory: Path, label: str) -> None:
         raise DestinationError(f"{label}: cannot write in {_show(probe)}: {err.strerror}") from None
 
 
+def _private_lock(directory: Path, name: str) -> int:
+    """The lock `name` in `directory`, which must be this user's alone: it is created if
+    absent, then opened without following a link and checked on the open descriptor, and
+    the lock is opened relative to that descriptor, so no directory swapped in meanwhile
+    can hold or redirect it."""
+    with contextlib.suppress(FileExistsError):
+        os.mkdir(directory, 0o700)
+    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        info = os.fstat(dir_fd)
+        if info.st_uid != os.getuid() or info.st_mode & 0o022:
+            raise OSError(errno.EPERM, "not a directory of this user's alone", str(directory))
+        return open_lock(name, dir_fd=dir_fd)
+    finally:
+        os.close(dir_fd)
+
+
 @contextlib.contextmanager
 def locked(destination: Path) -> Iterator[None]:
     """Serialise writers of one destination. The lock file lives in the cache directory,
-    keyed by the destination, so nothing is left beside it. A cache this user cannot write
-    (a read-only mount, which still serves its hits) must not fail the build at its very
-    end: the lock then lives in tempdir/topkgen-locks-UID, keyed the same, so builders of one
-    destination from that cache still serialise; that directory must be this user's alone
-    (another user could otherwise hold or swap the lock). Anything else in a lock's place
-    (a FIFO, a symlink) is refused."""
+    keyed by the destination, so nothing is left beside it; one there that this user cannot
+    write (another user's, or on a read-only mount) is opened for reading, which flock
+    allows. Where none can be created (a read-only cache still serves its hits, and must not
+    fail the build at its very end), the lock lives in $XDG_RUNTIME_DIR (else the temporary
+    directory)/topkgen-locks-UID, keyed the same, so builders of one destination from that
+    cache still serialise. Anything else in a lock's place (a FIFO, a symlink) is refused."""
     key = hashlib.sha256(os.fsencode(Path(destination).resolve())).hexdigest()[:32]
     lock = cache_root() / "locks" / f"{key}.lock"
     try:
@@ -262,14 +279,9 @@ def locked(destination: Path) -> Iterator[None]:
         problem = f"cannot create the lock {_show(lock)}: {err.strerror}"
         if err.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
             raise DestinationError(f"{problem} (set TOPKGEN_CACHE_DIR to a writable directory)") from None
-        private = Path(tempfile.gettempdir()) / f"topkgen-locks-{os.getuid()}"
+        private = Path(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()) / f"topkgen-locks-{os.getuid()}"
         try:
-            with contextlib.suppress(FileExistsError):
-                os.mkdir(private, 0o700)
-            info = os.lstat(private)
-            if not stat.S_ISDIR(info.st_mode) or info.st_uid != os.getuid() or info.st_mode & 0o022:
-                raise OSError(errno.EPERM, "not a directory of this user's alone", str(private))
-            fd = open_lock(private / f"{key}.lock")
+            fd = _private_lock(private, f"{key}.lock")
         except OSError as again:
             raise DestinationError(f"{problem}, nor in {_show(private)}: {again.strerror} "
                                    f"(set TOPKGEN_CACHE_DIR to a writable directory)") from None
