@@ -153,6 +153,21 @@ def test_a_closed_stdout_is_one_line_when_there_is_output(args, status, tiny_pol
                                                       "is closed\n" if status == 2 else "")
 
 
+def test_a_closed_stdout_does_not_fail_a_command_whose_product_is_files(tiny_policy, tiny_bundle, tmp_path):  # noqa: F811
+    """build and run -o report on stdout; with it closed the report goes nowhere, and the
+    bundle or the .npz is still written, exit 0 (a review found build stopped at its first
+    progress line and merge/import exited 2 after their work)."""
+    np.save(tmp_path / "x.npy", np.zeros((1, 100), np.float32))
+    for args, product in ((["build", "--policy", tiny_policy, "--out", tmp_path / "out"], tmp_path / "out"),
+                          (["run", "--bundle", tiny_bundle, "--arch", "sm_90", "--backend", "emulator", "--k", "3",
+                            tmp_path / "x.npy", "-o", tmp_path / "o.npz"], tmp_path / "o.npz")):
+        proc = subprocess.run([*TOPKGEN, *map(str, args)], stderr=subprocess.PIPE, text=True,
+                              env={**ENV, "TOPKGEN_CACHE_DIR": os.environ.get("TOPKGEN_CACHE_DIR", str(tmp_path))},
+                              preexec_fn=lambda: os.close(1))
+        assert (proc.returncode, proc.stderr) == (0, ""), args[0]
+        assert product.exists()
+
+
 def test_a_reader_that_leaves_mid_write_is_141_not_a_result():
     """The pipe takes the first 64 KiB of a larger write, then its reader leaves: CPython's
     stdout dropped the rest without an error, and show exited 0, diff 1 ("the sides differ")."""

@@ -149,7 +149,7 @@ def _interruptions() -> Iterator[None]:
         _silence_stdout()
         raise click.exceptions.Exit(EXIT_BROKEN_PIPE) from None
     except OSError as err:
-        if err.errno == errno.EBADF and isinstance(sys.stdout, _ClosedStdout):
+        if isinstance(err, _StdoutClosed):
             raise InputError("cannot write the output: standard output is closed") from None
         if err.errno not in _FULL:
             raise
@@ -176,9 +176,10 @@ def _own_stdout() -> None:
     except (AttributeError, OSError, ValueError):
         return
     sys.stdout.flush()
-    sys.stdout = io.TextIOWrapper(io.BufferedWriter(_WholeWrites(fd)), encoding=sys.__stdout__.encoding,
-                                  errors=sys.__stdout__.errors, line_buffering=sys.__stdout__.line_buffering,
-                                  write_through=sys.__stdout__.write_through)
+    unbuffered = sys.__stdout__.write_through  # python -u: nothing held back, as before
+    sys.stdout = io.TextIOWrapper(io.BufferedWriter(_WholeWrites(fd), buffer_size=1 if unbuffered else 8192),
+                                  encoding=sys.__stdout__.encoding, errors=sys.__stdout__.errors,
+                                  line_buffering=sys.__stdout__.line_buffering, write_through=unbuffered)
 
 
 class _WholeWrites(io.RawIOBase):
@@ -206,21 +207,40 @@ class _WholeWrites(io.RawIOBase):
 
 class _ClosedStdout(io.TextIOBase):
     """sys.stdout when file descriptor 1 is closed (Python leaves None there, and click then
-    drops every line): writing fails as writing to a closed descriptor does, so that a
-    command whose output is lost says so; a command that prints nothing (diff -q) is fine."""
+    drops every line): for a command whose product is its output (plan, show, diff...),
+    writing fails, so that it says the product was lost; a command that prints nothing
+    (diff -q) is fine, and one whose product is files only reports on stdout (`_report_only`)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.report_only = False
 
     def writable(self) -> bool:
         return True
 
     def write(self, text: str) -> int:
-        if text:
-            raise OSError(errno.EBADF, "standard output is closed")
-        return 0
+        if text and not self.report_only:
+            raise _StdoutClosed(errno.EBADF, "standard output is closed")
+        return len(text)
+
+
+class _StdoutClosed(OSError):
+    """A write to the closed standard output (not any EBADF: another descriptor's is a bug)."""
+
+
+def _report_only() -> None:
+    """Called by the commands whose product is files (build, merge, cache import, run -o):
+    what they print is a report, and with stdout closed it goes nowhere rather than failing
+    a command whose work is done, or stopping one before it."""
+    if isinstance(sys.stdout, _ClosedStdout):
+        sys.stdout.report_only = True
 
 
 def _silence_stdout() -> None:
     """stdout to /dev/null: the interpreter's last flush of what could not be written then
-    fails no more."""
+    fails no more (a closed one has nothing to flush)."""
+    if isinstance(sys.stdout, _ClosedStdout):
+        return
     os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
@@ -533,6 +553,8 @@ def build(policy_path: str | None, archs: tuple[str, ...], out_dir: str, jobs: i
     manifest, through the compile cache. A failed build leaves --out as it was."""
     from pathlib import Path
 
+    _report_only()
+
     from topkgen import bundle, cache, compile as nvrtc_compile, shards
 
     policy = _load_policy(policy_path)
@@ -786,6 +808,9 @@ def run(bundle_dir: str, arch: str | None, backend: str, k: int, smallest: bool,
         dtype: str | None, input_path: str, output_path: str | None, force: bool) -> None:
     """Top-k over the last dimension of IN.npy with the bundle's kernels (or JIT)."""
     import io
+
+    if output_path is not None:  # the product is -o; without it, the rows printed are
+        _report_only()
     from pathlib import Path
 
     import numpy as np
@@ -898,6 +923,8 @@ def merge(parts: tuple[str, ...], out_dir: str, force: bool) -> None:
     cubin verifies."""
     from pathlib import Path
 
+    _report_only()
+
     from topkgen import shards
 
     try:
@@ -921,6 +948,8 @@ def cache_import(bundle_dir: str) -> None:
     """Fill the compile cache from a bundle (a release, a base revision's build), so that
     builds of the same kernels compile nothing."""
     from pathlib import Path
+
+    _report_only()
 
     from topkgen import cache, cache_admin
 
