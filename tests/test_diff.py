@@ -187,6 +187,9 @@ def test_policy_option_picks_a_file_inside_each_side(repo):
     assert proc.returncode == 1 and "29 -> 48" in proc.stdout
     proc = topkgen("diff", "HEAD", "v1", "--policy", "../outside.yaml", cwd=repo)
     assert proc.returncode == 2 and "--policy '../outside.yaml': expected a path relative" in proc.stderr
+    # A path is a path, not git's pathspec magic (which matched, then met a size limit of 0 bytes).
+    proc = topkgen("diff", "HEAD", "v1", "--policy", ":(top)policies/topk.yaml", cwd=repo)
+    assert (proc.returncode, proc.stderr) == (2, "topkgen: error: HEAD: no :(top)policies/topk.yaml at that revision\n")
 
 
 def test_a_repository_of_policies_alone_renders_with_the_installed_templates(tmp_path):

@@ -232,7 +232,8 @@ def _limit(limits: dict[str, int], name: str) -> int:
 
 def _git(args: list[str], cwd: Path | None, stdin: str | None = None) -> subprocess.CompletedProcess:
     try:
-        return subprocess.run(["git", *args], capture_output=True, cwd=cwd,
+        # Paths are paths: `--policy ':(top)x'` is a file of that name, not pathspec magic.
+        return subprocess.run(["git", "--literal-pathspecs", *args], capture_output=True, cwd=cwd,
                               input=stdin.encode() if stdin is not None else None)
     except OSError as err:
         raise SourceError(f"cannot run git: {err.strerror}") from None
