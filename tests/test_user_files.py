@@ -354,10 +354,13 @@ def test_the_installed_entry_point_has_the_same_handler(tmp_path):
 
 def test_a_blank_cache_dir_is_unset_not_a_folder_named_blank(tmp_path, monkeypatch):
     """TOPKGEN_CACHE_DIR=' ' made a folder named ' ' wherever a command ran."""
-    from topkgen.paths import cache_root
+    from topkgen.paths import cache_root, unusable_message
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
     for blank in ("", " ", "\t"):
         monkeypatch.setenv("TOPKGEN_CACHE_DIR", blank)
         assert cache_root() == tmp_path / "xdg" / "topkgen"
+        assert unusable_message(cache_root(), "is a file").startswith("cannot use the compile cache: ")
+    monkeypatch.setenv("TOPKGEN_CACHE_DIR", f" {tmp_path}/c ")  # not a folder named ' '
+    assert cache_root() == tmp_path / "c"

@@ -29,11 +29,16 @@ def cuda_include_dir() -> Path:
                        "nvidia-cuda-cccl wheels (pip install topkgen pulls them in)")
 
 
+def _explicit_cache_dir() -> str:
+    """TOPKGEN_CACHE_DIR without surrounding blanks ('' when unset): `=' '` made a folder named
+    ' ' in whatever directory a command ran in, `=' /x'` one named ' ' holding x."""
+    return os.environ.get("TOPKGEN_CACHE_DIR", "").strip()
+
+
 def cache_root() -> Path:
-    """TOPKGEN_CACHE_DIR, else the user cache directory. Blank counts as unset (`=' '` made a
-    folder named ' ' in whatever directory a command ran in)."""
-    explicit = os.environ.get("TOPKGEN_CACHE_DIR", "")
-    if explicit.strip():
+    """TOPKGEN_CACHE_DIR, else the user cache directory."""
+    explicit = _explicit_cache_dir()
+    if explicit:
         return Path(explicit)
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "topkgen"
@@ -172,7 +177,7 @@ def directory_problem(path: Path, *, writable: bool = True) -> str | None:
 
 def unusable_message(path: Path | str, problem: str, what: str = "the compile cache") -> str:
     """One line for a cache directory or file that cannot be used: the setting, the path, the remedy."""
-    explicit = os.environ.get("TOPKGEN_CACHE_DIR")
+    explicit = _explicit_cache_dir()
     where = f"TOPKGEN_CACHE_DIR={explicit}: " if explicit else ""
     sep = " " if problem.startswith(("is ", "cannot ")) else ": "
     return f"{where}cannot use {what}: {path}{sep}{problem}; set TOPKGEN_CACHE_DIR to a writable directory"
