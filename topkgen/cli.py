@@ -925,11 +925,11 @@ def merge(parts: tuple[str, ...], out_dir: str, force: bool) -> None:
 
     _report_only()
 
-    from topkgen import shards
+    from topkgen import bundle, shards
 
     try:
         manifest = shards.merge([Path(p) for p in parts], Path(out_dir), force=force)
-    except shards.ShardError as err:
+    except (shards.ShardError, bundle.BuildError) as err:  # BuildError: the bundle could not be written
         raise InputError(str(err)) from None
     counts = {a: sum(1 for k in manifest["kernels"] if k["arch"] == a) for a in manifest["archs"]}
     click.echo(f"merged {len(parts)} shards into {Path(out_dir) / 'manifest.json'}: "
