@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 
 from .conftest import DEFAULT_POLICY, ROOT
-from .test_user_files import TOPKGEN, tiny_bundle, tiny_policy  # noqa: F401 (fixtures)
+from .test_user_files import TOPKGEN, each_command, tiny_bundle, tiny_policy  # noqa: F401 (fixtures)
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
@@ -24,15 +24,7 @@ def test_ctrl_c_is_exit_130_and_one_line_for_every_command(cli, tiny_bundle, tin
                                                            monkeypatch):
     from topkgen import policy
 
-    np.save(tmp_path / "x.npy", np.zeros((1, 100), np.float32))
-    commands = {
-        "plan": ["plan"],
-        "explain": ["explain", "--arch", "sm_90", "--dtype", "float32", "--k", "1", "--n", "8"],
-        "build": ["build", "--policy", tiny_policy, "--out", tmp_path / "out"],
-        "diff": ["diff", tiny_policy, tiny_policy, "--stat"],
-        "run": ["run", "--bundle", tiny_bundle, "--arch", "sm_90", "--backend", "emulator", "--k", "1",
-                tmp_path / "x.npy", "-o", tmp_path / "o.npz"],
-    }
+    commands = each_command(tiny_policy, tiny_bundle, tmp_path)
 
     def interrupted(*args, **kwargs):  # every command loads a policy: Ctrl-C arrives there
         raise KeyboardInterrupt

@@ -306,6 +306,20 @@ def test_run_force_never_replaces_a_device_a_fifo_or_the_bundle_it_reads(cli, ti
 
 # ----------------------------------------------------------------------------- internal errors
 
+def each_command(tiny_policy: Path, tiny_bundle: Path, tmp_path: Path) -> dict[str, list]:
+    """One small invocation of every command that loads a policy (so that a failure planted
+    in policy._build reaches each), writing only under tmp_path (out/, o.npz)."""
+    np.save(tmp_path / "x.npy", np.zeros((1, 100), np.float32))
+    return {
+        "plan": ["plan"],
+        "explain": ["explain", "--arch", "sm_90", "--dtype", "float32", "--k", "1", "--n", "8"],
+        "build": ["build", "--policy", tiny_policy, "--out", tmp_path / "out"],
+        "diff": ["diff", tiny_policy, tiny_policy],
+        "run": ["run", "--bundle", tiny_bundle, "--arch", "sm_90", "--backend", "emulator", "--k", "1",
+                tmp_path / "x.npy", "-o", tmp_path / "o.npz"],
+    }
+
+
 def _break_policy_building(monkeypatch) -> None:
     """A stand-in for a bug: every command loads a policy through policy._build."""
     from topkgen import policy
@@ -318,15 +332,7 @@ def _break_policy_building(monkeypatch) -> None:
 
 def test_an_unexpected_error_is_one_line_and_exit_70_for_every_command(cli, tiny_bundle, tiny_policy, tmp_path,
                                                                        monkeypatch):
-    np.save(tmp_path / "x.npy", np.zeros((1, 100), np.float32))
-    commands = {
-        "plan": ["plan"],
-        "explain": ["explain", "--arch", "sm_90", "--dtype", "float32", "--k", "1", "--n", "8"],
-        "build": ["build", "--policy", tiny_policy, "--out", tmp_path / "out"],
-        "diff": ["diff", tiny_policy, tiny_policy],
-        "run": ["run", "--bundle", tiny_bundle, "--arch", "sm_90", "--backend", "emulator", "--k", "1",
-                tmp_path / "x.npy", "-o", tmp_path / "o.npz"],
-    }
+    commands = each_command(tiny_policy, tiny_bundle, tmp_path)
     _break_policy_building(monkeypatch)
     for name, args in commands.items():
         result = cli(*args)

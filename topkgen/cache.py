@@ -335,7 +335,8 @@ def _read(store: Store, key: str, name: str, arch: str) -> tuple[dict[str, Any],
     return record, cubin, len(data) + len(cubin)
 
 
-def _remote_failure(err: Exception) -> str:
+def store_failure(err: Exception) -> str:
+    """A store's failure in one line: its library's exception type says what failed."""
     return f"{type(err).__name__}: {err}"
 
 
@@ -359,7 +360,7 @@ def lookup(key: str, source: str, name: str, arch: str) -> Hit | Outcome:
     except ValueError:
         return Outcome("compiled", rejected=1)
     except Exception as err:  # network, credentials: an outage of the shared tier must not fail a build
-        return Outcome("compiled", errors=(_remote_failure(err),))
+        return Outcome("compiled", errors=(store_failure(err),))
     if found is None:
         return Outcome("compiled")
     record, cubin, nbytes = found
@@ -395,7 +396,7 @@ def store(key: str, fields: dict[str, Any], cubin: bytes, source: str, miss: Out
         except CacheError:
             raise
         except Exception as err:
-            errors += (_remote_failure(err),)
+            errors += (store_failure(err),)
     return Outcome("compiled", remote_written=written, rejected=miss.rejected, errors=errors,
                    local_errors=local_errors, local_added=added)
 

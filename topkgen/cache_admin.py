@@ -159,7 +159,7 @@ def _reading(store: cache.Store, what: str, read: Callable[[], T]) -> T:
     try:
         return read()
     except Exception as err:  # noqa: BLE001 - network, credentials, OSError: whatever the store's library raises
-        raise CacheInputError(f"{store.label}: cannot read {what}: {type(err).__name__}: {err}") from None
+        raise CacheInputError(f"{store.label}: cannot read {what}: {cache.store_failure(err)}") from None
 
 
 def _verify_one(store: cache.Store, key: str) -> str:
