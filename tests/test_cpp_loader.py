@@ -306,6 +306,15 @@ VERSION_KEY = b'"schema_version":'
 RAW_CASES = {
     "UTF-8 BOM": (lambda raw: b"\xef\xbb\xbf" + raw,
                   lambda raw: ":1:1: not valid JSON: Unexpected UTF-8 BOM (decode using utf-8-sig)"),
+    "UTF-16": (lambda raw: raw.decode().encode("utf-16"),
+               lambda raw: ":1:1: not UTF-8: byte 0xff cannot be decoded (the file looks like UTF-16); save the file "
+                           "as UTF-8"),
+    "Latin-1": (lambda raw: raw.replace(b'"topkgen"', '"topkgén"'.encode("latin-1"), 1),
+                lambda raw: f":{_at(raw, raw.index(b'topkg') + 5)}: not UTF-8: byte 0xe9 cannot be decoded; save the "
+                            f"file as UTF-8"),
+    "binary": (lambda raw: b"\x93NUMPY\x01\x00v\x00{'descr': '<f4'}" + raw,  # a .npy given for a bundle's manifest
+               lambda raw: ":1:1: not UTF-8: byte 0x93 cannot be decoded; the file is binary (it holds NUL bytes), "
+                           "not text"),
     "duplicate key": (lambda raw: raw.replace(b"{", b'{\n  "schema_version": 3,', 1),  # named where written last
                       lambda raw: f":{_at(raw, raw.rindex(VERSION_KEY))}: duplicate key " + '"schema_version"'),
     "bidirectional control": (lambda raw: raw.replace(b'"topkgen"', b'"' + BIDI + b'"', 1),

@@ -119,11 +119,13 @@ def test_uniqueness_is_checked_in_one_pass(tmp_path):
 @pytest.mark.parametrize("encoding,message", [
     ("utf-16", ":1:1: not UTF-8: byte 0xff cannot be decoded (the file looks like UTF-16); save the file as UTF-8"),
     ("utf-16-le", ":1:2: U+0000, a NUL byte (is the file UTF-16?), is not allowed"),
+    ("npy", ":1:1: not UTF-8: byte 0x93 cannot be decoded; the file is binary (it holds NUL bytes), not text"),
 ])
 def test_a_policy_that_is_not_utf8_is_refused(cli, tmp_path, encoding, message):
     # A UTF-16 policy used to build a bundle whose stored text did not match its sha256.
     path = tmp_path / "utf16.yaml"
-    path.write_bytes(BASE.encode(encoding))
+    # "npy": a numpy array file given for the policy (its header holds NUL bytes).
+    path.write_bytes(b"\x93NUMPY\x01\x00v\x00" + BASE.encode() if encoding == "npy" else BASE.encode(encoding))
     result = cli("plan", "--policy", path)
     assert result.exit_code == 2
     assert result.stderr == f"topkgen: error: {path}{message}\n"

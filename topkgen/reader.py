@@ -34,6 +34,7 @@ from topkgen.schema import format_path
 MAX_DEPTH = 32
 MAX_INT_DIGITS = 20   # 2^63 has 19 digits; no value topkgen reads needs more
 MAX_NUMBER_CHARS = 40  # a JSON number token, sign, fraction and exponent included
+BINARY_PROBE = 8000    # a NUL among the first 8000 bytes: binary, as git decides it (loaders/cpp: the same)
 
 # Refused in any text and any string value: C0 controls but tab, LF and CR; DEL and C1;
 # line and paragraph separators (libyaml counts them as line breaks, editors do not);
@@ -95,8 +96,13 @@ def decode(raw: bytes, source: str) -> str:
     except UnicodeDecodeError as err:
         line_start = raw.rfind(b"\n", 0, err.start) + 1
         column = len(raw[line_start:err.start].decode("utf-8", "replace")) + 1
-        hint = " (the file looks like UTF-16)" if raw[:2] in (b"\xff\xfe", b"\xfe\xff") else ""
-        raise ReadError(f"not UTF-8: byte 0x{raw[err.start]:02x} cannot be decoded{hint}; save the file as UTF-8",
+        if raw[:2] in (b"\xff\xfe", b"\xfe\xff"):
+            advice = " (the file looks like UTF-16); save the file as UTF-8"
+        elif b"\0" in raw[:BINARY_PROBE]:
+            advice = "; the file is binary (it holds NUL bytes), not text"
+        else:
+            advice = "; save the file as UTF-8"
+        raise ReadError(f"not UTF-8: byte 0x{raw[err.start]:02x} cannot be decoded{advice}",
                         source=source, line=raw.count(b"\n", 0, err.start) + 1, column=column) from None
     check_text(text, source)
     return text

@@ -287,6 +287,7 @@ inline std::string sha256_hex(const std::string& data) {
 }
 
 constexpr std::size_t MAX_MANIFEST_BYTES = 64 << 20;  // topkgen.bundle's limits
+constexpr std::size_t BINARY_PROBE = 8000;  // topkgen.reader.BINARY_PROBE: a NUL among these bytes: binary
 constexpr std::size_t MAX_FILE_BYTES = 64 << 20;      // a cubin or a JIT source
 
 inline const char* file_kind(mode_t mode) {
@@ -511,10 +512,13 @@ Json parse_json(const std::string& t, const std::string& source) {
   std::uint32_t c = 0;
   for (std::size_t i = 0, n = 0; i < t.size(); i += n) {
     if ((n = utf8_at(t, i, c)) == 0) {
-      char msg[96];
+      char msg[128];
       const bool utf16 = t.compare(0, 2, "\xff\xfe") == 0 || t.compare(0, 2, "\xfe\xff") == 0;
-      std::snprintf(msg, sizeof msg, "not UTF-8: byte 0x%02x cannot be decoded%s; save the file as UTF-8",
-                    static_cast<unsigned char>(t[i]), utf16 ? " (the file looks like UTF-16)" : "");
+      const bool binary = t.find('\0') < BINARY_PROBE;  // as topkgen.reader.decode (and git) decide it
+      std::snprintf(msg, sizeof msg, "not UTF-8: byte 0x%02x cannot be decoded%s", static_cast<unsigned char>(t[i]),
+                    utf16    ? " (the file looks like UTF-16); save the file as UTF-8"
+                    : binary ? "; the file is binary (it holds NUL bytes), not text"
+                             : "; save the file as UTF-8");
       refuse_at(source, t, i, msg);
     }
   }
