@@ -162,3 +162,32 @@ def test_force_still_replaces_a_bundle_or_a_plain_directory(cli, tmp_path, tiny_
         result = cli("build", "--policy", tiny_policy, "--out", out, "--force")
         assert result.exit_code == 0, result.stderr
         assert not (tmp_path / out / "precious.txt").exists()
+
+
+# ----------------------------------------------------------------------------- a full disk
+
+def _with_file_size_limit(limit: int):
+    """A real write failure, as a full disk gives one: the kernel refuses (EFBIG) every write
+    past `limit` bytes of one file (Python ignores SIGXFSZ, so the write raises)."""
+    import resource
+
+    return lambda: resource.setrlimit(resource.RLIMIT_FSIZE, (limit, limit))
+
+
+@pytest.mark.parametrize("command", ["merge", "build"])
+def test_a_write_that_fails_leaves_the_destination_as_it_was(tmp_path, tiny_shards, tiny_policy, command):  # noqa: F811
+    """merge: one line, exit 2; build: a failed build, exit 1. Either way the old bundle is
+    untouched and nothing half-written (a temporary directory) is left beside it."""
+    args = {"merge": ["merge", str(tiny_shards / "s1"), str(tiny_shards / "s2")],
+            "build": ["build", "--policy", str(tiny_policy)]}[command]
+    work = tmp_path / "work"
+    shutil.copytree(tiny_shards / "s1", work / "out")  # a bundle the command may replace
+    before = _tree(work)
+    proc = subprocess.run([*TOPKGEN, *args, "--out", "out"], cwd=work, capture_output=True, text=True,
+                          preexec_fn=_with_file_size_limit(4096))
+    assert proc.stdout == "" or command == "build"  # build's progress lines are on stdout
+    expected = {"merge": "topkgen: error: cannot write the bundle out: File too large\n",
+                "build": "topkgen: error: build failed, out left as it was:\ncannot write the bundle out: "
+                         "File too large\n"}[command]
+    assert (proc.returncode, proc.stderr) == ({"merge": 2, "build": 1}[command], expected)
+    assert _tree(work) == before and sorted(p.name for p in work.iterdir()) == ["out"]
