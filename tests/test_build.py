@@ -177,6 +177,39 @@ def test_killed_build_leaves_the_previous_bundle(default_bundle, tmp_path):
     assert tree(out) == before
 
 
+def _kill_during_the_final_write(args: list[str], out: Path, env: dict) -> None:
+    """SIGKILL a build once its staging directory exists beside `out` (the window is short:
+    a warm sm_90 build writes 29 cubins there; a build that finished first is run again)."""
+    for _ in range(5):
+        proc = subprocess.Popen([*TOPKGEN, *args], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        while proc.poll() is None and not list(out.parent.glob(f".{out.name}.tmp-{proc.pid}-*")):
+            pass
+        proc.send_signal(signal.SIGKILL)
+        if proc.wait() == -signal.SIGKILL:
+            return
+    pytest.fail("every build finished before its staging directory was seen")
+
+
+def test_a_build_killed_while_writing_leaves_a_staging_directory_that_the_next_build_removes(default_bundle,
+                                                                                            tmp_path):
+    """SIGKILL cannot be caught: the staging directory of a build killed during its final write
+    stayed beside --out for good, a hidden copy of the bundle per kill. The next build of that
+    --out removes it, and only it: a live writer's staging directory is left alone."""
+    base, _ = default_bundle
+    out = tmp_path / "out"
+    args = ["build", "--arch", "sm_90", "--out", str(out)]
+    run(*args, cache=base / "cache")
+    before = tree(out)
+    _kill_during_the_final_write(args, out, {**os.environ, "TOPKGEN_CACHE_DIR": str(base / "cache")})
+    assert [p.name.split("-")[0] for p in tmp_path.iterdir() if p.name != "out"] == [".out.tmp"]
+    assert tree(out) == before
+    live = tmp_path / f".out.tmp-{os.getpid()}-0123abcd"  # this process is alive: as a concurrent writer
+    live.mkdir()
+    run(*args, cache=base / "cache")
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out", live.name])
+    assert tree(out) == before
+
+
 def test_concurrent_builds_into_one_directory(default_bundle, tmp_path):
     base, _ = default_bundle
     out = tmp_path / "out"

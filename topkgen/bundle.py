@@ -4,7 +4,8 @@ A bundle is DIR/<arch>/<kernel>.cubin, DIR/jit/<arch>/<kernel>.cu (the kernels d
 leaves to JIT) and DIR/manifest.json, described by schemas/manifest.schema.json so that any
 loader can use it without topkgen: its dispatch table is `select`'s answers as data.
 Builds go to a temporary directory beside DIR and are swapped into place, under a lock, so
-a failed or killed build never leaves a half-written bundle. The destination is checked
+a failed or killed build never leaves a half-written bundle (and the next build of DIR
+removes the staging directory a SIGKILL left beside it). The destination is checked
 before anything is compiled (topkgen.destinations): a directory of the user's is never
 replaced unasked.
 """
@@ -12,9 +13,11 @@ replaced unasked.
 from __future__ import annotations
 
 import ctypes
+import fcntl
 import hashlib
 import json
 import os
+import re
 import shutil
 import stat
 import time
@@ -247,7 +250,10 @@ def manifest_bytes(manifest: dict) -> bytes:
 
 def _write_atomically(out: Path, manifest: dict, files: dict[str, bytes]) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
-    staging = out.parent / f".{out.name}.tmp-{os.getpid()}-{os.urandom(4).hex()}"
+    remove_abandoned_staging(out)
+    staging = out.parent / f".{out.name}{STAGING_INFIX}{os.getpid()}-{os.urandom(4).hex()}"
+    staging.mkdir()
+    claim = _claim(staging)
     try:
         for rel, data in files.items():
             path = staging / rel
@@ -261,6 +267,64 @@ def _write_atomically(out: Path, manifest: dict, files: dict[str, bytes]) -> Non
             os.rename(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
+        if claim is not None:
+            os.close(claim)
+
+
+STAGING_INFIX = ".tmp-"  # a bundle is staged in .<out>.tmp-<pid>-<8 hex digits> beside <out>
+
+
+def _claim(staging: Path) -> int | None:
+    """An open descriptor of `staging` holding an exclusive flock, which says "a live writer
+    is using this directory" until the process ends, however it ends (None where the file
+    system has no flock for directories: then no later build removes it)."""
+    fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def remove_abandoned_staging(out: Path) -> None:
+    """Remove the staging directories that builds of `out` killed mid-write (SIGKILL, a
+    power cut) left beside it, which nothing else would ever remove. One is abandoned when
+    the process its name holds is gone and no process holds its flock (`_claim`): a
+    concurrent writer's (one with another cache, whose destination lock is another file)
+    is never touched."""
+    pattern = re.compile(re.escape(f".{out.name}{STAGING_INFIX}") + r"([0-9]+)-[0-9a-f]{8}")
+    try:
+        names = os.listdir(out.parent)
+    except OSError:
+        return
+    for name in names:
+        m = pattern.fullmatch(name)
+        if m is None or _process_exists(int(m.group(1))):
+            continue
+        path = out.parent / name
+        try:
+            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+        except OSError:  # gone meanwhile, or not a directory (a symlink is never followed)
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except OSError:  # held: a live writer (in another pid namespace), or no flock here
+            continue
+        else:
+            shutil.rmtree(path, ignore_errors=True)
+        finally:
+            os.close(fd)
+
+
+def _process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):  # none by that number (or none possible)
+        return False
+    except PermissionError:  # another user's
+        return True
+    return True
 
 
 def _fsync_tree(root: Path) -> None:
