@@ -20,7 +20,7 @@ from topkgen.manifest_checks import elf_sm
 from topkgen.render import PARAMS, render
 from topkgen.schema import load_schema
 
-from .conftest import DEFAULT_POLICY, LEGACY_POLICY
+from .conftest import DEFAULT_POLICY, LEGACY_POLICY, ROOT
 
 TOPKGEN = [sys.executable, "-m", "topkgen"]
 
@@ -268,6 +268,36 @@ def test_the_manifest_names_the_policy_alike_from_any_working_directory(default_
     assert [len(found) for found in manifests.values()] == [1, 1]
     assert json.loads(next(iter(manifests["in a repo"])))["policy"]["path"] == "policies/mine/topk.yaml"
     assert json.loads(next(iter(manifests["outside"])))["policy"]["path"] == "copy.yaml"
+
+
+def _installed_copy(root: Path, layout: str) -> tuple[Path, Path]:
+    """topkgen copied to `root` as a source archive unpacks it (no .git) or as a wheel installs
+    it (policies inside the package); returns the PYTHONPATH and the shipped legacy policy."""
+    import shutil
+
+    skip = shutil.ignore_patterns("__pycache__")
+    shutil.copytree(ROOT / "topkgen", root / "topkgen", ignore=skip)
+    data = root if layout == "source archive" else root / "topkgen"
+    for folder in ("policies", "templates"):
+        shutil.copytree(ROOT / folder, data / folder, ignore=skip)
+    if layout == "source archive":
+        shutil.copy(ROOT / "pyproject.toml", root)
+    return root, data / "policies" / "legacy" / "exact_n_grid.yaml"
+
+
+def test_a_shipped_policy_is_named_alike_however_topkgen_is_installed(tmp_path):
+    """The legacy policy was policies/legacy/exact_n_grid.yaml in a git checkout but
+    exact_n_grid.yaml from a source archive or a wheel (no .git above it): the same policy,
+    another manifest. A policy that ships with topkgen is named by its place among them."""
+    named = {}
+    for layout in ("checkout", "source archive", "wheel"):
+        pythonpath, policy = ((ROOT, LEGACY_POLICY) if layout == "checkout"
+                              else _installed_copy(tmp_path / layout.replace(" ", "-"), layout))
+        proc = subprocess.run([*TOPKGEN, "plan", "--policy", str(policy), "--format", "json"], cwd=tmp_path,
+                              capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(pythonpath)})
+        assert proc.returncode == 0, proc.stderr
+        named[layout] = json.loads(proc.stdout)["policy"]["path"]  # as policy_record writes it into a manifest
+    assert named == dict.fromkeys(named, "policies/legacy/exact_n_grid.yaml")
 
 
 @pytest.mark.parametrize("content,message", [

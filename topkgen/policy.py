@@ -275,14 +275,17 @@ class Policy:
     def display_path(self) -> str:
         """The policy's path as it may appear in shipped output: never absolute, and the
         same from whatever directory topkgen runs (manifests are byte-identical, shards built
-        in different folders merge): relative to the git work tree that holds the file,
+        in different folders merge): a policy that ships with topkgen as policies/<its place
+        there>, however topkgen is installed (a git checkout, a source archive, a wheel, a
+        venv inside a repository); else relative to the git work tree that holds the file,
         else the file's name."""
         path = Path(self.path)
         if not path.is_file():  # not a file here (a git revision, a manifest): keep the label
             return self.path
-        if self.is_packaged_default:
-            return "policies/topk.yaml"
         resolved = path.resolve()
+        shipped = _data_dir("policies").resolve()
+        if shipped in resolved.parents:
+            return f"policies/{resolved.relative_to(shipped).as_posix()}"
         for folder in resolved.parents:
             if (folder / ".git").exists():
                 return resolved.relative_to(folder).as_posix()
