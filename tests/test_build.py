@@ -203,10 +203,23 @@ def test_a_build_killed_while_writing_leaves_a_staging_directory_that_the_next_b
     _kill_during_the_final_write(args, out, {**os.environ, "TOPKGEN_CACHE_DIR": str(base / "cache")})
     assert [p.name.split("-")[0] for p in tmp_path.iterdir() if p.name != "out"] == [".out.tmp"]
     assert tree(out) == before
-    live = tmp_path / f".out.tmp-{os.getpid()}-0123abcd"  # this process is alive: as a concurrent writer
-    live.mkdir()
-    run(*args, cache=base / "cache")
-    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out", live.name])
+    # Concurrent writers' (builds with another cache take another lock): one whose pid is
+    # alive, and one whose pid is not alive here (another pid namespace) but holds its flock.
+    alive = tmp_path / f".out.tmp-{os.getpid()}-0123abcd"
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    held = tmp_path / f".out.tmp-{gone.pid}-4567abcd"
+    for live in (alive, held):
+        live.mkdir()
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys\n"
+                               f"fcntl.flock(os.open({str(held)!r}, os.O_RDONLY), fcntl.LOCK_EX)\n"
+                               "print(flush=True); sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        holder.stdout.readline()  # it holds the flock
+        run(*args, cache=base / "cache")
+    finally:
+        holder.communicate()
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(["out", alive.name, held.name])
     assert tree(out) == before
 
 
