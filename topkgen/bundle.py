@@ -250,8 +250,8 @@ def manifest_bytes(manifest: dict) -> bytes:
 
 def _write_atomically(out: Path, manifest: dict, files: dict[str, bytes]) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
-    remove_abandoned_staging(out)
-    staging = out.parent / f".{out.name}{STAGING_INFIX}{os.getpid()}-{os.urandom(4).hex()}"
+    _remove_abandoned_staging(out)
+    staging = out.parent / f".{out.name}{_STAGING_INFIX}{os.getpid()}-{os.urandom(4).hex()}"
     staging.mkdir()
     claim = _claim(staging)
     try:
@@ -271,7 +271,7 @@ def _write_atomically(out: Path, manifest: dict, files: dict[str, bytes]) -> Non
             os.close(claim)
 
 
-STAGING_INFIX = ".tmp-"  # a bundle is staged in .<out>.tmp-<pid>-<8 hex digits> beside <out>
+_STAGING_INFIX = ".tmp-"  # a bundle is staged in .<out>.tmp-<pid>-<8 hex digits> beside <out>
 
 
 def _claim(staging: Path) -> int | None:
@@ -287,13 +287,13 @@ def _claim(staging: Path) -> int | None:
     return fd
 
 
-def remove_abandoned_staging(out: Path) -> None:
+def _remove_abandoned_staging(out: Path) -> None:
     """Remove the staging directories that builds of `out` killed mid-write (SIGKILL, a
     power cut) left beside it, which nothing else would ever remove. One is abandoned when
     the process its name holds is gone and no process holds its flock (`_claim`): a
     concurrent writer's (one with another cache, whose destination lock is another file)
     is never touched."""
-    pattern = re.compile(re.escape(f".{out.name}{STAGING_INFIX}") + r"([0-9]+)-[0-9a-f]{8}")
+    pattern = re.compile(re.escape(f".{out.name}{_STAGING_INFIX}") + r"([0-9]+)-[0-9a-f]{8}")
     try:
         names = os.listdir(out.parent)
     except OSError:
@@ -309,10 +309,9 @@ def remove_abandoned_staging(out: Path) -> None:
             continue
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:  # held: a live writer (in another pid namespace), or no flock here
-            continue
-        else:
             shutil.rmtree(path, ignore_errors=True)
+        except OSError:  # held by a live writer (in another pid namespace), or no flock here
+            pass
         finally:
             os.close(fd)
 
@@ -323,7 +322,7 @@ def _process_exists(pid: int) -> bool:
     except (ProcessLookupError, OverflowError):  # none by that number (or none possible)
         return False
     except PermissionError:  # another user's
-        return True
+        pass
     return True
 
 
