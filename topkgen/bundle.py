@@ -148,16 +148,6 @@ class BuildResult:
     manifest: dict
     cache: cache.Stats  # local hits, remote hits, compiled, remote traffic
 
-    @property
-    def compiled(self) -> int:
-        """Kernels NVRTC compiled in this build."""
-        return self.cache.compiled
-
-    @property
-    def from_cache(self) -> int:
-        """Kernels taken from the compile cache (either tier)."""
-        return self.cache.local_hits + self.cache.remote_hits
-
 
 def policy_record(policy: Policy) -> dict:
     return {"path": policy.display_path, "name": policy.name, "sha256": policy.sha256, "text": policy.text}
