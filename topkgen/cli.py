@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import io
 import json
 import os
 import sys
@@ -22,7 +21,7 @@ from typing import Any, Iterator
 import click
 from click.shell_completion import CompletionItem
 
-from topkgen import console, errors, suggest
+from topkgen import console, errors, standard_output, suggest
 from topkgen import policy as pol
 from topkgen.launch import EXIT_INTERRUPTED, INTERRUPTED  # launch says them of a Ctrl-C during the imports
 from topkgen.reader import printable
@@ -139,109 +138,26 @@ def _interruptions() -> Iterator[None]:
     "the same". stdout is pointed at /dev/null so that the interpreter's last flush cannot
     complain either. A full disk (--help and --version included) is one line, exit 2, as is
     output to a closed stdout (`>&-`), which Python would drop without a word."""
-    _own_stdout()
+    standard_output.take_over()
     try:
         yield
     except KeyboardInterrupt:
         console.echo(f"{chr(10) if console._isatty(sys.stderr) else ''}{INTERRUPTED}", err=True)
         raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
     except BrokenPipeError:
-        _silence_stdout()
+        standard_output.silence()
         raise click.exceptions.Exit(EXIT_BROKEN_PIPE) from None
     except OSError as err:
-        if isinstance(err, _StdoutClosed):
+        if isinstance(err, standard_output.Closed):
             raise InputError("cannot write the output: standard output is closed") from None
         if err.errno not in _FULL:
             raise
         # A full disk: the environment, not a bug. When it is stdout's, stdout goes to
         # /dev/null so that the interpreter's last flush does not fail again.
         if err.filename is None:
-            _silence_stdout()
+            standard_output.silence()
         where = printable(os.fsdecode(err.filename)) if err.filename is not None else "the output"
         raise InputError(f"cannot write {where}: {err.strerror}") from None
-
-
-def _own_stdout() -> None:
-    """The process's stdout as the handlers above need it: when fd 1 is closed, a stream whose
-    writes fail; else one that writes to the last byte. CPython's own buffered stdout drops,
-    without an error, the rest of a write a pipe took only part of because its reader left
-    (`topkgen show --format json | head -c 10` exited 0 after the first 64 KiB)."""
-    if sys.stdout is None:
-        sys.stdout = _ClosedStdout()
-        return
-    if sys.stdout is not sys.__stdout__:  # already ours, or a test runner's
-        return
-    try:
-        fd = sys.stdout.fileno()
-    except (AttributeError, OSError, ValueError):
-        return
-    sys.stdout.flush()
-    unbuffered = sys.__stdout__.write_through  # python -u: nothing held back, as before
-    sys.stdout = io.TextIOWrapper(io.BufferedWriter(_WholeWrites(fd), buffer_size=1 if unbuffered else 8192),
-                                  encoding=sys.__stdout__.encoding, errors=sys.__stdout__.errors,
-                                  line_buffering=sys.__stdout__.line_buffering, write_through=unbuffered)
-
-
-class _WholeWrites(io.RawIOBase):
-    """A file descriptor written to the last byte, or an OSError (BrokenPipeError when the
-    reader left): what the caller of write() assumes, and a pipe does not always give."""
-
-    def __init__(self, fd: int) -> None:
-        self._fd = fd
-
-    def writable(self) -> bool:
-        return True
-
-    def fileno(self) -> int:
-        return self._fd
-
-    def isatty(self) -> bool:
-        return os.isatty(self._fd)
-
-    def write(self, data: Any) -> int:
-        view = whole = memoryview(data).cast("B")
-        while view:
-            view = view[os.write(self._fd, view):]
-        return len(whole)
-
-
-class _ClosedStdout(io.TextIOBase):
-    """sys.stdout when file descriptor 1 is closed (Python leaves None there, and click then
-    drops every line): for a command whose product is its output (plan, show, diff...),
-    writing fails, so that it says the product was lost; a command that prints nothing
-    (diff -q) is fine, and one whose product is files only reports on stdout (`_report_only`)."""
-
-    def __init__(self) -> None:
-        super().__init__()
-        self.report_only = False
-
-    def writable(self) -> bool:
-        return True
-
-    def write(self, text: str) -> int:
-        if text and not self.report_only:
-            raise _StdoutClosed(errno.EBADF, "standard output is closed")
-        return len(text)
-
-
-class _StdoutClosed(OSError):
-    """A write to the closed standard output (not any EBADF: another descriptor's is a bug)."""
-
-
-def _report_only() -> None:
-    """Called by the commands whose product is files (build, merge, cache import, run -o):
-    what they print is a report, and with stdout closed it goes nowhere rather than failing
-    a command whose work is done, or stopping one before it."""
-    if isinstance(sys.stdout, _ClosedStdout):
-        sys.stdout.report_only = True
-
-
-def _silence_stdout() -> None:
-    """stdout to /dev/null: the interpreter's last flush of what could not be written then
-    fails no more (a closed one has nothing to flush)."""
-    if isinstance(sys.stdout, _ClosedStdout):
-        return
-    os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
 
 
 def version_text() -> str:
@@ -553,7 +469,7 @@ def build(policy_path: str | None, archs: tuple[str, ...], out_dir: str, jobs: i
     manifest, through the compile cache. A failed build leaves --out as it was."""
     from pathlib import Path
 
-    _report_only()
+    standard_output.report_only()
 
     from topkgen import bundle, cache, compile as nvrtc_compile, shards
 
@@ -810,7 +726,7 @@ def run(bundle_dir: str, arch: str | None, backend: str, k: int, smallest: bool,
     import io
 
     if output_path is not None:  # the product is -o; without it, the rows printed are
-        _report_only()
+        standard_output.report_only()
     from pathlib import Path
 
     import numpy as np
@@ -923,7 +839,7 @@ def merge(parts: tuple[str, ...], out_dir: str, force: bool) -> None:
     cubin verifies."""
     from pathlib import Path
 
-    _report_only()
+    standard_output.report_only()
 
     from topkgen import bundle, shards
 
@@ -949,7 +865,7 @@ def cache_import(bundle_dir: str) -> None:
     builds of the same kernels compile nothing."""
     from pathlib import Path
 
-    _report_only()
+    standard_output.report_only()
 
     from topkgen import cache, cache_admin
 
