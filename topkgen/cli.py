@@ -335,19 +335,28 @@ def _archs(policy: pol.Policy, requested: tuple[str, ...]) -> list[str]:
     return list(dict.fromkeys(requested)) or list(policy.archs)
 
 
+def _arch_counts(kernels: list[dict[str, Any]], archs: list[str]) -> dict[str, int]:
+    return {arch: sum(1 for k in kernels if k["arch"] == arch) for arch in archs}
+
+
+def _kernels_per_arch(kernels: list[dict[str, Any]], archs: list[str]) -> str:
+    """`58 kernels (sm_90 29, sm_100 29)`: what plan, build and merge each end with."""
+    per_arch = ", ".join(f"{arch} {n}" for arch, n in _arch_counts(kernels, archs).items())
+    return f"{console.count(len(kernels), 'kernel')} ({per_arch})"
+
+
 # ----------------------------------------------------------------------------- plan
 
 def plan_document(policy: pol.Policy, archs: list[str]) -> dict[str, Any]:
     """The machine-readable plan (schemas/plan.schema.json)."""
     kernels = [spec.record() for arch in archs for spec in pol.plan(policy, arch)]
-    totals = {arch: sum(1 for k in kernels if k["arch"] == arch) for arch in archs}
     return {
         "format": "topkgen-plan", "schema_version": PLAN_SCHEMA_VERSION,
         "policy": {"path": policy.display_path, "name": policy.name, "sha256": policy.sha256},
         "archs": archs,
         "kernels": kernels,
         "jit_only": [pol.rule_record(r) for r in policy.jit_only_rules(archs)],
-        "totals": {"per_arch": totals, "all": len(kernels)},
+        "totals": {"per_arch": _arch_counts(kernels, archs), "all": len(kernels)},
     }
 
 
@@ -372,8 +381,7 @@ def plan(policy_path: str | None, archs: tuple[str, ...], fmt: str) -> None:
                 for k in doc["kernels"] if k["arch"] == arch]
         click.echo(f"\n{arch}: {console.count(len(rows), 'kernel')}")
         click.echo(_table(header, rows))
-    per_arch = ", ".join(f"{a} {n}" for a, n in doc["totals"]["per_arch"].items())
-    click.echo(f"\ntotal: {console.count(doc['totals']['all'], 'kernel')} ({per_arch})")
+    click.echo(f"\ntotal: {_kernels_per_arch(doc['kernels'], doc['archs'])}")
     click.echo("\nJIT-only tiers (never in the bundle):")
     if not doc["jit_only"]:
         click.echo("  none")
@@ -492,11 +500,10 @@ def build(policy_path: str | None, archs: tuple[str, ...], out_dir: str, jobs: i
         console.error(f"build failed, {out_dir} left as it was:\n{err}")
         sys.exit(1)
     manifest = result.manifest
-    counts = {a: sum(1 for k in manifest["kernels"] if k["arch"] == a) for a in chosen}
     size = sum(k["size_bytes"] for k in manifest["kernels"])
     of_plan = f"shard {shard[0]}/{shard[1]} of {len(specs)}: " if shard else ""
     click.echo(f"wrote {Path(out_dir) / 'manifest.json'} in {console.seconds(progress.elapsed)}: {of_plan}"
-               f"{console.count(len(manifest['kernels']), 'kernel')} ({', '.join(f'{a} {n}' for a, n in counts.items())}), "
+               f"{_kernels_per_arch(manifest['kernels'], chosen)}, "
                f"{console.size(size)} of cubin, NVRTC {manifest['nvrtc_version']}\n  {_cache_stats(result.cache)}")
     _cache_warnings(result.cache)
 
@@ -847,10 +854,8 @@ def merge(parts: tuple[str, ...], out_dir: str, force: bool) -> None:
         manifest = shards.merge([Path(p) for p in parts], Path(out_dir), force=force)
     except (shards.ShardError, bundle.BuildError) as err:  # BuildError: the bundle could not be written
         raise InputError(str(err)) from None
-    counts = {a: sum(1 for k in manifest["kernels"] if k["arch"] == a) for a in manifest["archs"]}
     click.echo(f"merged {len(parts)} shards into {Path(out_dir) / 'manifest.json'}: "
-               f"{console.count(len(manifest['kernels']), 'kernel')} "
-               f"({', '.join(f'{a} {n}' for a, n in counts.items())})")
+               f"{_kernels_per_arch(manifest['kernels'], manifest['archs'])}")
 
 
 @main.group("cache", cls=_Group, short_help="Seed the compile cache from a bundle, or verify it.")
