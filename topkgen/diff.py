@@ -20,8 +20,8 @@ from typing import Any, Callable
 
 from topkgen import reader, suggest
 from topkgen.errors import InputError
-from topkgen.policy import MAX_POLICY_BYTES, DispatchError, KernelSpec, Policy, PolicyError, kernels_of_rule, \
-    loads, plan, rule_record, select
+from topkgen.policy import MAX_POLICY_BYTES, DispatchError, KernelSpec, Policy, PolicyError, all_kernels, loads, \
+    plan, rule_record, select
 from topkgen.sources import MAX_TEMPLATE_BYTES, TEMPLATES_IN_REPO, GitRepo, SourceError, Templates, \
     directory_templates, installed_templates, repo_path
 
@@ -208,13 +208,11 @@ def _render_jit_kernels(side: Side, templates: Templates) -> None:
     """Every kernel of every rule and dtype that the side does not hold ahead of time."""
     side.jit_templates = templates
     for arch in side.policy.archs:
-        for rule in side.policy.rules:
-            for dtype in side.policy.dtypes:
-                for spec in kernels_of_rule(side.policy, rule, arch, dtype):
-                    if spec.name not in side.kernels:
-                        source, used = templates.render(spec)
-                        side.jit_kernels[spec.name] = {"arch": arch, "source_sha256": _sha256(source)}
-                        side.loads[spec.name] = used
+        for spec in all_kernels(side.policy, arch):
+            if spec.name not in side.kernels:
+                source, used = templates.render(spec)
+                side.jit_kernels[spec.name] = {"arch": arch, "source_sha256": _sha256(source)}
+                side.loads[spec.name] = used
 
 
 def _sha256(text: str) -> str:

@@ -645,12 +645,18 @@ def jit_kernels(policy: Policy, arch: str) -> list[KernelSpec]:
             for spec in kernels_of_rule(policy, rule, arch, dtype)]
 
 
+def all_kernels(policy: Policy, arch: str) -> list[KernelSpec]:
+    """Every kernel of one arch that some rule declares, AOT or JIT, in every dtype, in a
+    stable order (dispatch order, dtype, K, mode): all that a runtime may be asked for."""
+    return [spec for rule in policy.rules for dtype in policy.dtypes
+            for spec in kernels_of_rule(policy, rule, arch, dtype)]
+
+
 def jit_plan(policy: Policy, arch: str) -> list[KernelSpec]:
     """Every kernel of one arch that the AOT plan leaves to JIT (the JIT-only tiers in
     every dtype, and every rule's kernels in the JIT dtypes), in a stable order."""
     _check_arch(policy, arch)
-    return [spec for rule in policy.rules for dtype in policy.dtypes
-            for spec in kernels_of_rule(policy, rule, arch, dtype) if not spec.aot]
+    return [spec for spec in all_kernels(policy, arch) if not spec.aot]
 
 
 def _check_kernel_names(policy: Policy, loc: _Locator) -> None:

@@ -29,7 +29,7 @@ from topkgen.dispatch_table import Choice
 from topkgen.errors import InputError
 from topkgen.manifest_checks import entries
 from topkgen.explain import Explanation, explain
-from topkgen.policy import DTYPE_SIZES, DispatchError, as_integer, kernels_of_rule
+from topkgen.policy import DTYPE_SIZES, DispatchError, all_kernels, as_integer
 from topkgen.render import params, render
 from topkgen.split import WORKSPACE_ALIGNMENT, ChunkPlan, Stage, stages
 from topkgen import suggest
@@ -152,8 +152,7 @@ class TopK:
         if self.arch not in self.policy.archs:
             raise TopKError(f"arch: {self.arch!r} is not in the bundle's policy (knows {', '.join(self.policy.archs)})"
                             f"{did_you_mean(self.arch, self.policy.archs)}")
-        self._specs = {spec.name: spec for rule in self.policy.rules for dtype in self.policy.dtypes
-                       for spec in kernels_of_rule(self.policy, rule, self.arch, dtype)}
+        self._specs = {spec.name: spec for spec in all_kernels(self.policy, self.arch)}
         self._table, self.in_bundle = dispatch_table.serving_table(self.manifest, self.policy, self.arch)
         if self.in_bundle:
             self._entries = {e.record["name"]: e.record for e in entries(self.manifest) if e.record["arch"] == self.arch}
