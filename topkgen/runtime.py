@@ -360,6 +360,11 @@ def _check_disjoint(extents: list[tuple[str, int, int]]) -> None:
                                 f"write {other}: pass separate arrays")
 
 
+def _check_workspace_size(nbytes: int, plan: ChunkPlan) -> None:
+    if nbytes < plan.workspace_bytes:
+        raise TopKError(f"workspace: {nbytes} bytes, this call needs {plan.workspace_bytes} (TopK.workspace_bytes)")
+
+
 def _check_alignment(address: int) -> None:
     """The kernels read the workspace's candidates with 16-byte vector loads and its int64
     indices with 8-byte ones: an address off a 16-byte boundary faults on the GPU."""
@@ -430,9 +435,7 @@ class _EmulatorBackend(_Backend):
         caller's array or a new one."""
         if workspace is None:
             workspace = np.empty(plan.workspace_bytes, dtype=np.uint8)
-        if workspace.nbytes < plan.workspace_bytes:
-            raise TopKError(f"workspace: {workspace.nbytes} bytes, this call needs {plan.workspace_bytes} "
-                            f"(TopK.workspace_bytes)")
+        _check_workspace_size(workspace.nbytes, plan)
         raw = workspace.reshape(-1).view(np.uint8)
         count = plan.rows * plan.candidates
         return {"candidate_indices": raw[:count * 8].view(np.int64),
@@ -559,9 +562,7 @@ class _CudaBackend(_Backend):
         stream behind the launches."""
         if space is not None:
             ptr, nbytes = space
-            if nbytes < plan.workspace_bytes:
-                raise TopKError(f"workspace: {nbytes} bytes, this call needs {plan.workspace_bytes} "
-                                f"(TopK.workspace_bytes)")
+            _check_workspace_size(nbytes, plan)
             return ptr, None
         if torch is not None:
             with torch.cuda.stream(torch.cuda.ExternalStream(int(cuda_stream.handle), device=array.device)):
