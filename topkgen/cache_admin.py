@@ -21,6 +21,7 @@ from typing import Callable, TypeVar
 
 from topkgen import bundle, cache
 from topkgen import toolchain as tc
+from topkgen.errors import InputError
 
 
 # What topkgen's kernels include: the CUDA headers its templates name. verify compiles a
@@ -46,7 +47,7 @@ def foreign_include(source: str) -> str | None:
 T = TypeVar("T")
 
 
-class CacheInputError(ValueError):
+class CacheInputError(InputError, ValueError):
     """A bundle that cannot seed the cache, or a bad verify request: exit status 2."""
 
 

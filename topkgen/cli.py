@@ -309,13 +309,6 @@ JOBS_HELP = (f"Kernels compiled in parallel. Default: the CPUs this process may 
              f"({console.available_cpus()} here)")
 
 
-def _load_policy(path: str | None) -> pol.Policy:
-    try:
-        return pol.load(path)
-    except pol.PolicyError as err:
-        raise InputError(str(err)) from None
-
-
 def _policy_label(policy: pol.Policy) -> str:
     # The path as typed (display_path, for shipped output, may be shorter and alike for two files).
     return "the packaged default policy" if policy.is_packaged_default else f"the policy {printable(policy.path)}"
@@ -367,7 +360,7 @@ def plan_document(policy: pol.Policy, archs: list[str]) -> dict[str, Any]:
               help="json: schemas/plan.schema.json.")
 def plan(policy_path: str | None, archs: tuple[str, ...], fmt: str) -> None:
     """List the AOT kernel set per architecture, and the JIT-only tiers with their reasons."""
-    policy = _load_policy(policy_path)
+    policy = pol.load(policy_path)
     doc = plan_document(policy, _archs(policy, archs))
     if fmt == "json":
         click.echo(json.dumps(doc, indent=2))
@@ -439,7 +432,7 @@ def explain_command(policy_path: str | None, arch: str, dtype: str, k: int, n: i
     """Say which kernel serves a shape, aot or jit, and the rule that chose it."""
     from topkgen.explain import explain
 
-    policy = _load_policy(policy_path)
+    policy = pol.load(policy_path)
     _check_arch(policy, arch)
     try:
         answer = explain(policy, arch, dtype, k, n, deterministic=deterministic, jit=not no_jit, rows=rows)
@@ -481,13 +474,10 @@ def build(policy_path: str | None, archs: tuple[str, ...], out_dir: str, jobs: i
 
     from topkgen import bundle, cache, compile as nvrtc_compile, shards
 
-    policy = _load_policy(policy_path)
+    policy = pol.load(policy_path)
     chosen = _archs(policy, archs)
     specs = [s for a in chosen for s in pol.plan(policy, a)]
-    try:
-        shard = shards.parse(shard_text, len(specs)) if shard_text is not None else None
-    except shards.ShardError as err:
-        raise InputError(str(err)) from None
+    shard = shards.parse(shard_text, len(specs)) if shard_text is not None else None
     total = len(shards.share(specs, *shard)) if shard else len(specs)
     try:
         with console.BuildProgress(total, label="building", stream=sys.stdout, lines=True) as progress:
@@ -541,11 +531,8 @@ def show(bundle_dir: str, archs: tuple[str, ...], fmt: str, with_dispatch: bool)
     """What a bundle holds: kernels and their resources, JIT sources, dispatch. Checks every file as a loader does."""
     from topkgen import bundle, shards
 
-    try:
-        manifest, root = bundle.load_manifest(bundle_dir)
-        bundle.read_files(root, manifest)
-    except bundle.ManifestError as err:
-        raise InputError(str(err)) from None
+    manifest, root = bundle.load_manifest(bundle_dir)
+    bundle.read_files(root, manifest)
     for arch in archs:
         if arch not in manifest["archs"]:
             raise InputError(f"--arch {arch}: not in the bundle {bundle_dir} (holds: {', '.join(manifest['archs'])})"
@@ -649,20 +636,17 @@ def diff(old: str, new: str | None, policy_in_repo: str, shapes_file: str | None
 
     if stat and fmt == "json":
         raise InputError("--stat: prints the text or markdown summary; the json always holds it under 'summary'")
-    try:
-        shapes = differ.load_shapes(shapes_file) if shapes_file else None
-        sides = [differ.load_side(old, policy_in_repo=policy_in_repo)]
-        if new is None and sides[0].kind != "revision":
-            kind = {"manifest": "bundle or manifest", "policy": "policy file"}.get(sides[0].kind, sides[0].kind)
-            raise InputError(f"NEW is missing: only a git revision may stand alone (it is compared with the "
-                             f"working tree), and {old} is a {kind}")
-        sides.append(differ.load_side(new, policy_in_repo=policy_in_repo) if new is not None
-                     else differ.load_worktree_side(policy_in_repo=policy_in_repo))
-        if build:
-            _build_diff_sides(differ, sides, jobs, show_progress=not quiet)
-        report = differ.compare(*sides, shapes, workload=shapes_file)
-    except differ.DiffInputError as err:
-        raise InputError(str(err)) from None
+    shapes = differ.load_shapes(shapes_file) if shapes_file else None
+    sides = [differ.load_side(old, policy_in_repo=policy_in_repo)]
+    if new is None and sides[0].kind != "revision":
+        kind = {"manifest": "bundle or manifest", "policy": "policy file"}.get(sides[0].kind, sides[0].kind)
+        raise InputError(f"NEW is missing: only a git revision may stand alone (it is compared with the "
+                         f"working tree), and {old} is a {kind}")
+    sides.append(differ.load_side(new, policy_in_repo=policy_in_repo) if new is not None
+                 else differ.load_worktree_side(policy_in_repo=policy_in_repo))
+    if build:
+        _build_diff_sides(differ, sides, jobs, show_progress=not quiet)
+    report = differ.compare(*sides, shapes, workload=shapes_file)
     if not quiet:
         if fmt == "json":
             text = json.dumps(diff_report.to_json(report), indent=2) + "\n"
@@ -764,8 +748,6 @@ def run(bundle_dir: str, arch: str | None, backend: str, k: int, smallest: bool,
     except NoGpuError as err:
         raise InputError(f"{err}; without a GPU, run the same kernels on the CPU: --backend emulator "
                          f"--arch {arch or _first_arch(bundle_dir)}") from None
-    except TopKError as err:
-        raise InputError(str(err)) from None
     if stored.kind == "V":  # bfloat16 came as 2-byte records (ml_dtypes): saved the same way
         values = values.view(stored)
     by = f"by {answer.kernel.name} ({answer.source})"
@@ -852,7 +834,7 @@ def merge(parts: tuple[str, ...], out_dir: str, force: bool) -> None:
 
     try:
         manifest = shards.merge([Path(p) for p in parts], Path(out_dir), force=force)
-    except (shards.ShardError, bundle.BuildError) as err:  # BuildError: the bundle could not be written
+    except bundle.BuildError as err:  # the bundle could not be written
         raise InputError(str(err)) from None
     click.echo(f"merged {len(parts)} shards into {Path(out_dir) / 'manifest.json'}: "
                f"{_kernels_per_arch(manifest['kernels'], manifest['archs'])}")
@@ -876,7 +858,7 @@ def cache_import(bundle_dir: str) -> None:
 
     try:
         result = cache_admin.import_bundle(Path(bundle_dir))
-    except (cache_admin.CacheInputError, cache.CacheConfigError) as err:
+    except cache.CacheConfigError as err:  # a CacheError, but one the user's setting causes: exit 2
         raise InputError(str(err)) from None
     except cache.CacheError as err:
         console.error(str(err))
@@ -901,12 +883,9 @@ def cache_import(bundle_dir: str) -> None:
 def cache_verify(percent: float, remote: bool, seed: int | None, jobs: int) -> None:
     """Recompile a sample of cache entries with this machine's toolchain and compare bytes.
     Exit 1 when an entry differs."""
-    from topkgen import cache, cache_admin
+    from topkgen import cache_admin
 
-    try:
-        result = cache_admin.verify(percent, remote=remote, seed=seed, jobs=jobs)
-    except (cache_admin.CacheInputError, cache.CacheConfigError) as err:
-        raise InputError(str(err)) from None
+    result = cache_admin.verify(percent, remote=remote, seed=seed, jobs=jobs)
     click.echo(f"verified {result.sampled} of {result.entries} entries in {result.store} "
                f"({percent:g}%, seed {result.seed}): {result.identical} identical, {len(result.problems)} wrong, "
                f"{result.skipped} skipped (another toolchain)")

@@ -15,12 +15,13 @@ import re
 from pathlib import Path
 
 from topkgen import bundle
+from topkgen.errors import InputError
 from topkgen.policy import KernelSpec, plan, rule_record
 
 _SHARD = re.compile(r"([0-9]{1,6})/([0-9]{1,6})")
 
 
-class ShardError(ValueError):
+class ShardError(InputError, ValueError):
     """A shard argument or a set of parts that cannot be merged: exit status 2."""
 
 
