@@ -43,10 +43,6 @@ class CompiledKernel:
     key: str                # the cache key (the manifest records it)
     outcome: cache.Outcome  # local hit, remote hit or compiled, and the remote traffic
 
-    @property
-    def cached(self) -> bool:
-        return self.outcome.origin != "compiled"
-
 
 @lru_cache(maxsize=1)
 def nvrtc_version() -> str:
@@ -79,29 +75,25 @@ def toolchain() -> dict[str, Any]:
     return tc.identify(nvrtc_version(), _loaded_nvrtc(), cuda_include_dir())
 
 
-def _portable_options(arch: str) -> list[str]:
-    """NVRTC options. No -lineinfo or -G: the cubin must not depend on paths or time."""
+def portable_options(arch: str) -> list[str]:
+    """NVRTC's options without the include path, which is machine-specific: what a cache
+    key covers and a manifest ships for JIT sources (a loader adds its own -I for the CUDA
+    headers). No -lineinfo or -G: the cubin must not depend on paths or time."""
     if not re.fullmatch(r"sm_[0-9]{2,3}a?", arch):
         raise CompileError(f"arch: {arch!r} is not an sm_XX architecture")
     return [f"--gpu-architecture={arch}", "-std=c++17", "--ptxas-options=-v"]
 
 
-def portable_options(arch: str) -> list[str]:
-    """The options without the include path, which is machine-specific: what a manifest
-    ships for JIT sources (a loader adds its own -I for the CUDA headers)."""
-    return _portable_options(arch)
-
-
 def options(arch: str) -> list[str]:
     """The options NVRTC gets: the portable ones and this machine's include path."""
-    return [*_portable_options(arch), f"-I{cuda_include_dir()}"]
+    return [*portable_options(arch), f"-I{cuda_include_dir()}"]
 
 
 def cache_key(source: str, name: str, arch: str, toolchain_record: dict[str, Any] | None = None) -> str:
     """The key of one compile with this machine's toolchain, or with `toolchain_record` (the
     one a bundle was built with). The include path is left out: the headers' contents are in
     the toolchain record, so installs at different paths share keys."""
-    return cache.action_key(source=source, name=name, arch=arch, options=_portable_options(arch),
+    return cache.action_key(source=source, name=name, arch=arch, options=portable_options(arch),
                             toolchain_digest=tc.digest(toolchain_record or toolchain()))
 
 
