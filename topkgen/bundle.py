@@ -150,7 +150,7 @@ class BuildResult:
 
 
 def policy_record(policy: Policy) -> dict:
-    return {"path": policy.display_path, "name": policy.name, "sha256": policy.sha256, "text": policy.text}
+    return {**policy.reference(), "text": policy.text}
 
 
 def manifest_document(policy: Policy, policy_rec: dict, archs: list[str], kernels: list[dict],

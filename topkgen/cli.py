@@ -345,7 +345,7 @@ def plan_document(policy: pol.Policy, archs: list[str]) -> dict[str, Any]:
     kernels = [spec.record() for arch in archs for spec in pol.plan(policy, arch)]
     return {
         "format": "topkgen-plan", "schema_version": PLAN_SCHEMA_VERSION,
-        "policy": {"path": policy.display_path, "name": policy.name, "sha256": policy.sha256},
+        "policy": policy.reference(),
         "archs": archs,
         "kernels": kernels,
         "jit_only": [pol.rule_record(r) for r in policy.jit_only_rules(archs)],

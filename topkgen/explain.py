@@ -85,12 +85,8 @@ class Explanation:
                 "split": None if sel.split is None else {**sel.split.record(), "stage2_kernel": sel.kernel.name}}
 
 
-def policy_ref(policy: Policy) -> dict[str, str]:
-    return {"path": policy.display_path, "name": policy.name, "sha256": policy.sha256}
-
-
 def explain(policy: Policy, arch: str, dtype: str, k: int, n: int, *, deterministic: bool = False,
             jit: bool = True, rows: int | None = None) -> Explanation:
     """`select`'s answer for a shape, with the request it answers."""
     sel = select(policy, arch, dtype, k, n, deterministic=deterministic, jit=jit, rows=rows)
-    return Explanation(arch, dtype, k, n, deterministic, jit, sel, policy_ref(policy), rows)
+    return Explanation(arch, dtype, k, n, deterministic, jit, sel, policy.reference(), rows)

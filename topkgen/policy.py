@@ -291,6 +291,10 @@ class Policy:
                 return resolved.relative_to(folder).as_posix()
         return resolved.name
 
+    def reference(self) -> dict[str, str]:
+        """How the plan, explain and a manifest name the policy that decided."""
+        return {"path": self.display_path, "name": self.name, "sha256": self.sha256}
+
 
 def rule_record(rule: Rule) -> dict[str, Any]:
     """A JIT-only tier (or any rule) as plain data for the plan JSON, manifest and diff."""
