@@ -10,8 +10,9 @@ import pytest
 
 from topkgen import policy as pol
 from topkgen.emulator import EmulationError, compile_source
-from topkgen.runtime import launch_arguments
 from topkgen.render import render, template_dir
+
+from .topk_cases import launch_kernel
 
 KERNELS = Path(__file__).resolve().parent / "kernels"
 
@@ -113,11 +114,7 @@ def _kernel(dtype: str, k: int, n: int, mode: str = "fast"):
 
 
 def _launch(spec, module, x: np.ndarray, k: int):
-    rows, n = x.shape
-    values, indices = np.zeros((rows, k), x.dtype), np.zeros((rows, k), np.int64)
-    grid = (rows + spec.rows_per_block - 1) // spec.rows_per_block
-    return module.launch(spec.name, grid, spec.threads, launch_arguments(spec, x, values, indices, rows, n, k, True),
-                         shared_bytes=spec.dynamic_shared_bytes, counters=True)
+    return launch_kernel(module, spec, x, k, counters=True)[2]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

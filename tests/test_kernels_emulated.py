@@ -15,11 +15,10 @@ import pytest
 
 from topkgen import policy as pol
 from topkgen.emulator import compile_source
-from topkgen.runtime import launch_arguments
 from topkgen.render import render
 
 from .conftest import DEFAULT_POLICY, LEGACY_POLICY
-from .topk_cases import PATTERNS, check_topk, make_rows
+from .topk_cases import PATTERNS, check_topk, launch_kernel, make_rows
 
 SEEDS = (1, 2)
 N_CAP_VECTORS = 3  # dynamic kernels are tested up to ~3 full tiles of vectors
@@ -90,17 +89,6 @@ def _k_values(spec: pol.KernelSpec, n: int) -> list[int]:
                   ({1} if spec.k_min == 1 else set()))
 
 
-def _run(module, spec: pol.KernelSpec, x: np.ndarray, k: int, largest: bool, seed: int):
-    rows, n = x.shape
-    values = np.zeros((rows, k), x.dtype)
-    indices = np.full((rows, k), -1, np.int64)
-    grid = (rows + spec.rows_per_block - 1) // spec.rows_per_block
-    module.launch(spec.name, grid, spec.threads,
-                  launch_arguments(spec, x, values, indices, rows, n, k, largest),
-                  shared_bytes=spec.dynamic_shared_bytes, schedule_seed=seed, workers=1)
-    return values, indices
-
-
 @pytest.mark.parametrize("group,spec", KERNELS, ids=[spec.name for _, spec in KERNELS])
 def test_kernel_matches_reference(group, spec):
     with _lock:
@@ -115,7 +103,7 @@ def test_kernel_matches_reference(group, spec):
                 x[0] = make_rows(spec.dtype, 4, n, seed=case)[3]  # the specials row alone
             results = []
             for seed in SEEDS:
-                values, indices = _run(module, spec, x, k, largest, seed)
+                values, indices, _ = launch_kernel(module, spec, x, k, largest, schedule_seed=seed, workers=1)
                 check_topk(x, values, indices, k, largest, spec.mode == "deterministic", spec.dtype,
                            what=f"{spec.name} n={n} k={k} rows={rows} largest={largest} seed={seed}")
                 results.append((values.tobytes(), indices.tobytes()))

@@ -21,19 +21,17 @@ import subprocess
 import sys
 from pathlib import Path
 
-import numpy as np
 import pytest
 from hypothesis import HealthCheck, given, seed, settings
 from hypothesis import strategies as st
 
 from topkgen import policy as pol
 from topkgen.emulator import compile_source
-from topkgen.runtime import launch_arguments
 from topkgen.render import render
 
 from .conftest import DEFAULT_POLICY
 from .strategies import policy_documents, policy_text
-from .topk_cases import check_topk, make_rows
+from .topk_cases import check_topk, launch_kernel, make_rows
 
 BASE = DEFAULT_POLICY.read_text()
 N_CAP = 12_000  # the largest n run on the emulator
@@ -77,12 +75,7 @@ def _run_sample(data, specs: list[pol.KernelSpec]) -> None:
         rows = data.draw(st.integers(1, 4), label="rows")
         largest = data.draw(st.booleans(), label="largest")
         x = make_rows(spec.dtype, rows, n, seed=n + k)
-        values = np.zeros((rows, k), x.dtype)
-        indices = np.full((rows, k), -1, np.int64)
-        grid = (rows + spec.rows_per_block - 1) // spec.rows_per_block
-        module.launch(spec.name, grid, spec.threads,
-                      launch_arguments(spec, x, values, indices, rows, n, k, largest),
-                      shared_bytes=spec.dynamic_shared_bytes, schedule_seed=n, workers=1)
+        values, indices, _ = launch_kernel(module, spec, x, k, largest, schedule_seed=n, workers=1)
         check_topk(x, values, indices, k, largest, spec.mode == "deterministic", spec.dtype,
                    what=f"{spec.name} (threads {spec.threads}, tail {spec.tail_policy}/{spec.tail_max_iterations}, "
                         f"{spec.dynamic_shared_bytes} B shared, {spec.loads_in_flight} loads) "
@@ -153,11 +146,9 @@ def test_a_128_thread_radix_block_finds_the_top_k(tmp_path):
     spec = next(s for s in pol.plan(policy, "sm_90") if s.name == "topk_radix_dyn_k64_fast_f32_sm_90")
     assert spec.threads == 128
     module = compile_source(render(spec), name="radix_128_threads")
-    rows, n, k = 4, 3000, 64
-    x = make_rows("float32", rows, n, seed=3)
-    values, indices = np.zeros((rows, k), np.float32), np.full((rows, k), -1, np.int64)
-    module.launch(spec.name, rows, spec.threads, launch_arguments(spec, x, values, indices, rows, n, k, True),
-                  shared_bytes=spec.dynamic_shared_bytes)
+    k = 64
+    x = make_rows("float32", 4, 3000, seed=3)
+    values, indices, _ = launch_kernel(module, spec, x, k)
     check_topk(x, values, indices, k, True, False, "float32", what="128 threads")
 
 

@@ -16,10 +16,9 @@ import pytest
 
 from topkgen import policy as pol
 from topkgen.emulator import compile_source
-from topkgen.runtime import launch_arguments
 from topkgen.render import render
 
-from .topk_cases import PATTERNS, check_topk, make_rows
+from .topk_cases import PATTERNS, check_topk, launch_kernel, make_rows
 
 POLICY = """
 version: 1
@@ -77,14 +76,12 @@ def _module():
 def _run(kernel: tuple[str, str, str], x: np.ndarray, k: int = K, largest: bool = True):
     """Runs one kernel under two schedules; checks the result; returns the counters."""
     spec = _spec(*kernel)
-    rows, n = x.shape
+    n = x.shape[1]
     results, counts = [], []
     for seed in (1, 2):
-        values, indices = np.zeros((rows, k), x.dtype), np.full((rows, k), -1, np.int64)
-        counts.append(_module().launch(spec.name, rows, spec.threads,
-                                       launch_arguments(spec, x, values, indices, rows, n, k, largest),
-                                       shared_bytes=spec.dynamic_shared_bytes, schedule_seed=seed, workers=1,
-                                       counters=True))
+        values, indices, counters = launch_kernel(_module(), spec, x, k, largest, schedule_seed=seed, workers=1,
+                                                  counters=True)
+        counts.append(counters)
         check_topk(x, values, indices, k, largest, spec.mode == "deterministic", spec.dtype,
                    what=f"{spec.name} n={n} k={k} largest={largest} seed={seed}")
         results.append((values.tobytes(), indices.tobytes()))

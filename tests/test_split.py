@@ -24,12 +24,12 @@ from topkgen import policy as pol
 from topkgen import reference
 from topkgen.emulator import compile_source
 from topkgen.render import render
-from topkgen.runtime import TopK, TopKError, arguments, launch_arguments
+from topkgen.runtime import TopK, TopKError, arguments
 from topkgen.schema import load_schema
 from topkgen.split import ChunkPlan, stages
 
 from .conftest import DEFAULT_POLICY
-from .topk_cases import BITS, NUMPY_DTYPES, check_topk, make_rows
+from .topk_cases import BITS, NUMPY_DTYPES, check_topk, launch_kernel, make_rows
 
 SMALL_SPLIT = {"sm_count": 48, "ctas_per_sm": 1, "rows_below": 8, "min_n": 2048, "max_chunks": 8,
                "min_chunk": 1024, "chunk_per_k": 1}
@@ -58,12 +58,8 @@ def small(tmp_path_factory):
 def unsplit(op: TopK, x: np.ndarray, k: int, largest: bool, deterministic: bool) -> tuple[np.ndarray, np.ndarray]:
     """The same kernel, launched once with one CTA per row (what a batch too large to split gets)."""
     dtype = next(d for d, t in NUMPY_DTYPES.items() if t == x.dtype.type)
-    rows, n = x.shape
-    spec = pol.select(op.policy, "sm_90", dtype, k, n, deterministic=deterministic).kernel
-    values, indices = np.zeros((rows, k), x.dtype), np.full((rows, k), -1, np.int64)
-    compile_source(render(spec), name=spec.name).launch(
-        spec.name, rows, spec.threads, launch_arguments(spec, x, values, indices, rows, n, k, largest),
-        shared_bytes=spec.dynamic_shared_bytes, workers=1)
+    spec = pol.select(op.policy, "sm_90", dtype, k, x.shape[1], deterministic=deterministic).kernel
+    values, indices, _ = launch_kernel(compile_source(render(spec), name=spec.name), spec, x, k, largest, workers=1)
     return values, indices
 
 

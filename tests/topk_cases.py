@@ -1,5 +1,5 @@
-"""Inputs and checks shared by the kernel and runtime tests: rows with NaN payloads of both
-signs, infinities, signed zeros, subnormals, all-equal rows and heavy ties."""
+"""Inputs, launches and checks shared by the kernel and runtime tests: rows with NaN
+payloads of both signs, infinities, signed zeros, subnormals, all-equal rows and heavy ties."""
 
 from __future__ import annotations
 
@@ -7,6 +7,7 @@ import ml_dtypes
 import numpy as np
 
 from topkgen import reference
+from topkgen.runtime import launch_arguments
 
 NUMPY_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 BITS = {"float32": np.uint32, "bfloat16": np.uint16, "float16": np.uint16}
@@ -50,6 +51,19 @@ def make_rows(dtype: str, rows: int, n: int, seed: int) -> np.ndarray:
                 bits[where] = rng.choice(specials, size=int(where.sum()))
             out[r] = bits.view(np_t)
     return out
+
+
+def launch_kernel(module, spec, x: np.ndarray, k: int, largest: bool = True, **options):
+    """One unsplit launch of a planned kernel (a KernelSpec) over the rows of x on the
+    emulator, with the arguments and grid a runtime call gives it; `options` go to
+    Module.launch (schedule_seed, workers, counters). Returns (values, indices, what the
+    launch returned)."""
+    rows, n = x.shape
+    values, indices = np.zeros((rows, k), x.dtype), np.full((rows, k), -1, np.int64)
+    grid = (rows + spec.rows_per_block - 1) // spec.rows_per_block
+    result = module.launch(spec.name, grid, spec.threads, launch_arguments(spec, x, values, indices, rows, n, k, largest),
+                           shared_bytes=spec.dynamic_shared_bytes, **options)
+    return values, indices, result
 
 
 def check_topk(x: np.ndarray, values: np.ndarray, indices: np.ndarray, k: int, largest: bool,
