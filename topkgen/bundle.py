@@ -73,24 +73,30 @@ def over_budget(spec: KernelSpec, compiled: CompiledKernel) -> str | None:
     return f"kernel {spec.name} is over its resource budget: {'; '.join(problems)}" if problems else None
 
 
-def launch_record(spec: KernelSpec) -> dict:
-    """Everything a loader needs to launch the kernel (schema: $defs/launch)."""
-    return {**spec.record()["launch"], "grid": GRID_RULE}
+def spec_entry(spec: KernelSpec) -> dict:
+    """What every manifest entry says of its kernel, AOT or JIT: the plan's record, how to
+    launch it (schema: $defs/launch) and its parameters. The runtime serves an arch that a
+    bundle lacks from these alone."""
+    record = spec.record()
+    return {**record, "launch": {**record["launch"], "grid": GRID_RULE}, "params": params(spec)}
+
+
+def cubin_path(spec: KernelSpec) -> str:
+    return f"{spec.arch}/{spec.name}.cubin"
+
+
+def jit_path(spec: KernelSpec) -> str:
+    return f"jit/{spec.arch}/{spec.name}.cu"
 
 
 def planned_entry(spec: KernelSpec, source: str, cache_key: str) -> dict:
     """The part of a kernel's manifest entry that follows from the plan and the rendered
     source alone (a merge checks shards against it)."""
-    entry = spec.record()
-    entry["launch"] = launch_record(spec)
-    entry.update({
-        "cubin": f"{spec.arch}/{spec.name}.cubin",
-        "source_sha256": hashlib.sha256(source.encode()).hexdigest(),
-        "cache_key": cache_key,
-        "budget": {"max_registers": spec.max_registers, "spills_allowed": spec.spills_allowed},
-        "params": params(spec),
-    })
-    return entry
+    return {**spec_entry(spec),
+            "cubin": cubin_path(spec),
+            "source_sha256": hashlib.sha256(source.encode()).hexdigest(),
+            "cache_key": cache_key,
+            "budget": {"max_registers": spec.max_registers, "spills_allowed": spec.spills_allowed}}
 
 
 def kernel_entry(spec: KernelSpec, compiled: CompiledKernel, source: str) -> dict:
@@ -101,25 +107,16 @@ def kernel_entry(spec: KernelSpec, compiled: CompiledKernel, source: str) -> dic
             "resources": asdict(compiled.resources)}
 
 
-def jit_path(spec: KernelSpec) -> str:
-    return f"jit/{spec.arch}/{spec.name}.cu"
-
-
 def jit_entry(spec: KernelSpec, source: str) -> dict:
     """A kernel left to JIT: its rendered source, shipped so that any loader with NVRTC
     compiles exactly what topkgen would."""
-    entry = spec.record()
-    entry["launch"] = launch_record(spec)
     data = source.encode()
-    entry.update({
-        "symbol": spec.name,  # extern "C"
-        "source": jit_path(spec),
-        "sha256": hashlib.sha256(data).hexdigest(),
-        "size_bytes": len(data),
-        "nvrtc_options": portable_options(spec.arch),
-        "params": params(spec),
-    })
-    return entry
+    return {**spec_entry(spec),
+            "symbol": spec.name,  # extern "C"
+            "source": jit_path(spec),
+            "sha256": hashlib.sha256(data).hexdigest(),
+            "size_bytes": len(data),
+            "nvrtc_options": portable_options(spec.arch)}
 
 
 # Told of each kernel as it finishes: the kernel, its compile (or cache hit), seconds taken.
@@ -209,7 +206,7 @@ def build(policy: Policy, archs: list[str], out: Path, *, jobs: int = 1, allow_o
     manifest, jit_files = manifest_document(policy, policy_record(policy), archs,
                                             [kernel_entry(s, c, src) for s, c, src in zip(specs, compiled, sources)],
                                             toolchain(), shard_record)
-    write_bundle(out, manifest, {f"{s.arch}/{s.name}.cubin": c.cubin for s, c in zip(specs, compiled)} | jit_files,
+    write_bundle(out, manifest, {cubin_path(s): c.cubin for s, c in zip(specs, compiled)} | jit_files,
                  force=force, inputs=inputs)
     return BuildResult(manifest, cache.Stats.of(c.outcome for c in compiled))
 

@@ -161,8 +161,7 @@ class TopK:
             except bundles.ManifestError as err:
                 raise TopKError(str(err)) from None
         else:  # an arch the bundle lacks: served by JIT
-            self._entries = {name: {**spec.record(), "launch": bundles.launch_record(spec), "params": params(spec)}
-                             for name, spec in self._specs.items()}
+            self._entries = {name: bundles.spec_entry(spec) for name, spec in self._specs.items()}
             self._files = {}
         self._loaded: dict[str, Any] = {}
 
