@@ -41,8 +41,8 @@ from typing import Any, Iterable, Protocol
 from topkgen import manifest_checks
 from topkgen.dispatch_table import FieldError
 from topkgen.errors import InputError
-from topkgen.paths import (atomic_write, cache_root, directory_problem, read_regular, shared_cache_directory,
-                           temporary_beside, unusable_message)
+from topkgen.paths import (atomic_write, cache_root, cache_url, directory_problem, read_regular,
+                           shared_cache_directory, temporary_beside, unusable_message)
 
 CACHE_FORMAT = 1  # part of every key: a new record layout never reads an old one
 LOCAL_DIR = "nvrtc-store"
@@ -280,7 +280,7 @@ def require_directories(paths: Iterable[Path], *, what: str = "the compile cache
 
 def remote_store() -> RemoteStore | None:
     """The store TOPKGEN_CACHE_URL names, opened once per process; None when unset."""
-    url = os.environ.get("TOPKGEN_CACHE_URL", "").strip()
+    url = cache_url()
     if not url:
         return None
     if "://" not in url:

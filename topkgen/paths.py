@@ -44,10 +44,16 @@ def cache_root() -> Path:
     return Path(base) / "topkgen"
 
 
+def cache_url() -> str:
+    """TOPKGEN_CACHE_URL without surrounding blanks ('' when unset), read here alone so that
+    the remote store and the directories a build protects are the same one."""
+    return os.environ.get("TOPKGEN_CACHE_URL", "").strip()
+
+
 def shared_cache_directory() -> Path | None:
     """The folder a file:// (or local://) TOPKGEN_CACHE_URL names: the shared cache on a
     mounted file system. None for an object store or when unset."""
-    url = os.environ.get("TOPKGEN_CACHE_URL", "").strip()
+    url = cache_url()
     if url.startswith(("file://", "local://")):
         return Path(url.split("://", 1)[1])
     return None
