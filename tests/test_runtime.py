@@ -20,15 +20,6 @@ from .topk_cases import check_topk, make_rows
 ARCHS = ("sm_90", "sm_100")
 
 
-@pytest.fixture(scope="module")
-def bundle_dir(tmp_path_factory):
-    out = tmp_path_factory.mktemp("bundle") / "out"
-    proc = subprocess.run([sys.executable, "-m", "topkgen", "build", "--out", str(out), "-j", "2"],
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    return out
-
-
 def _shape_for(policy, rule, arch):
     """A (dtype, k, n, deterministic) that the policy sends to `rule` on `arch`."""
     for dtype in ("float32", "bfloat16", "float16"):
@@ -44,8 +35,8 @@ def _shape_for(policy, rule, arch):
 
 
 @pytest.mark.parametrize("arch", ARCHS)
-def test_every_rule_is_reached_and_matches_the_reference(bundle_dir, arch):
-    op = TopK(bundle_dir, arch=arch, backend="emulator")
+def test_every_rule_is_reached_and_matches_the_reference(built_bundle, arch):
+    op = TopK(built_bundle, arch=arch, backend="emulator")
     reached = set()
     for rule in op.policy.rules:
         shape = _shape_for(op.policy, rule, arch)
@@ -65,25 +56,25 @@ def test_every_rule_is_reached_and_matches_the_reference(bundle_dir, arch):
     assert reached == {r.name for r in op.policy.rules if arch in r.archs}
 
 
-def test_exact_tiers_go_to_jit_and_to_aot_without_it(bundle_dir, monkeypatch):
+def test_exact_tiers_go_to_jit_and_to_aot_without_it(built_bundle, monkeypatch):
     tiers = [("sm_90", 16, 2048), ("sm_100", 16, 2048), ("sm_90", 32, 256), ("sm_100", 32, 256), ("sm_100", 16, 1024)]
     for arch, k, n in tiers:
-        op = TopK(bundle_dir, arch=arch, backend="emulator")
+        op = TopK(built_bundle, arch=arch, backend="emulator")
         assert op.explain("float32", k, n).source == "jit"
     monkeypatch.setenv("TOPKGEN_DISABLE_JIT", "1")
     for arch, k, n in tiers:
-        op = TopK(bundle_dir, arch=arch, backend="emulator")
+        op = TopK(built_bundle, arch=arch, backend="emulator")
         sel = op.explain("bfloat16", k, n)
         assert sel.source == "aot" and sel.kernel.name in {e["name"] for e in op.manifest["kernels"]}
         x = make_rows("bfloat16", 2, n, seed=k)
         values, indices = op(x, k)
         check_topk(x, values, indices, k, True, sel.kernel.mode == "deterministic", "bfloat16")
     with pytest.raises(TopKError, match="float16.*JIT is disabled"):
-        TopK(bundle_dir, arch="sm_90", backend="emulator")(np.zeros((2, 64), np.float16), 4)
+        TopK(built_bundle, arch="sm_90", backend="emulator")(np.zeros((2, 64), np.float16), 4)
 
 
-def test_float16_goes_to_jit_and_matches(bundle_dir):
-    op = TopK(bundle_dir, arch="sm_90", backend="emulator")
+def test_float16_goes_to_jit_and_matches(built_bundle):
+    op = TopK(built_bundle, arch="sm_90", backend="emulator")
     x = make_rows("float16", 4, 700, seed=3)
     sel = op.explain("float16", 40, 700, True)
     assert sel.source == "jit"
@@ -91,8 +82,8 @@ def test_float16_goes_to_jit_and_matches(bundle_dir):
     check_topk(x, values, indices, 40, True, True, "float16")
 
 
-def test_leading_dims_out_and_raw_bfloat16(bundle_dir):
-    op = TopK(bundle_dir, arch="sm_100", backend="emulator")
+def test_leading_dims_out_and_raw_bfloat16(built_bundle):
+    op = TopK(built_bundle, arch="sm_100", backend="emulator")
     x = make_rows("bfloat16", 6, 300, seed=9).reshape(2, 3, 300)
     values = np.empty((2, 3, 10), x.dtype)
     indices = np.empty((2, 3, 10), np.int64)
@@ -113,8 +104,8 @@ def test_an_arch_the_bundle_lacks_is_served_by_jit(tmp_path):
     check_topk(x, *op(x, 100), 100, True, False, "float32")
 
 
-def test_bad_arrays_get_clear_errors(bundle_dir):
-    op = TopK(bundle_dir, arch="sm_90", backend="emulator")
+def test_bad_arrays_get_clear_errors(built_bundle):
+    op = TopK(built_bundle, arch="sm_90", backend="emulator")
     with pytest.raises(TopKError, match="dtype float64 is not supported"):
         op(np.zeros((2, 8)), 2)
     with pytest.raises(TopKError, match="last dimension must be contiguous"):
@@ -124,7 +115,7 @@ def test_bad_arrays_get_clear_errors(bundle_dir):
     values, indices = op(np.zeros((0, 50), np.float32), 5)
     assert values.shape == indices.shape == (0, 5)
     with pytest.raises(TopKError, match="emulator backend needs an explicit arch"):
-        TopK(bundle_dir, backend="emulator")
+        TopK(built_bundle, backend="emulator")
 
 
 def _jit_in_child(bundle: str, cache: str, queue) -> None:
@@ -136,10 +127,10 @@ def _jit_in_child(bundle: str, cache: str, queue) -> None:
     queue.put("ok")
 
 
-def test_concurrent_jit_compiles_leave_one_good_cache_entry(bundle_dir, tmp_path):
+def test_concurrent_jit_compiles_leave_one_good_cache_entry(built_bundle, tmp_path):
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
-    procs = [ctx.Process(target=_jit_in_child, args=(str(bundle_dir), str(tmp_path), queue)) for _ in range(3)]
+    procs = [ctx.Process(target=_jit_in_child, args=(str(built_bundle), str(tmp_path), queue)) for _ in range(3)]
     for p in procs:
         p.start()
     for p in procs:
@@ -171,10 +162,10 @@ def test_concurrent_nvrtc_jit_compiles_leave_one_good_entry(tmp_path):
     assert len(list((store / "cas").iterdir())) == 2
 
 
-def test_topkgen_run_on_the_emulator(bundle_dir, tmp_path):
+def test_topkgen_run_on_the_emulator(built_bundle, tmp_path):
     x = make_rows("float32", 5, 3000, seed=11)
     np.save(tmp_path / "in.npy", x)
-    proc = subprocess.run([sys.executable, "-m", "topkgen", "run", "--bundle", str(bundle_dir), "--arch", "sm_90",
+    proc = subprocess.run([sys.executable, "-m", "topkgen", "run", "--bundle", str(built_bundle), "--arch", "sm_90",
                            "--backend", "emulator", "--k", "33", "--smallest", "--deterministic",
                            str(tmp_path / "in.npy"), "-o", str(tmp_path / "out.npz")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -183,7 +174,7 @@ def test_topkgen_run_on_the_emulator(bundle_dir, tmp_path):
     check_topk(x, result["values"], result["indices"], 33, False, True, "float32")
     xb = make_rows("bfloat16", 3, 500, seed=12)
     np.save(tmp_path / "bf16.npy", xb)  # numpy stores ml_dtypes.bfloat16 as raw 2-byte records
-    proc = subprocess.run([sys.executable, "-m", "topkgen", "run", "--bundle", str(bundle_dir), "--arch", "sm_100",
+    proc = subprocess.run([sys.executable, "-m", "topkgen", "run", "--bundle", str(built_bundle), "--arch", "sm_100",
                            "--backend", "emulator", "--k", "20", str(tmp_path / "bf16.npy"), "-o",
                            str(tmp_path / "bf16.npz")], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -191,13 +182,13 @@ def test_topkgen_run_on_the_emulator(bundle_dir, tmp_path):
     check_topk(xb, result["values"].view(xb.dtype), result["indices"], 20, True, True, "bfloat16")
     # The file says bfloat16 (2-byte records): --dtype float16 is refused, not read as float16 bits.
     # --dtype float16 does decide what raw uint16 bits hold.
-    clash = subprocess.run([sys.executable, "-m", "topkgen", "run", "--bundle", str(bundle_dir), "--arch", "sm_90",
+    clash = subprocess.run([sys.executable, "-m", "topkgen", "run", "--bundle", str(built_bundle), "--arch", "sm_90",
                             "--backend", "emulator", "--k", "2", "--dtype", "fp16", str(tmp_path / "bf16.npy")],
                            capture_output=True, text=True)
     assert (clash.returncode, clash.stdout) == (2, ""), clash.stderr
     assert clash.stderr == (f"topkgen: error: {tmp_path / 'bf16.npy'}: bfloat16[3, 500]: dtype: 'float16' does not "
                             f"match the array's bfloat16\n")
-    bad = subprocess.run([sys.executable, "-m", "topkgen", "run", "--bundle", str(bundle_dir), "--arch", "sm_90",
+    bad = subprocess.run([sys.executable, "-m", "topkgen", "run", "--bundle", str(built_bundle), "--arch", "sm_90",
                           "--backend", "emulator", "--k", "5000", str(tmp_path / "in.npy"), "-o",
                           str(tmp_path / "bad.npz")], capture_output=True, text=True)
     assert bad.returncode == 2 and "Invalid value for '--k': 5000 is not in the range 1<=x<=1024" in bad.stderr
@@ -231,13 +222,13 @@ def test_device_arrays_are_read_from_the_cuda_array_interface():
         _device_array(np.zeros(3, np.float32), "x")
 
 
-def test_calls_dispatch_by_table_lookup_alone(bundle_dir, monkeypatch):
+def test_calls_dispatch_by_table_lookup_alone(built_bundle, monkeypatch):
     """The runtime evaluates no rule per call: with select and the renderer gone, AOT and
     shipped JIT kernels still run (the JIT one from the source the bundle ships)."""
     import topkgen.explain as explaining
     import topkgen.runtime as runtime
 
-    op = TopK(bundle_dir, arch="sm_90", backend="emulator")
+    op = TopK(built_bundle, arch="sm_90", backend="emulator")
     op(make_rows("float32", 1, 5000, seed=2), 40)  # an AOT kernel, loaded once (its source is checked)
 
     def forbidden(*args, **kwargs):
@@ -254,9 +245,9 @@ def test_calls_dispatch_by_table_lookup_alone(bundle_dir, monkeypatch):
     check_topk(x, *op(x, 16), 16, True, True, "float32")
 
 
-def test_schema_1_bundles_are_refused_with_a_rebuild_hint(bundle_dir, tmp_path):
+def test_schema_1_bundles_are_refused_with_a_rebuild_hint(built_bundle, tmp_path):
     copy = tmp_path / "bundle"
-    shutil.copytree(bundle_dir, copy)
+    shutil.copytree(built_bundle, copy)
     manifest = json.loads((copy / "manifest.json").read_text())
     manifest["schema_version"] = 1
     (copy / "manifest.json").write_text(json.dumps(manifest))
