@@ -142,7 +142,7 @@ def _interruptions() -> Iterator[None]:
     try:
         yield
     except KeyboardInterrupt:
-        console.echo(f"{chr(10) if console._isatty(sys.stderr) else ''}{INTERRUPTED}", err=True)
+        console.echo(f"{chr(10) if console.isatty(sys.stderr) else ''}{INTERRUPTED}", err=True)
         raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
     except BrokenPipeError:
         standard_output.silence()

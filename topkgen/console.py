@@ -33,10 +33,12 @@ def color_enabled(stream: Any) -> bool:
     and never when NO_COLOR is set to anything (no-color.org)."""
     if _color_mode != "auto":
         return _color_mode == "always"
-    return not os.environ.get("NO_COLOR") and _isatty(stream)
+    return not os.environ.get("NO_COLOR") and isatty(stream)
 
 
-def _isatty(stream: Any) -> bool:
+def isatty(stream: Any) -> bool:
+    """Whether `stream` is a terminal; False, not an error, for a stream that is closed or
+    is no file (a test runner's), since the answer only picks colour and layout."""
     try:
         return bool(stream.isatty())
     except (AttributeError, ValueError):  # no isatty, or a closed stream
@@ -100,9 +102,9 @@ class BuildProgress:
         self.total, self.stream = total, stream
         self.done = self.compiled = self.cached = 0
         self._lock = threading.Lock()
-        self._lines = lines and not _isatty(stream)
+        self._lines = lines and not isatty(stream)
         self._bar = None
-        if _isatty(stream) and total:
+        if isatty(stream) and total:
             self._bar = click.progressbar(length=total, label=label, file=stream, show_pos=True,
                                           show_percent=False, bar_template="%(label)s  [%(bar)s]  %(info)s",
                                           item_show_func=lambda _item: self._counts(), width=30)
