@@ -63,9 +63,9 @@ def test_ctrl_c_while_the_cli_is_still_importing_is_exit_130_and_one_line(start)
     assert (closed.returncode, closed.stdout) == (130, b"")
 
 
-def _interrupt(args: list[str], cache: Path, ready) -> subprocess.CompletedProcess:
-    """Run topkgen with a cold compile cache, send SIGINT (as Ctrl-C does) once `ready(proc)`
-    says it is at work, and collect what it printed."""
+def _interrupt(args: list[str], cache: Path, ready, signum: int = signal.SIGINT) -> subprocess.CompletedProcess:
+    """Run topkgen with a cold compile cache, send `signum` (SIGINT: as Ctrl-C does) once
+    `ready(proc)` says it is at work, and collect what it printed."""
     env = {**ENV, "TOPKGEN_CACHE_DIR": str(cache)}
     env.pop("TOPKGEN_CACHE_URL", None)
     proc = subprocess.Popen([*TOPKGEN, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
@@ -73,21 +73,24 @@ def _interrupt(args: list[str], cache: Path, ready) -> subprocess.CompletedProce
     try:
         ready(proc)
         assert proc.poll() is None, "finished before it was interrupted"
-        proc.send_signal(signal.SIGINT)
+        proc.send_signal(signum)
         stdout, stderr = proc.communicate(timeout=120)
     finally:
         proc.kill()
     return subprocess.CompletedProcess(args, proc.returncode, stdout, stderr)
 
 
-def test_ctrl_c_during_a_build_is_exit_130_and_leaves_nothing(tmp_path):
+@pytest.mark.parametrize("signum,status,line", [(signal.SIGINT, 130, "topkgen: interrupted\n"),
+                                                (signal.SIGTERM, 143, "topkgen: terminated\n")],  # a CI job cancelled
+                         ids=["Ctrl-C", "SIGTERM"])
+def test_ctrl_c_during_a_build_is_exit_130_and_leaves_nothing(tmp_path, signum, status, line):
     def first_kernel_compiled(proc):  # in a pipe, build prints a line per kernel
         assert proc.stdout.readline().startswith("[ 1/29] ")
 
     out = tmp_path / "out"
     done = _interrupt(["build", "--arch", "sm_90", "-j", "1", "--out", str(out)], tmp_path / "cache",
-                      first_kernel_compiled)
-    assert (done.returncode, done.stderr) == (130, "topkgen: interrupted\n"), done.stderr
+                      first_kernel_compiled, signum)
+    assert (done.returncode, done.stderr) == (status, line), done.stderr
     assert "Traceback" not in done.stdout + done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]  # no bundle, no staging directory
 

@@ -2,7 +2,8 @@
 
 Exit status: 0 success, 1 a failed build or "the sides differ" (diff), 2 usage or input
 errors (for diff, any trouble), 70 an internal error (a bug: one line, and the traceback with
-TOPKGEN_DEBUG=1), 130 interrupted (Ctrl-C), 141 the reader of stdout left (`| head`).
+TOPKGEN_DEBUG=1), 130 interrupted (Ctrl-C), 141 the reader of stdout left (`| head`), 143
+terminated (SIGTERM).
 Heavy modules (NVRTC, numpy, the emulator) are imported inside the commands that need them,
 so `topkgen plan` stays fast.
 """
@@ -23,7 +24,7 @@ from click.shell_completion import CompletionItem
 
 from topkgen import console, errors, standard_output, suggest
 from topkgen import policy as pol
-from topkgen.launch import EXIT_INTERRUPTED, INTERRUPTED  # launch says them of a Ctrl-C during the imports
+from topkgen.launch import stop_report  # launch says it of a Ctrl-C during the imports
 from topkgen.reader import printable
 from topkgen.split import ROWS_MAX
 
@@ -53,6 +54,7 @@ Exit status:
   70  an internal error: a bug in topkgen (TOPKGEN_DEBUG=1 shows where)
   130 interrupted (Ctrl-C)
   141 the output's reader left early (topkgen plan | head -1)
+  143 terminated (SIGTERM: a cancelled CI job); nothing half-written is left
 
 \b
 Environment:
@@ -132,7 +134,7 @@ class _Main(_Group):
 def _interruptions() -> Iterator[None]:
     """Ctrl-C and a closed stdout end a command with statuses of their own, never 1 (click's
     "Aborted!" and its broken-pipe exit were 1, which for diff reads as "the sides differ").
-    Ctrl-C: one line on stderr, exit 130. A reader of stdout that left (`topkgen plan |
+    Ctrl-C: one line on stderr, exit 130 (SIGTERM: 143). A reader of stdout that left (`topkgen plan |
     head -1`): nothing printed, exit 141, the status a shell reports for any program SIGPIPE
     ends (cat, diff(1)); not 0, since the output was not all delivered and for diff 0 means
     "the same". stdout is pointed at /dev/null so that the interpreter's last flush cannot
@@ -141,9 +143,10 @@ def _interruptions() -> Iterator[None]:
     standard_output.take_over()
     try:
         yield
-    except KeyboardInterrupt:
-        console.echo(f"{chr(10) if console.isatty(sys.stderr) else ''}{INTERRUPTED}", err=True)
-        raise click.exceptions.Exit(EXIT_INTERRUPTED) from None
+    except KeyboardInterrupt as err:  # a SIGTERM too (launch.Terminated)
+        line, status = stop_report(err)
+        console.echo(f"{chr(10) if console.isatty(sys.stderr) else ''}{line}", err=True)
+        raise click.exceptions.Exit(status) from None
     except BrokenPipeError:
         standard_output.silence()
         raise click.exceptions.Exit(EXIT_BROKEN_PIPE) from None

@@ -4,24 +4,47 @@ It exists for the first tenth of a second: a Ctrl-C that lands while the CLI and
 libraries are still being imported comes before the CLI's own handler (`cli._interruptions`),
 and Python would print its traceback. So this module imports nothing heavy itself, and turns
 such a Ctrl-C into the CLI's one line and exit 130.
+
+It also makes SIGTERM (a cancelled CI job, `kill`, a container stopping) unwind as a Ctrl-C
+does, rather than end the process where it stands: the staging directory of a bundle being
+written, `run -o`'s temporary file and the locks are then removed on the way out, and the
+command says so in one line, exit 143.
 """
 
 from __future__ import annotations
 
+import signal
 import sys
 
 EXIT_INTERRUPTED = 130  # 128 + SIGINT: what a shell reports for a command Ctrl-C ended
 INTERRUPTED = "topkgen: interrupted"
+EXIT_TERMINATED = 143  # 128 + SIGTERM
+TERMINATED = "topkgen: terminated"
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where the main thread is, so that every clean-up a Ctrl-C runs runs."""
+
+
+def _terminate(signum: int, frame: object) -> None:
+    raise Terminated
+
+
+def stop_report(err: KeyboardInterrupt) -> tuple[str, int]:
+    """The line and exit status of a command that a Ctrl-C or a SIGTERM ended."""
+    return (TERMINATED, EXIT_TERMINATED) if isinstance(err, Terminated) else (INTERRUPTED, EXIT_INTERRUPTED)
 
 
 def main() -> None:
+    signal.signal(signal.SIGTERM, _terminate)
     try:
         from topkgen.cli import main as cli
 
         cli(prog_name="topkgen")
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as err:
+        line, status = stop_report(err)
         try:  # stderr may be closed (2>&-: None) or a pipe nobody reads: the status still says it
-            sys.stderr.write(("\n" if sys.stderr.isatty() else "") + INTERRUPTED + "\n")
+            sys.stderr.write(("\n" if sys.stderr.isatty() else "") + line + "\n")
         except (AttributeError, OSError, ValueError):
             pass
-        raise SystemExit(EXIT_INTERRUPTED) from None
+        raise SystemExit(status) from None
