@@ -7,17 +7,21 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import resource
+import shutil
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
 from topkgen import policy as pol
+from topkgen.policy import MAX_POLICY_BYTES
 from topkgen.schema import SchemaViolation, validate
 
-from .conftest import DEFAULT_POLICY
+from .conftest import DEFAULT_POLICY, ROOT
 
 BASE = DEFAULT_POLICY.read_text()
 TOPKGEN = [sys.executable, "-m", "topkgen"]
@@ -28,14 +32,15 @@ def _variant(old: str, new: str) -> str:
     return BASE.replace(old, new, 1)
 
 
-def _bounded(*args: str, timeout: float = 30) -> subprocess.CompletedProcess:
+def _bounded(*args: str, timeout: float = 30, cwd: Path | None = None) -> subprocess.CompletedProcess:
     """topkgen in a child limited to 2 GiB of address space: an alias bomb or /dev/zero
     must fail the test, not the machine."""
 
     def limit() -> None:
         resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
 
-    return subprocess.run([*TOPKGEN, *args], capture_output=True, text=True, timeout=timeout, preexec_fn=limit)
+    return subprocess.run([*TOPKGEN, *args], capture_output=True, text=True, timeout=timeout, preexec_fn=limit,
+                          cwd=cwd, env={**os.environ, "PYTHONPATH": str(ROOT)})
 
 
 NESTED_500 = "[" * 500 + "]" * 500
@@ -216,3 +221,22 @@ def test_json_keeps_what_is_valid():
 
     text = json.dumps({"pair": "\U0001F600", "escaped": "\\u0000 is text", "nl": "a\nb", "n": [1, -2.5e3]})
     assert reader.parse_json(text, "m.json") == json.loads(text)
+
+
+def test_diff_reads_no_more_of_a_policy_file_than_a_policy_may_hold(tmp_path):
+    """A 3 GB policy file, as a side of its own and as the working tree's, is refused after
+    its first MiB: diff read both whole first, past the 2 GiB this child may map."""
+    repo = tmp_path / "repo"
+    policy = repo / "policies" / "topk.yaml"
+    policy.parent.mkdir(parents=True)
+    shutil.copy(DEFAULT_POLICY, policy)
+    git = ["git", "-C", str(repo), "-c", "user.name=t", "-c", "user.email=t@t"]
+    subprocess.run(["git", "init", "-q", str(repo)], check=True)
+    subprocess.run([*git, "add", "."], check=True)
+    subprocess.run([*git, "commit", "-q", "-m", "policy"], check=True)
+    os.truncate(policy, 3 << 30)  # sparse: no disk is spent
+    for args, source in ((["diff", str(policy), str(DEFAULT_POLICY)], str(policy)),
+                         (["diff", "HEAD"], "working tree: policies/topk.yaml")):
+        proc = _bounded(*args, cwd=repo)
+        assert (proc.returncode, proc.stderr) == (2, f"topkgen: error: {source}: the policy is larger than "
+                                                     f"{MAX_POLICY_BYTES} bytes\n"), args
