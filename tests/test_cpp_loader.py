@@ -356,6 +356,21 @@ def test_both_loaders_read_the_text_and_the_schema_alike(cpp, built_bundle, tmp_
     assert got == message(raw)
 
 
+def test_both_loaders_refuse_a_table_cut_too_finely_to_index(cpp, built_bundle, tmp_path):
+    """Indexing a list visits, at every n cut, every row spanning it: quadratic in the rows. A
+    forged list of 10,000 rows (a 5 MB manifest) took the Python loader a minute and the C++
+    one 450 MB; a 64 MB one would take hours. Both stop at MAX_INDEX_VISITS, the same way."""
+    root = tmp_path / "bundle"
+    shutil.copytree(built_bundle, root)
+    doc = json.loads((root / "manifest.json").read_text())
+    rows, pieces = doc["dispatch"]["sm_90"]["float32"]["fast"], 1100  # 1100 + 1100 x 1100 visits
+    rows[:] = [{**rows[0], "k": [1, pol.K_MAX], "n": [1 + 1000 * j, pol.N_MAX if j == pieces - 1 else 1000 * (j + 1)],
+                "rows": [1, pol.ROWS_MAX]} for j in range(pieces)]
+    (root / "manifest.json").write_text(json.dumps(doc))
+    assert _both_refuse(cpp, root) == (f": dispatch.sm_90.float32.fast: the dispatch lists are cut too finely: "
+                                       f"indexing them takes more than {dispatch_table.MAX_INDEX_VISITS} row visits")
+
+
 def _closed_objects(value, node: dict, schema: dict, path: tuple = (), seen: set | None = None) -> list[tuple]:
     """The path of the first object of the manifest under each schema node that allows no
     other keys (additionalProperties: false)."""
@@ -562,6 +577,37 @@ def test_a_bundle_reached_through_a_link_is_served(cpp, built_bundle, tmp_path):
     assert _bounded(cpp, "verify", tmp_path / "link").returncode == 0
 
 
+def _python_outcome(given: str) -> str:
+    """What `show` does with a bundle argument: "served", or the refusal."""
+    try:
+        manifest, top = bundle.load_manifest(given)
+        bundle.read_files(top, manifest)
+    except bundle.ManifestError as err:
+        return str(err)
+    return "served"
+
+
+@pytest.mark.parametrize("given", ["{b}/", "{b}//", "{b}/.", "{t}//./{n}", "{n}", "{b}/manifest.json",
+                                   "{n}/manifest.json", ".", "{b}/sm_90", "{t}/missing", "x" * 300, "/a" * 3000],
+                         ids=lambda g: g[:20])
+def test_both_loaders_read_and_name_a_bundle_however_it_is_given(cpp, built_bundle, monkeypatch, given):
+    """A bundle's directory or its manifest file, spelled as a user may spell it: both loaders
+    serve it, or refuse it naming the manifest as pathlib spells it ('//' and '.' parts
+    dropped; a path that is no directory is the manifest itself). The C++ loader took every
+    argument for a directory and named it as given ('./manifest.json', 'missing/manifest.json');
+    a name too long to look up was an internal error in Python."""
+    monkeypatch.chdir(built_bundle.parent)
+    arg = given.format(b=built_bundle, t=built_bundle.parent, n=built_bundle.name)
+    proc = subprocess.run([cpp, "verify", arg], capture_output=True, text=True)
+    native = "served" if proc.returncode == 0 else proc.stderr.removeprefix("topkgen-cpp: error: ").rstrip("\n")
+    assert proc.returncode in (0, 2) and proc.stderr.count("\n") == (proc.returncode == 2)
+    assert _python_outcome(arg) == native
+    if len(arg) > 255:
+        cli = subprocess.run([sys.executable, "-m", "topkgen", "show", arg], capture_output=True, text=True)
+        assert (cli.returncode, cli.stderr) == (2, f"topkgen: error: {native}\n")
+    print(f"{given[:40]!r}: {native[:120]}")
+
+
 # ----------------------------------------------------------------------------- driver
 
 def test_the_driver_declarations_agree_with_cuda_h(cpp, tmp_path):
@@ -633,12 +679,16 @@ int main(int, char** argv) {
 
 def test_cpp_select_reads_rows_as_select_does(cpp, built_bundle, default_policy):
     """A ROWS of 0 or below is refused with select's reason (0 once read as "not given", so the
-    unsplit kernel came back); a ROWS that is not a whole integer is a malformed line."""
+    unsplit kernel came back); a line whose K, N or ROWS is not a whole 64-bit integer, or
+    whose JIT is not 0 or 1, is a malformed line."""
     shapes = [("sm_90", "float32", 8, 1000, False, True, rows) for rows in (0, -5, 4)]
     got = cpp_select(cpp, built_bundle, shapes)
     assert got == [python_select(default_policy, s) for s in shapes]
     assert got[:2] == ["error: rows: must be >= 1, got 0", "error: rows: must be >= 1, got -5"]
-    for line in ("sm_90 float32 8 1000 fast 1 abc", "sm_90 float32 8 1000 fast 1 4x", "sm_90 float32 8 1000 fast 1 4 5"):
+    for line in ("sm_90 float32 8 1000 fast 1 abc", "sm_90 float32 8 1000 fast 1 4x", "sm_90 float32 8 1000 fast 1 4 5",
+                 # were served: JIT 2 as JIT on, "1000fast" as n=1000 and fast, "+8" as 8
+                 "sm_90 float32 8 1000 fast 2", "sm_90 float32 8 1000fast 1", "sm_90 float32 +8 1000 fast 1",
+                 "sm_90 float32 8 1000 fast 1 9223372036854775808"):
         proc = subprocess.run([cpp, "select", built_bundle], input=line + "\n", capture_output=True, text=True)
         assert (proc.returncode, proc.stdout) == (2, ""), line
         assert proc.stderr == f"topkgen-cpp: error: stdin: expected 'ARCH DTYPE K N MODE JIT [ROWS]', got '{line}'\n"

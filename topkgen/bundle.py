@@ -343,7 +343,11 @@ def load_manifest(path: str | Path, *, versions: Iterable[int] = (SCHEMA_VERSION
     for the current schema, make every load check but the files'. Returns it and the bundle
     root that its paths are relative to. Only `diff` asks for older versions too."""
     path = Path(path)
-    file = path / MANIFEST if path.is_dir() else path
+    try:
+        is_dir = path.is_dir()
+    except OSError:  # a name too long to look up, say: then it names no directory (loaders/cpp reads it so)
+        is_dir = False
+    file = path / MANIFEST if is_dir else path
     try:
         raw = read_bundle_file(file.parent, file.name, MAX_MANIFEST_BYTES)
     except OSError as err:

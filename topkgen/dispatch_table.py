@@ -198,15 +198,35 @@ def _words(answer: Answer) -> str:
 
 # ----------------------------------------------------------------------------- reading
 
+MAX_INDEX_VISITS = 1 << 20  # row visits to index all the lists of a manifest; the default policy's take ~8,300
+
+
+class IndexBudget:
+    """The row visits left for indexing a manifest's dispatch lists. Indexing costs, per k
+    segment, a pass over the list's rows and a pass over the rows spanning the segment at
+    each of its n cuts: quadratic in the rows, so a forged manifest of a few MB could take
+    hours and gigabytes. Every loader refuses one that needs more than MAX_INDEX_VISITS."""
+
+    def __init__(self) -> None:
+        self.left = MAX_INDEX_VISITS
+
+    def spend(self, visits: int, path: str) -> None:
+        self.left -= visits
+        if self.left < 0:
+            raise FieldError(path, f"the dispatch lists are cut too finely: indexing them takes more than "
+                                   f"{MAX_INDEX_VISITS} row visits")
+
+
 class ListIndex:
     """One dispatch list, checked to be a tiling of the domain and indexed for lookup.
 
     The check is the one every loader makes (loaders/cpp words it the same way): cut k at
     every row's k bounds; within each k segment [a, b] cut n at the n bounds of the rows that
     span it, from a to N_MAX; within each of those n segments the rows that span it, sorted
-    by rows, must not overlap and must serve every batch size from 1 to ROWS_MAX."""
+    by rows, must not overlap and must serve every batch size from 1 to ROWS_MAX. `budget`
+    bounds the work (the load checks pass one for all the lists of a manifest)."""
 
-    def __init__(self, rows: list[Row], path: str) -> None:
+    def __init__(self, rows: list[Row], path: str, budget: IndexBudget | None = None) -> None:
         for i, row in enumerate(rows):
             for key in ("k", "n", "rows"):
                 lo, hi = row[key]
@@ -218,9 +238,13 @@ class ListIndex:
         self.members: list[list[list[int]]] = []      # per k and n segment: its rows, in rows order
         for si, a in enumerate(self.k_starts):
             b = self.k_starts[si + 1] - 1 if si + 1 < len(self.k_starts) else K_MAX
+            if budget is not None:
+                budget.spend(len(rows), path)
             spanning = [i for i, r in enumerate(rows) if r["k"][0] <= a <= r["k"][1]]
             cuts = sorted({a} | {rows[i]["n"][0] for i in spanning if rows[i]["n"][0] > a}
                           | {rows[i]["n"][1] + 1 for i in spanning if a < rows[i]["n"][1] + 1 <= N_MAX})
+            if budget is not None:
+                budget.spend(len(spanning) * len(cuts), path)
             starts, by_rows, members = [], [], []
             for ci, c in enumerate(cuts):
                 d = cuts[ci + 1] - 1 if ci + 1 < len(cuts) else N_MAX

@@ -15,7 +15,7 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from topkgen.dispatch_table import FieldError, ListIndex
+from topkgen.dispatch_table import FieldError, IndexBudget, ListIndex
 from topkgen.render import C_TYPES, PARAM_TYPES
 
 # The parameters a kernel must take to run a split (topkgen.split).
@@ -85,13 +85,14 @@ def check_dispatch(doc: dict, by_name: dict[tuple[str, str], Entry]) -> None:
     for arch in doc["archs"]:
         if arch not in dispatch:
             raise FieldError("dispatch", f"no table for {arch}")
+    budget = IndexBudget()  # one for all the lists: a forged manifest could hold many lists of many rows
     for arch in sorted(dispatch):
         if arch not in doc["archs"]:
             raise FieldError(f"dispatch.{arch}", "not one of the bundle's archs")
         for dtype in sorted(dispatch[arch]):
             for mode in sorted(dispatch[arch][dtype]):
                 path, rows = f"dispatch.{arch}.{dtype}.{mode}", dispatch[arch][dtype][mode]
-                ListIndex(rows, path)
+                ListIndex(rows, path, budget)
                 for i, row in enumerate(rows):
                     _check_row(f"{path}[{i}]", row, arch, dtype, mode, by_name, partial)
 

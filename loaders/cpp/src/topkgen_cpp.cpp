@@ -1,7 +1,8 @@
 // topkgen-cpp: a small CLI over topkgen/loader.hpp, for tests, benchmarks and gpu-check.
 //
 //   topkgen-cpp verify DIR      load DIR (every check), print a summary
-//   topkgen-cpp select DIR      per stdin line "ARCH DTYPE K N MODE JIT [ROWS]" (JIT 0 or 1)
+//   topkgen-cpp select DIR      per stdin line "ARCH DTYPE K N MODE JIT [ROWS]" (JIT 0 or 1,
+//                               the numbers whole 64-bit integers; any other line stops it)
 //                               print "KERNEL" (no ROWS: the batch size unknown) or
 //                               "KERNEL CHUNKS WORKSPACE_BYTES VALUES_OFFSET", or "error: MESSAGE"
 //   topkgen-cpp bench DIR       time select over the stdin shapes: median ns per lookup
@@ -10,11 +11,13 @@
 //                               when the bundle says so), outputs written raw to VALUES and
 //                               INDICES (int64); prints the kernel and its chunks per row
 //
+// DIR: a bundle's directory or its manifest file, as topkgen reads it.
 // Errors: "topkgen-cpp: error: MESSAGE" on stderr, exit 2 (a missing driver and a failed
 // driver call in launch too).
 #include <topkgen/loader.hpp>
 
 #include <algorithm>
+#include <charconv>
 #include <chrono>
 #include <cstdio>
 #include <fstream>
@@ -32,20 +35,27 @@ struct Shape {
   bool deterministic = false, jit = false;
 };
 
+// A whole field as a decimal integer that fits in 64 bits ("4x", "+4", "1e3" and 2^63 are not).
+bool whole_integer(const std::string& field, std::int64_t& value) {
+  const char* end = field.data() + field.size();
+  auto [stop, error] = std::from_chars(field.data(), end, value);
+  return error == std::errc() && stop == end;
+}
+
+// "ARCH DTYPE K N MODE JIT [ROWS]", every field whole: JIT 0 or 1, K, N and ROWS integers.
 bool parse_shape(const std::string& line, Shape& s) {
   std::istringstream in(line);
-  std::string mode;
-  int jit = 0;
-  if (!(in >> s.arch >> s.dtype >> s.k >> s.n >> mode >> jit)) return false;
-  if (mode != "fast" && mode != "deterministic") return false;
-  s.deterministic = mode == "deterministic";
-  s.jit = jit != 0;
-  std::string rows, rest;
-  if (!(in >> rows)) return true;
-  std::istringstream number(rows);  // the whole field an integer: "abc" and "4x" are not a batch size
-  if (!(number >> s.rows) || !number.eof() || (in >> rest)) return false;
-  s.has_rows = true;  // 0 and negative counts are refused by Bundle::plan, with the reason
-  return true;
+  std::vector<std::string> f;
+  for (std::string field; in >> field;) f.push_back(field);
+  if (f.size() != 6 && f.size() != 7) return false;
+  s.arch = f[0], s.dtype = f[1];
+  if (!whole_integer(f[2], s.k) || !whole_integer(f[3], s.n)) return false;
+  if (f[4] != "fast" && f[4] != "deterministic") return false;
+  if (f[5] != "0" && f[5] != "1") return false;
+  s.deterministic = f[4] == "deterministic";
+  s.jit = f[5] == "1";
+  s.has_rows = f.size() == 7;  // 0 and negative counts are refused by Bundle::plan, with the reason
+  return !s.has_rows || whole_integer(f[6], s.rows);
 }
 
 std::vector<Shape> read_shapes() {

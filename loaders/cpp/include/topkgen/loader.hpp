@@ -303,6 +303,42 @@ inline const char* file_kind(mode_t mode) {
   }
 }
 
+// A path as Python's pathlib.PurePosixPath reads and prints it (topkgen's messages name
+// files so): repeated slashes and "." parts dropped, exactly two leading slashes kept, "."
+// for nothing; ".." is kept as written.
+class PurePath {
+ public:
+  explicit PurePath(const std::string& p)
+      : root_(p.compare(0, 2, "//") == 0 && p.compare(0, 3, "///") != 0 ? "//" : p.compare(0, 1, "/") == 0 ? "/" : "") {
+    for (std::size_t start = 0; start <= p.size();) {
+      const std::size_t slash = std::min(p.find('/', start), p.size());
+      const std::string part = p.substr(start, slash - start);
+      if (!part.empty() && part != ".") parts_.push_back(part);
+      start = slash + 1;
+    }
+  }
+  std::string str() const {
+    std::string s = root_;
+    for (std::size_t i = 0; i < parts_.size(); ++i) s += (i ? "/" : "") + parts_[i];
+    return s.empty() ? "." : s;
+  }
+  std::string name() const { return parts_.empty() ? "" : parts_.back(); }
+  PurePath parent() const {
+    PurePath p = *this;
+    if (!p.parts_.empty()) p.parts_.pop_back();
+    return p;
+  }
+  PurePath child(const std::string& name) const {
+    PurePath p = *this;
+    p.parts_.push_back(name);
+    return p;
+  }
+
+ private:
+  std::string root_;
+  std::vector<std::string> parts_;
+};
+
 // The bytes of the regular file `rel` ("sm_90/x.cubin") under the directory `root` (which
 // may be reached through a link), reached through directories only and read no further
 // than `limit` bytes (topkgen.bundle.read_bundle_file, with its messages). A bundle holds no
@@ -947,6 +983,21 @@ struct Row {
   std::int64_t chunks, fallback_chunks;
 };
 
+// The row visits left for indexing a manifest's dispatch lists (topkgen.dispatch_table.
+// IndexBudget): indexing is quadratic in a list's rows, and a forged manifest of a few MB
+// would take minutes and gigabytes.
+constexpr std::uint64_t MAX_INDEX_VISITS = 1 << 20;
+
+struct IndexBudget {
+  std::uint64_t left = MAX_INDEX_VISITS;
+  void spend(std::uint64_t visits, const std::string& path, const Doc& doc) {
+    if (visits > left)
+      doc.fail(path, "the dispatch lists are cut too finely: indexing them takes more than " +
+                         std::to_string(MAX_INDEX_VISITS) + " row visits");
+    left -= visits;
+  }
+};
+
 // One dispatch list, checked to tile the domain and indexed for lookup (the same
 // procedure and messages as topkgen.dispatch_table.ListIndex): cut k at every row's k
 // bounds; in each k segment cut n at the bounds of the rows spanning it; in each n segment
@@ -962,7 +1013,7 @@ struct List {
   std::vector<std::vector<Cell>> cells;
   bool all_jit = true;  // no row has an AOT fallback
 
-  void index(const std::string& path, const Doc& doc) {
+  void index(const std::string& path, const Doc& doc, IndexBudget& budget) {
     std::set<std::int64_t> starts{1};
     for (const Row& r : rows) {
       starts.insert(r.k_lo);
@@ -971,6 +1022,7 @@ struct List {
     k_starts.assign(starts.begin(), starts.end());
     for (std::size_t si = 0; si < k_starts.size(); ++si) {
       std::int64_t a = k_starts[si], b = si + 1 < k_starts.size() ? k_starts[si + 1] - 1 : K_MAX;
+      budget.spend(rows.size(), path, doc);
       std::vector<std::size_t> spanning;
       for (std::size_t i = 0; i < rows.size(); ++i)
         if (rows[i].k_lo <= a && a <= rows[i].k_hi) spanning.push_back(i);
@@ -980,6 +1032,7 @@ struct List {
         if (a < rows[i].n_hi + 1 && rows[i].n_hi + 1 <= N_MAX) cut.insert(rows[i].n_hi + 1);
       }
       std::vector<std::int64_t> cuts(cut.begin(), cut.end());
+      budget.spend(spanning.size() * cuts.size(), path, doc);
       std::vector<Cell> seg;
       for (std::size_t ci = 0; ci < cuts.size(); ++ci) {
         std::int64_t c = cuts[ci], d = ci + 1 < cuts.size() ? cuts[ci + 1] - 1 : N_MAX;
@@ -1043,11 +1096,17 @@ class Bundle {
  public:
   // Reads DIR/manifest.json and every file it names, and makes every load check; throws
   // topkgen::Error naming the file and the field of the first violation.
-  explicit Bundle(std::string dir) : dir_(std::move(dir)) {
-    while (dir_.size() > 1 && dir_.back() == '/') dir_.pop_back();
-    doc_.file = dir_ + "/manifest.json";
+  // `path` is the bundle's directory or its manifest file, named in messages as
+  // topkgen.bundle.load_manifest names it (a path that is no directory is the manifest).
+  explicit Bundle(const std::string& path) {
+    const detail::PurePath given(path);
+    struct stat st;
+    const bool dir = ::stat(given.str().c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+    const detail::PurePath file = dir ? given.child("manifest.json") : given;
+    dir_ = file.parent().str();
+    doc_.file = file.str();
     std::string text, why;
-    if (!detail::read_bundle_file(dir_, "manifest.json", detail::MAX_MANIFEST_BYTES, text, why))
+    if (!detail::read_bundle_file(dir_, file.name(), detail::MAX_MANIFEST_BYTES, text, why))
       throw Error(doc_.file + ": cannot read manifest: " + why);
     const detail::json m = detail::parse_json<detail::json>(text, doc_.file);
     check_version(m);  // the order of topkgen.bundle.load_manifest: version, schema, the load checks
@@ -1329,6 +1388,7 @@ class Bundle {
     if (!dispatch.is_object()) doc_.fail("dispatch", "expected an object");
     for (const std::string& arch : archs_)
       if (!dispatch.contains(arch)) doc_.fail("dispatch", "no table for " + arch);
+    detail::IndexBudget budget;  // one for all the lists
     for (const std::string& arch : sorted_keys(dispatch)) {  // as topkgen.manifest_checks.check_dispatch
       if (std::find(archs_.begin(), archs_.end(), arch) == archs_.end())
         doc_.fail("dispatch." + arch, "not one of the bundle's archs");
@@ -1358,7 +1418,7 @@ class Bundle {
             empty("n", r.n_lo, r.n_hi);
             empty("rows", r.r_lo, r.r_hi);
           }
-          list.index(path, doc_);
+          list.index(path, doc_, budget);
           for (std::size_t i = 0; i < list.rows.size(); ++i) resolve_row(path, i, rows[i], arch, dtype, mode, list);
         }
       }
@@ -1434,22 +1494,23 @@ class Bundle {
   // Each file: sha256, then for a cubin the ELF machine, the SM and the entry's symbol
   // (topkgen.manifest_checks.check_file).
   void read_files() {
+    const detail::Doc doc{detail::PurePath(dir_).child("manifest.json").str()};  // topkgen.bundle.read_files' label
     for (auto& kern : kernels_) {
       Kernel& e = *kern;
       const std::string key = e.aot ? ".cubin" : ".source";
       std::string why;
       if (!detail::read_bundle_file(dir_, e.path, detail::MAX_FILE_BYTES, e.data, why))
-        doc_.fail(e.field + key, "cannot read " + e.path + ": " + why);
+        doc.fail(e.field + key, "cannot read " + e.path + ": " + why);
       if (detail::sha256_hex(e.data) != e.sha256)
-        doc_.fail(e.field + ".sha256", e.path + " does not match its sha256 in the manifest");
+        doc.fail(e.field + ".sha256", e.path + " does not match its sha256 in the manifest");
       if (!e.aot) continue;
       int sm = detail::elf_sm(e.data);
-      if (sm < 0) doc_.fail(e.field + ".cubin", e.path + " is not a CUDA ELF file");
+      if (sm < 0) doc.fail(e.field + ".cubin", e.path + " is not a CUDA ELF file");
       if ("sm_" + std::to_string(sm) != e.arch)
-        doc_.fail(e.field + ".cubin", e.path + " is compiled for sm_" + std::to_string(sm) + ", not " + e.arch);
+        doc.fail(e.field + ".cubin", e.path + " is compiled for sm_" + std::to_string(sm) + ", not " + e.arch);
       const int defined = detail::elf_defines_function(e.data, e.symbol);
-      if (defined < 0) doc_.fail(e.field + ".cubin", e.path + " is not a CUDA ELF file: its symbol table cannot be read");
-      if (defined == 0) doc_.fail(e.field + ".symbol", e.path + " defines no function '" + e.symbol + "'");
+      if (defined < 0) doc.fail(e.field + ".cubin", e.path + " is not a CUDA ELF file: its symbol table cannot be read");
+      if (defined == 0) doc.fail(e.field + ".symbol", e.path + " defines no function '" + e.symbol + "'");
     }
   }
 
