@@ -215,6 +215,21 @@ def test_both_loaders_refuse_tampering_with_the_same_message(cpp, built_bundle, 
     assert python == native == expected
 
 
+@pytest.mark.parametrize("shard", [{}, {"index": 0, "count": 2, "plan_sha256": "0" * 64},
+                                   {"index": "a", "count": 2, "plan_sha256": "0" * 64},
+                                   {"index": 1, "count": 2, "plan_sha256": "0" * 64, "zz": 1}],
+                         ids=["empty", "index 0", "index a string", "unknown key"])
+def test_both_loaders_check_a_shard_record_before_naming_the_part(cpp, built_bundle, tmp_path, shard):
+    """A part of a sharded build is refused as one (test_shards), but a forged shard record is
+    first a schema violation, as the runtime says: the C++ loader named the part before the
+    schema, 'part null/null', 'part 0/2', 'part "a"/2'."""
+    root, _ = _tampered_copy(built_bundle, tmp_path, lambda doc, root, i: doc.update(shard=shard))
+    with pytest.raises(TopKError) as err:  # `show` lists a part: the runtime is the Python loader that refuses it
+        TopK(root, arch="sm_90", backend="emulator")
+    python = str(err.value)
+    assert "sharded build" not in python and python == _cpp_refusal(cpp, root)
+
+
 def _schema_1(doc, root, i):
     doc["schema_version"] = 1
 

@@ -1112,6 +1112,9 @@ class Bundle {
     check_version(m);  // the order of topkgen.bundle.load_manifest: version, schema, the load checks
     static const detail::json schema = detail::json::parse(detail::MANIFEST_SCHEMA);
     detail::SchemaValidator<detail::json>(schema).validate(m, doc_.file);
+    if (auto shard = m.find("shard"); shard != m.end())  // its fields valid, as topkgen.runtime.TopK words it
+      throw Error(doc_.file + ": shard: part " + shard->at("index").dump() + "/" + shard->at("count").dump() +
+                  " of a sharded build, not a bundle; assemble the parts with `topkgen merge` first");
     archs_ = doc_.strings(m, "archs", "<document>");
     read_entries(m);
     read_dispatch(m);
@@ -1300,14 +1303,7 @@ class Bundle {
   void check_version(const detail::json& m) {
     auto it = m.find("schema_version");  // end() when m is not an object
     const bool integer = it != m.end() && it->is_number_integer();  // neither 3.0 nor true is 3
-    if (integer && *it == SCHEMA_VERSION) {
-      auto shard = m.find("shard");
-      if (shard != m.end() && shard->is_object())
-        throw Error(doc_.file + ": shard: part " + shard->value("index", detail::json()).dump() + "/" +
-                    shard->value("count", detail::json()).dump() +
-                    " of a sharded build, not a bundle; assemble the parts with `topkgen merge` first");
-      return;
-    }
+    if (integer && *it == SCHEMA_VERSION) return;
     if (integer && *it == 1)
       throw Error(doc_.file + ": schema_version: 1 has no dispatch table; rebuild the bundle (topkgen build)");
     if (integer && *it == 2)
