@@ -352,6 +352,19 @@ RAW_CASES = {
     "an integer beyond 64 bits": (_set(("kernels", 0, "launch", "threads_per_block"), 2**70),
                                   lambda raw: f":{_at(raw, raw.index(str(2**70).encode()))}: the integer {2**70} "
                                               f"does not fit in 64 bits"),
+    # were an unnamed nlohmann error in C++ ("number overflow parsing '1E400'") and inf in Python
+    "a number beyond a double": (lambda raw: raw.replace(VERSION_KEY + b" 3", VERSION_KEY + b" -1E400", 1),
+                                 lambda raw: f":{_at(raw, raw.index(b'-1E400'))}: the number -1E400 is beyond the "
+                                             f"range of a double"),
+    # floats as Python's repr writes them: nlohmann wrote 1e+15 and 2.3782631626533768e+16
+    "a float below 1e16": (_set(("kernels", 0, "k"), 1e15),
+                           lambda raw: ": kernels[0].k: expected integer, got 1000000000000000.0"),
+    "a float's shortest digits": (_set(("kernels", 0, "k"), 2.378263162653377e+16),
+                                  lambda raw: ": kernels[0].k: expected integer, got 2.378263162653377e+16"),
+    # as json.dumps writes it: nlohmann wrote {"a":1,"b":[2.5,"é"]}
+    "schema_version a mapping": (_set(("schema_version",), {"a": 1, "b": [2.5, "\u00e9"]}),
+                                 lambda raw: ': schema_version: {"a": 1, "b": [2.5, "\\u00e9"]} is not supported '
+                                             '(this topkgen reads version 3)'),
     "an invisible character where a number goes": (_set(("kernels", 0, "k"), "\u200b"),
                                                    lambda raw: ": kernels[0].k: expected integer, got '\\u200b'"),
 }

@@ -21,6 +21,7 @@ Standard library and PyYAML only: topkgen.policy imports this module.
 from __future__ import annotations
 
 import json
+import math
 import os
 import re
 from dataclasses import dataclass, field
@@ -291,6 +292,7 @@ def read_yaml(path: str | os.PathLike, *, limit: int, what: str, max_depth: int 
 _JSON_TOKEN = re.compile(r'"[^"\\\n]*(?:\\.[^"\\\n]*)*"|[\[\]{}]|-?[0-9][0-9.eE+-]*|NaN|-?Infinity')
 _JSON_ESCAPE = re.compile(r"\\(?:u([0-9a-fA-F]{4})|.)")
 _JSON_INT = re.compile(r"-?[0-9]+")
+_JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
 
 
 def parse_json(text: str, source: str, *, max_depth: int = MAX_DEPTH) -> Any:
@@ -321,6 +323,8 @@ def parse_json(text: str, source: str, *, max_depth: int = MAX_DEPTH) -> Any:
                        token.start())
         elif _JSON_INT.fullmatch(value) and not -2**63 <= int(value) < 2**64:  # what a C++ loader can hold
             raise fail(f"the integer {value} does not fit in 64 bits", token.start())
+        elif _JSON_NUMBER.fullmatch(value) and math.isinf(float(value)):  # 1e400: json reads inf
+            raise fail(f"the number {value} is beyond the range of a double", token.start())
 
     def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         out: dict[str, Any] = {}

@@ -28,6 +28,7 @@
 #include <algorithm>
 #include <cctype>
 #include <cerrno>
+#include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstring>
@@ -542,6 +543,25 @@ inline bool fits_64_bits(const std::string& token) {
   return digits.size() < limit.size() || (digits.size() == limit.size() && digits <= limit);
 }
 
+// Whether a token follows JSON's number grammar, -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?
+inline bool json_number(const std::string& s) {
+  std::size_t i = s[0] == '-';
+  auto digits = [&] {
+    const std::size_t from = i;
+    while (i < s.size() && s[i] >= '0' && s[i] <= '9') ++i;
+    return i > from;
+  };
+  if (i < s.size() && s[i] == '0') ++i;
+  else if (!digits()) return false;
+  if (i < s.size() && s[i] == '.' && (++i, !digits())) return false;
+  if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
+    ++i;
+    if (i < s.size() && (s[i] == '+' || s[i] == '-')) ++i;
+    if (!digits()) return false;
+  }
+  return i == s.size();
+}
+
 // One JSON document read as topkgen.reader.read_json reads it (after the bounded read).
 template <class Json>
 Json parse_json(const std::string& t, const std::string& source) {
@@ -584,8 +604,10 @@ Json parse_json(const std::string& t, const std::string& source) {
       if (j - i > MAX_NUMBER_CHARS)
         refuse_at(source, t, i, "a number of " + std::to_string(j - i) + " characters is out of range (at most " +
                                     std::to_string(MAX_NUMBER_CHARS) + ")");
-      if (!fits_64_bits(t.substr(i, j - i)))
-        refuse_at(source, t, i, "the integer " + t.substr(i, j - i) + " does not fit in 64 bits");
+      const std::string token = t.substr(i, j - i);
+      if (!fits_64_bits(token)) refuse_at(source, t, i, "the integer " + token + " does not fit in 64 bits");
+      if (json_number(token) && std::isinf(std::strtod(token.c_str(), nullptr)))  // nlohmann refuses it unnamed
+        refuse_at(source, t, i, "the number " + token + " is beyond the range of a double");
       i = j;
       continue;
     } else {
@@ -754,6 +776,51 @@ inline std::string py_repr(const std::string& s) {
   return out + quote;
 }
 
+// Python's repr of a JSON number: an integer as written; a float with the fewest digits that
+// read back (the closest such), fixed-point for 1e-4 <= |x| < 1e16, else d.ddde+XX.
+// (nlohmann's own dump switches at 1e15, and its Grisu2 digits are not always the shortest.)
+template <class Json>
+std::string py_number(const Json& v) {
+  if (!v.is_number_float()) return v.dump();
+  const double x = std::fabs(v.template get<double>());
+  char buf[64];
+  for (int precision = 0; precision < 17; ++precision) {  // 17 digits always read back
+    std::snprintf(buf, sizeof buf, "%.*e", precision, x);
+    if (std::strtod(buf, nullptr) == x) break;  // both in the current locale
+  }
+  const char* e = std::strchr(buf, 'e');
+  std::string digits;
+  for (const char* p = buf; p < e; ++p)
+    if (*p >= '0' && *p <= '9') digits += *p;
+  digits.erase(std::max<std::size_t>(digits.find_last_not_of('0') + 1, 1));
+  const int exponent = std::atoi(e + 1);  // of the first digit
+  const std::string sign = std::signbit(v.template get<double>()) ? "-" : "";
+  if (exponent >= -4 && exponent < 16) {
+    if (exponent < 0) return sign + "0." + std::string(-exponent - 1, '0') + digits;
+    if (digits.size() <= static_cast<std::size_t>(exponent) + 1)
+      return sign + digits + std::string(exponent + 1 - digits.size(), '0') + ".0";
+    return sign + digits.substr(0, exponent + 1) + "." + digits.substr(exponent + 1);
+  }
+  const std::string power = std::to_string(std::abs(exponent));
+  return sign + digits.substr(0, 1) + (digits.size() > 1 ? "." + digits.substr(1) : "") + "e" +
+         (exponent < 0 ? "-" : "+") + (power.size() < 2 ? "0" : "") + power;
+}
+
+// Python's json.dumps(v): ASCII only, ", " and ": " between items, keys in document order.
+template <class Json>
+std::string py_dumps(const Json& v) {
+  if (v.is_number()) return py_number(v);
+  if (v.is_string()) return v.dump(-1, ' ', true);
+  std::vector<std::string> items;
+  if (v.is_array())
+    for (const Json& x : v) items.push_back(py_dumps(x));
+  else if (v.is_object())
+    for (auto it = v.begin(); it != v.end(); ++it) items.push_back(Json(it.key()).dump(-1, ' ', true) + ": " + py_dumps(it.value()));
+  else
+    return v.dump();  // null, true, false
+  return (v.is_array() ? "[" : "{") + join(items, ", ") + (v.is_array() ? "]" : "}");
+}
+
 template <class Json>
 std::string describe(const Json& v) {  // topkgen.schema._describe
   if (v.is_boolean()) return v.template get<bool>() ? "true" : "false";
@@ -761,7 +828,7 @@ std::string describe(const Json& v) {  // topkgen.schema._describe
   if (v.is_object()) return "a mapping";
   if (v.is_array()) return "a list";
   if (v.is_string()) return py_repr(v.template get_ref<const std::string&>());
-  return v.dump();  // a number: nlohmann writes a float as Python's repr does (3.0, 1e+100)
+  return py_number(v);
 }
 
 inline std::size_t characters(const std::string& s) {
@@ -866,9 +933,9 @@ class SchemaValidator {
     }
     if (is_number(value)) {
       if (auto m = schema.find("minimum"); m != schema.end() && compare(value, *m) < 0)
-        fail(value.dump() + " is less than the minimum " + m->dump());
+        fail(py_number(value) + " is less than the minimum " + py_number(*m));
       if (auto m = schema.find("maximum"); m != schema.end() && compare(value, *m) > 0)
-        fail(value.dump() + " is greater than the maximum " + m->dump());
+        fail(py_number(value) + " is greater than the maximum " + py_number(*m));
     }
     if (value.is_string()) {
       const std::string& s = value.template get_ref<const std::string&>();
@@ -1308,7 +1375,7 @@ class Bundle {
       throw Error(doc_.file + ": schema_version: 1 has no dispatch table; rebuild the bundle (topkgen build)");
     if (integer && *it == 2)
       throw Error(doc_.file + ": schema_version: 2 has no batch size in its dispatch table; rebuild the bundle (topkgen build)");
-    throw Error(doc_.file + ": schema_version: " + (it == m.end() ? std::string("null") : it->dump()) +
+    throw Error(doc_.file + ": schema_version: " + (it == m.end() ? std::string("null") : detail::py_dumps(*it)) +
                 " is not supported (this topkgen reads version " + std::to_string(SCHEMA_VERSION) + ")");
   }
 
