@@ -782,7 +782,7 @@ inline std::string py_repr(const std::string& s) {
 template <class Json>
 std::string py_number(const Json& v) {
   if (!v.is_number_float()) return v.dump();
-  const double x = std::fabs(v.template get<double>());
+  const double value = v.template get<double>(), x = std::fabs(value);
   char buf[64];
   for (int precision = 0; precision < 17; ++precision) {  // 17 digits always read back
     std::snprintf(buf, sizeof buf, "%.*e", precision, x);
@@ -794,7 +794,7 @@ std::string py_number(const Json& v) {
     if (*p >= '0' && *p <= '9') digits += *p;
   digits.erase(std::max<std::size_t>(digits.find_last_not_of('0') + 1, 1));
   const int exponent = std::atoi(e + 1);  // of the first digit
-  const std::string sign = std::signbit(v.template get<double>()) ? "-" : "";
+  const std::string sign = std::signbit(value) ? "-" : "";
   if (exponent >= -4 && exponent < 16) {
     if (exponent < 0) return sign + "0." + std::string(-exponent - 1, '0') + digits;
     if (digits.size() <= static_cast<std::size_t>(exponent) + 1)
@@ -815,7 +815,8 @@ std::string py_dumps(const Json& v) {
   if (v.is_array())
     for (const Json& x : v) items.push_back(py_dumps(x));
   else if (v.is_object())
-    for (auto it = v.begin(); it != v.end(); ++it) items.push_back(Json(it.key()).dump(-1, ' ', true) + ": " + py_dumps(it.value()));
+    for (auto it = v.begin(); it != v.end(); ++it)
+      items.push_back(Json(it.key()).dump(-1, ' ', true) + ": " + py_dumps(it.value()));
   else
     return v.dump();  // null, true, false
   return (v.is_array() ? "[" : "{") + join(items, ", ") + (v.is_array() ? "]" : "}");
@@ -1161,10 +1162,10 @@ inline std::size_t dtype_size(const std::string& dtype) { return dtype == "float
 
 class Bundle {
  public:
-  // Reads DIR/manifest.json and every file it names, and makes every load check; throws
-  // topkgen::Error naming the file and the field of the first violation.
-  // `path` is the bundle's directory or its manifest file, named in messages as
-  // topkgen.bundle.load_manifest names it (a path that is no directory is the manifest).
+  // Reads the manifest and every file it names, and makes every load check; throws
+  // topkgen::Error naming the file and the field of the first violation. `path` is the
+  // bundle's directory or its manifest, read and named as topkgen.bundle.load_manifest does
+  // (a path that is no directory is the manifest; "a//b/." is spelled "a/b").
   explicit Bundle(const std::string& path) {
     const detail::PurePath given(path);
     struct stat st;
