@@ -55,7 +55,7 @@ def check_manifest(doc: dict) -> dict[tuple[str, str], Entry]:
 
 
 def check_entries(doc: dict) -> dict[tuple[str, str], Entry]:
-    archs = doc["archs"]
+    archs = set(doc["archs"])  # not the list: a forged manifest of many archs and kernels made this quadratic
     by_name: dict[tuple[str, str], Entry] = {}
     for entry in entries(doc):
         name, arch = entry.record["name"], entry.record["arch"]
@@ -80,14 +80,14 @@ def check_entries(doc: dict) -> dict[tuple[str, str], Entry]:
 
 
 def check_dispatch(doc: dict, by_name: dict[tuple[str, str], Entry]) -> None:
-    dispatch = doc["dispatch"]
+    dispatch, archs = doc["dispatch"], set(doc["archs"])
     partial = "shard" in doc  # a part of a sharded build: other parts hold some AOT kernels
     for arch in doc["archs"]:
         if arch not in dispatch:
             raise FieldError("dispatch", f"no table for {arch}")
     budget = IndexBudget()  # one for all the lists: a forged manifest could hold many lists of many rows
     for arch in sorted(dispatch):
-        if arch not in doc["archs"]:
+        if arch not in archs:
             raise FieldError(f"dispatch.{arch}", "not one of the bundle's archs")
         for dtype in sorted(dispatch[arch]):
             for mode in sorted(dispatch[arch][dtype]):
