@@ -240,3 +240,52 @@ def test_diff_reads_no_more_of_a_policy_file_than_a_policy_may_hold(tmp_path):
         proc = _bounded(*args, cwd=repo)
         assert (proc.returncode, proc.stderr) == (2, f"topkgen: error: {source}: the policy is larger than "
                                                      f"{MAX_POLICY_BYTES} bytes\n"), args
+
+
+def _exact_n_rules(count: int) -> str:
+    """The default policy with `count` JIT-only radix rules of one exact n each (66 KB for 300
+    of them, whose dispatch table took `build` 12 minutes and more than loaders index)."""
+    rules = "".join(f"  - name: exact_{i}\n    family: radix\n    work: exact\n    k: [64]\n"
+                    f"    n: {{exact: [{10000 + 7 * i}]}}\n    modes: [fast]\n    serves: [fast]\n"
+                    f"    dtypes: [float32]\n    archs: [sm_90]\n    aot: false\n    reason: \"one shape\"\n"
+                    for i in range(count))
+    order = "".join(f"  - exact_{i}\n" for i in range(count))
+    return BASE.replace("rules:\n", "rules:\n" + rules, 1).replace("dispatch_order:\n", "dispatch_order:\n" + order, 1)
+
+
+def test_a_policy_that_cuts_dispatch_too_finely_is_refused_at_once(tmp_path):
+    path = tmp_path / "fine.yaml"
+    path.write_text(_exact_n_rules(300))
+    started = time.monotonic()
+    proc = _bounded("plan", "--policy", str(path))
+    assert proc.returncode == 2 and time.monotonic() - started < 10, proc.stderr
+    line = BASE.split("\n").index("rules:") + 1
+    assert proc.stderr == (f"topkgen: error: {path}:{line}:1: rules: the rules' k, n and batch bounds cut dispatch "
+                           f"into 9301260 cells over all archs, dtypes and modes; at most {pol.MAX_DISPATCH_CELLS} "
+                           f"(every loader indexes them): serve neighbouring exact n with one window "
+                           f"(n: {{min, max}})\n")
+
+
+def test_the_finest_dispatch_a_policy_may_cut_is_within_the_loaders_index_budget():
+    """The most exact-n rules the cap admits: indexing their table takes far fewer row visits
+    than a loader allows, so no bundle topkgen builds is refused by its own loaders."""
+    from topkgen import dispatch_table
+
+    admitted = max(c for c in range(15, 30) if _admitted(c))
+    policy = pol.loads(_exact_n_rules(admitted), "fine.yaml")
+    table = dispatch_table.build(policy, list(policy.archs))
+    budget = dispatch_table.IndexBudget()
+    for arch, dtypes in table.items():
+        for dtype, modes in dtypes.items():
+            for mode, rows in modes.items():
+                dispatch_table.ListIndex(rows, f"dispatch.{arch}.{dtype}.{mode}", budget)
+    assert dispatch_table.MAX_INDEX_VISITS - budget.left < dispatch_table.MAX_INDEX_VISITS // 8
+
+
+def _admitted(count: int) -> bool:
+    try:
+        pol.loads(_exact_n_rules(count), "fine.yaml")
+    except pol.PolicyError as err:
+        assert "cut dispatch into" in str(err), err
+        return False
+    return True

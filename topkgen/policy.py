@@ -47,6 +47,11 @@ MAX_POLICY_BYTES = 1 << 20
 # Every kernel is compiled (AOT) or may be (JIT), and loading checks dispatch over all of
 # them: a policy may declare at most this many, over all archs, dtypes and modes.
 MAX_KERNELS = 4096
+# Dispatch is tabulated on the grid of every k, n and batch bound some rule or split sets
+# (topkgen.dispatch_table): build asks select at each cell, and every loader indexes the
+# table. A few hundred exact-n rules made that grid millions of cells (build spent 12
+# minutes on it) and the table more than loaders index; the default policy's is ~15,000.
+MAX_DISPATCH_CELLS = 1 << 17
 
 
 class PolicyError(InputError):
@@ -357,6 +362,7 @@ def loads(text: str | bytes, source: str = "<policy>") -> Policy:
     policy = _build(doc, located, source, hashlib.sha256(raw).hexdigest(), decoded)
     _check_kernel_names(policy, located)
     _check_total_dispatch(policy, located)
+    _check_dispatch_grid(policy, located)
     return policy
 
 
@@ -881,6 +887,20 @@ def _check_total_dispatch(policy: Policy, loc: _Locator) -> None:
                                             f"mode={mode} k={k} n={gap[0]}..{gap[1]}"
                                             f"{'' if with_jit else ' without JIT'}. {COVERAGE_RULE} "
                                             f"{GAP_FIX_AOT if not with_jit else GAP_FIX_JIT}")
+
+
+def _check_dispatch_grid(policy: Policy, loc: _Locator) -> None:
+    from topkgen import dispatch_table  # it reads a Policy: imported once there is one
+
+    k_bounds = len(dispatch_table.k_starts(policy))
+    cells = sum(k_bounds * len(dispatch_table.n_starts(policy, arch, dtype))
+                * len(dispatch_table.rows_starts(policy, arch)) * len(MODES)
+                for arch in policy.archs for dtype in policy.dtypes)
+    if cells > MAX_DISPATCH_CELLS:
+        raise loc.error(("rules",), f"the rules' k, n and batch bounds cut dispatch into {cells} cells over all "
+                                    f"archs, dtypes and modes; at most {MAX_DISPATCH_CELLS} (every loader indexes "
+                                    f"them): serve neighbouring exact n with one window (n: {{min, max}})",
+                        at_key=True)
 
 
 def _n_gap(policy: Policy, arch: str, dtype: str, mode: str, k: int, with_jit: bool) -> tuple[int, int] | None:
