@@ -639,3 +639,17 @@ def test_schema_1_manifests_are_still_read(bundles, tmp_path):
     proc = topkgen("diff", tmp_path / "v1.json", bundles / "full", "--stat")
     assert proc.returncode in (0, 1) and "Traceback" not in proc.stderr, proc.stderr
     assert "dispatch: 0 of" in proc.stdout
+
+
+def test_a_policy_side_may_be_a_pipe(tmp_path):
+    """`topkgen diff <(git show main:policies/topk.yaml) policies/topk.yaml`: the shell hands
+    over /dev/fd/N, a pipe, which diff took for a revision ("not a file or directory")."""
+    edited = DEFAULT_POLICY.read_text().replace("rows_below: 96", "rows_below: 48", 1)
+    (tmp_path / "edited.yaml").write_text(edited)
+    script = f'exec "$@" <(cat "{DEFAULT_POLICY}") "{{new}}" --stat'
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    for new, status, verdict in ((DEFAULT_POLICY, 0, "same"), (tmp_path / "edited.yaml", 1, "differ")):
+        proc = subprocess.run(["bash", "-c", script.format(new=new), "bash", *TOPKGEN, "diff"],
+                              capture_output=True, text=True, env=env)
+        assert (proc.returncode, proc.stderr) == (status, ""), proc.stderr
+        assert re.match(r"topkgen diff /dev/fd/\d+ -> ", proc.stdout) and verdict in proc.stdout, proc.stdout

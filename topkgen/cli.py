@@ -631,8 +631,8 @@ Examples:
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing; the exit status says whether the sides differ.")
 def diff(old: str, new: str | None, policy_in_repo: str, shapes_file: str | None, fmt: str, build: bool,
          jobs: int, stat: bool, quiet: bool) -> None:
-    """Compare kernel sets, their rendered sources and dispatch. OLD and NEW: a policy file, a
-    manifest (compared alone), a bundle directory (its files checked as a loader checks them)
+    """Compare kernel sets, their rendered sources and dispatch. OLD and NEW: a policy file (or
+    a pipe: <(...)), a manifest (compared alone), a bundle directory (its files checked as a loader checks them)
     or a git revision (policy and templates read from git); OLD alone is a revision compared
     with the working tree. Exit 0 when the same, 1 when they differ, 2 on error."""
     from topkgen import diff as differ, diff_report

@@ -144,7 +144,7 @@ def load_side(spec: str, *, policy_in_repo: str = DEFAULT_POLICY_IN_REPO, cwd: P
     try:
         if path.is_dir() or (path.is_file() and path.suffix == ".json"):
             return _manifest_side(spec, path)
-        if path.is_file():
+        if path.exists():  # a policy file, or a pipe: diff <(git show main:policies/topk.yaml) policies/topk.yaml
             policy = loads(_read_policy(path, spec), source=spec)
             return _rendered_side(spec, "policy", "policy file, installed templates", policy, installed_templates())
         return _revision_side(spec, policy_in_repo, cwd)
