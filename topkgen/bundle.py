@@ -262,10 +262,15 @@ _STAGING_INFIX = ".tmp-"  # a bundle is staged in .<out>.tmp-<pid>-<8 hex digits
 
 
 def _claim(staging: Path) -> int | None:
-    """An open descriptor of `staging` holding an exclusive flock, which says "a live writer
-    is using this directory" until the process ends, however it ends (None where the file
-    system has no flock for directories: then no later build removes it)."""
-    fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    """An open descriptor of the directory `staging` holding an exclusive flock, which says
+    "a live writer is using this directory" until the process ends, however it ends. None
+    when it cannot be had: gone, not a directory (a symlink is never followed), held by a
+    live writer, or a file system without flock for directories (then no later build
+    removes it)."""
+    try:
+        fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except OSError:
+        return None
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError:
@@ -290,17 +295,10 @@ def _remove_abandoned_staging(out: Path) -> None:
         if m is None or _process_exists(int(m.group(1))):
             continue
         path = out.parent / name
-        try:
-            fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-        except OSError:  # gone meanwhile, or not a directory (a symlink is never followed)
-            continue
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        claim = _claim(path)  # None: held by a live writer (in another pid namespace, say)
+        if claim is not None:
             shutil.rmtree(path, ignore_errors=True)
-        except OSError:  # held by a live writer (in another pid namespace), or no flock here
-            pass
-        finally:
-            os.close(fd)
+            os.close(claim)
 
 
 def _process_exists(pid: int) -> bool:

@@ -21,7 +21,7 @@ from typing import Any, Callable
 from topkgen import reader, suggest
 from topkgen.errors import InputError
 from topkgen.policy import MAX_POLICY_BYTES, DispatchError, KernelSpec, Policy, PolicyError, all_kernels, loads, \
-    plan, rule_record, select
+    plan, read_file, rule_record, select
 from topkgen.sources import MAX_TEMPLATE_BYTES, TEMPLATES_IN_REPO, GitRepo, SourceError, Templates, \
     directory_templates, installed_templates, repo_path
 
@@ -145,7 +145,7 @@ def load_side(spec: str, *, policy_in_repo: str = DEFAULT_POLICY_IN_REPO, cwd: P
         if path.is_dir() or (path.is_file() and path.suffix == ".json"):
             return _manifest_side(spec, path)
         if path.exists():  # a policy file, or a pipe: diff <(git show main:policies/topk.yaml) policies/topk.yaml
-            policy = loads(_read_policy(path, spec), source=spec)
+            policy = loads(read_file(path, spec), source=spec)
             return _rendered_side(spec, "policy", "policy file, installed templates", policy, installed_templates())
         return _revision_side(spec, policy_in_repo, cwd)
     except (PolicyError, SourceError) as err:
@@ -160,7 +160,7 @@ def load_worktree_side(*, policy_in_repo: str = DEFAULT_POLICY_IN_REPO, cwd: Pat
         repo = GitRepo.around(cwd, WORKTREE)
         policy_path = repo_path(policy_in_repo, "--policy")
         file = repo.root / policy_path
-        policy = loads(_read_policy(file, f"{WORKTREE}: {policy_path}"), source=policy_path)
+        policy = loads(read_file(file, f"{WORKTREE}: {policy_path}"), source=policy_path)
         folder = repo.root / TEMPLATES_IN_REPO
         if folder.is_dir():
             templates, where = directory_templates(folder, f"{TEMPLATES_IN_REPO}/"), f"{TEMPLATES_IN_REPO}/"
@@ -169,15 +169,6 @@ def load_worktree_side(*, policy_in_repo: str = DEFAULT_POLICY_IN_REPO, cwd: Pat
         return _rendered_side(WORKTREE, "worktree", f"working tree: {policy_path}, {where}", policy, templates)
     except (PolicyError, SourceError) as err:
         raise DiffInputError(str(err)) from None
-
-
-def _read_policy(path: Path, source: str) -> bytes:
-    """A policy file's bytes, read no further than a policy may be long (a 3 GB file was read
-    whole before it was refused)."""
-    try:
-        return reader.read_bytes(path, limit=MAX_POLICY_BYTES, what="policy")
-    except reader.ReadError as err:
-        raise PolicyError(err.message, source=source) from None
 
 
 def _revision_side(rev: str, policy_in_repo: str, cwd: Path | None) -> Side:

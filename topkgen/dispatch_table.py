@@ -134,6 +134,14 @@ def build_list(policy: Policy, arch: str, dtype: str, mode: str) -> list[Row]:
             for r_lo, r_hi, (kernel, source, chunks, fallback, fallback_chunks) in by_rows]
 
 
+def grid_cells(policy: Policy) -> int:
+    """The (k, n, rows) cells of every arch's, dtype's and mode's grid that build_list
+    walks (those below the diagonal included), asking select at each."""
+    ks = len(k_starts(policy))
+    return sum(ks * len(n_starts(policy, arch, dtype)) * len(rows_starts(policy, arch)) * len(MODES)
+               for arch in policy.archs for dtype in policy.dtypes)
+
+
 def build(policy: Policy, archs: list[str]) -> dict[str, dict[str, dict[str, list[Row]]]]:
     """dispatch[arch][dtype][mode] for every arch of a bundle and every dtype of the policy."""
     return {arch: {dtype: {mode: build_list(policy, arch, dtype, mode) for mode in MODES}

@@ -330,11 +330,16 @@ def _data_dir(name: str) -> Path:
 def load(path: str | Path | None = None) -> Policy:
     """Load and validate a policy file (the default policy when path is None)."""
     path = Path(path) if path is not None else default_policy_path()
+    return loads(read_file(path), source=str(path))
+
+
+def read_file(path: str | Path, source: str | None = None) -> bytes:
+    """A policy file's bytes (a pipe's too), read no further than a policy may be long;
+    `source` names it in errors (default: the path)."""
     try:
-        data = reader.read_bytes(path, limit=MAX_POLICY_BYTES, what="policy")
+        return reader.read_bytes(path, limit=MAX_POLICY_BYTES, what="policy")
     except reader.ReadError as err:
-        raise PolicyError(err.message, source=err.source) from None
-    return loads(data, source=str(path))
+        raise PolicyError(err.message, source=err.source if source is None else source) from None
 
 
 def loads(text: str | bytes, source: str = "<policy>") -> Policy:
@@ -892,10 +897,7 @@ def _check_total_dispatch(policy: Policy, loc: _Locator) -> None:
 def _check_dispatch_grid(policy: Policy, loc: _Locator) -> None:
     from topkgen import dispatch_table  # it reads a Policy: imported once there is one
 
-    k_bounds = len(dispatch_table.k_starts(policy))
-    cells = sum(k_bounds * len(dispatch_table.n_starts(policy, arch, dtype))
-                * len(dispatch_table.rows_starts(policy, arch)) * len(MODES)
-                for arch in policy.archs for dtype in policy.dtypes)
+    cells = dispatch_table.grid_cells(policy)
     if cells > MAX_DISPATCH_CELLS:
         raise loc.error(("rules",), f"the rules' k, n and batch bounds cut dispatch into {cells} cells over all "
                                     f"archs, dtypes and modes; at most {MAX_DISPATCH_CELLS} (every loader indexes "
