@@ -38,8 +38,10 @@ import statistics
 import subprocess
 import sys
 import time
+import traceback
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any, Callable, TypeVar
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "benchmarks"))
@@ -61,6 +63,8 @@ SPIN_SOURCE = """extern "C" __global__ void topkgen_spin(unsigned long long cycl
 SPIN_CYCLES = 1_000_000  # ~0.5 ms at 2 GHz: longer than the Python dispatch of one launch
 NCU_METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
 SANITIZER_REFUSED = "Device not supported"  # what compute-sanitizer says on machines that refuse it
+T = TypeVar("T")
+TOOLKIT_HEADERS = ("cuda_bf16.h", "cuda_fp16.h", "crt/host_defines.h")  # what NVRTC 13 does not have built in
 
 
 @dataclass(frozen=True)
@@ -100,7 +104,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="gpu_check.py", description=__doc__.splitlines()[0])
     parser.add_argument("--out", default=os.environ.get("GPU_CHECK_OUT", str(ROOT / "out-gpu-check")),
                         help="bundle directory (default out-gpu-check, or $GPU_CHECK_OUT)")
-    parser.add_argument("--results", help="where samples and tables go (default OUT/results)")
+    parser.add_argument("--results", help="where samples and tables go (default OUT-results, beside the bundle: "
+                                           "a folder inside it would make the next build refuse OUT)")
     parser.add_argument("--budget-s", type=float, default=540.0, help="stop every stage by then (default 540)")
     parser.add_argument("--timer", choices=("auto", "nvbench", "events"), default="auto",
                         help="auto: nvbench (cuda-bench) when importable, else CUDA events")
@@ -121,8 +126,18 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     args.skip = skip
     if not 0 < args.max_noise <= 100 or args.budget_s <= 0:
         parser.error("--max-noise must be in (0, 100] and --budget-s positive")
-    args.results = Path(args.results) if args.results else Path(args.out) / "results"
+    args.results = Path(args.results) if args.results else beside(args.out, "results")
+    args.work = beside(args.out, "work")  # the crossover's policies and bundles, nvbench's and ncu's files
     return args
+
+
+def beside(bundle: str, what: str) -> Path:
+    """A folder next to the bundle directory (out-gpu-check-results, out-gpu-check-work):
+    `topkgen build --out` refuses a directory that holds anything but a bundle, and RESULTS
+    (the device machine's $OUT) brings back 8 small files at most, so that bundles and
+    sample files go to the work folder."""
+    out = Path(bundle)
+    return out.with_name(f"{out.name}-{what}")
 
 
 def cases(set_names: str | None = None, data_names: str | None = None) -> list[Case]:
@@ -161,11 +176,25 @@ def run(cmd: list[str], deadline: float | None = None, **kw) -> int:
         return 124
 
 
+def run_captured(cmd: list[str], timeout: float = 60.0) -> tuple[int | None, str, str]:
+    """(exit status, stdout, stderr) of a short command; None when it cannot be started
+    (stderr says why), 124 when it outlives `timeout`."""
+    try:
+        proc = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    except OSError as err:
+        return None, "", str(err)
+    except subprocess.TimeoutExpired:
+        return 124, "", f"timed out after {timeout:.0f} s"
+    return proc.returncode, proc.stdout, proc.stderr
+
+
 def use_toolkit_headers_if_wheels_lack_them() -> None:
-    """NVRTC needs cuda_fp16.h, cuda_bf16.h, crt/ and nv/target. topkgen takes them from the
-    nvidia-cuda-runtime/-crt/-cccl wheels; a machine whose Python lacks the crt or cccl wheel
-    (the accelerator machine's image has neither) can use the CUDA toolkit's include folder
-    beside its nvcc instead, through TOPKGEN_CUDA_INCLUDE (inherited by every child)."""
+    """NVRTC needs cuda_fp16.h, cuda_bf16.h and crt/ (nv/target it has built in since 13.0,
+    which is as well: a CUDA 13 toolkit keeps it in include/cccl, where no -I points).
+    topkgen takes them from the nvidia-cuda-runtime/-crt/-cccl wheels; a machine whose
+    Python lacks the crt or cccl wheel (the accelerator machine's image has neither) can use
+    the CUDA toolkit's include folder beside its nvcc instead, through TOPKGEN_CUDA_INCLUDE
+    (inherited by every child)."""
     from topkgen.paths import cuda_include_dir
 
     try:
@@ -178,12 +207,24 @@ def use_toolkit_headers_if_wheels_lack_them() -> None:
     homes += [str(Path(nvcc).resolve().parent.parent) if nvcc else None, "/usr/local/cuda"]
     for home in filter(None, homes):
         include = Path(home) / "include"
-        if all((include / f).exists() for f in ("cuda_bf16.h", "crt/host_defines.h", "nv/target")):
+        if all((include / f).is_file() for f in TOOLKIT_HEADERS):
             os.environ["TOPKGEN_CUDA_INCLUDE"] = str(include)
             cuda_include_dir.cache_clear()
             print(f"{wheels_missing}; using the toolkit's headers: TOPKGEN_CUDA_INCLUDE={include}", flush=True)
             return
     print(f"{wheels_missing}; no CUDA toolkit include folder has them either (set TOPKGEN_CUDA_INCLUDE)", flush=True)
+
+
+def guarded(stage: str, action: Callable[..., T], *args: Any, failed: T) -> T:
+    """One stage's result, or `failed` when it raises: its traceback goes to the log and the
+    stages after it still run, so that a one-shot device run brings back all it can."""
+    try:
+        return action(*args)
+    except Exception:
+        print(f"STAGE FAILED: {stage}:", flush=True)
+        traceback.print_exc(file=sys.stdout)
+        sys.stdout.flush()
+        return failed
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -198,6 +239,7 @@ def main(argv: list[str] | None = None) -> int:
     from topkgen.runtime import gpu_unavailable
 
     topkgen = [sys.executable, "-m", "topkgen"]
+    use_toolkit_headers_if_wheels_lack_them()
     reason = gpu_unavailable()
     if reason is not None:
         print(f"no GPU: {reason}. Running the CPU-side parts only (build for sm_90, collect the GPU tests, "
@@ -213,12 +255,12 @@ def main(argv: list[str] | None = None) -> int:
         return status
     started = time.monotonic()
     deadline = started + args.budget_s
+    from topkgen.paths import cache_root
     from topkgen.runtime import _CudaBackend
 
-    from topkgen.paths import cache_root
-
-    arch = _CudaBackend().current_arch()
-    use_toolkit_headers_if_wheels_lack_them()
+    arch = guarded("open the GPU through cuda.core", lambda: _CudaBackend().current_arch(), failed=None)
+    if arch is None:
+        return 1
     # One compile cache for every child: the GPU tests' own build (its conftest keeps an
     # explicit TOPKGEN_CACHE_DIR) then compiles nothing that this build did.
     os.environ["TOPKGEN_CACHE_DIR"] = str(cache_root())
@@ -229,31 +271,32 @@ def main(argv: list[str] | None = None) -> int:
     # budget), so that a slow sanitizer or a hanging test leaves the timings their time.
     reserve = {stage: 0 if stage in args.skip else share * args.budget_s
                for stage, share in (("bench", 0.25), ("crossover", 0.25), ("ncu", 0.15))}
+    early = deadline - sum(reserve.values())
     failed = False
     if "tests" not in args.skip:
         step("GPU tests")
         failed |= run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_gpu.py"],
-                      deadline - sum(reserve.values())) != 0
+                      early) != 0
     if "cpp" not in args.skip:
         step("C++ loader against the Python runtime: every AOT kernel")
-        failed |= cpp_against_python(args.out, arch)
+        failed |= guarded("cpp", cpp_against_python, args.out, arch, early, failed=True)
     if "sanitizer" not in args.skip:
         step("compute-sanitizer")
-        failed |= sanitize(args.out, deadline - sum(reserve.values()))
+        failed |= guarded("sanitizer", sanitize, args.out, early, failed=True)
     args.results.mkdir(parents=True, exist_ok=True)
     timings: dict[tuple[str, str], Timing] = {}
     if "bench" not in args.skip:
         step(f"kernel timings ({timer_name(args.timer)})")
-        timings, mismatches = benchmark(args, deadline - reserve["crossover"] - reserve["ncu"])
-        failed |= bool(mismatches)
+        failed |= guarded("bench", benchmark, args, deadline - reserve["crossover"] - reserve["ncu"], timings,
+                          failed=True)
     if "crossover" not in args.skip:
         step("split crossover: each batch split and unsplit (CUDA events)")
-        failed |= measure_crossover(args, arch, topkgen, deadline - reserve["ncu"])
+        failed |= guarded("crossover", measure_crossover, args, arch, topkgen, deadline - reserve["ncu"], failed=True)
     chunks = chunks_per_row(args.cases, arch)
     dram = {}
     if "ncu" not in args.skip:
         step("ncu: DRAM bytes per row")
-        dram = ncu_dram_per_row(args, deadline, chunks)
+        dram = guarded("ncu", ncu_dram_per_row, args, deadline, chunks, failed={})
     table = format_table(args.cases, timings, dram, chunks)
     print("\n" + table)
     (args.results / "gpu_check_table.md").write_text(table + "\n")
@@ -294,7 +337,7 @@ def aot_launch_cases(manifest: dict, arch: str) -> list[tuple[str, str, int, int
     return [cases[e["name"]] for e in manifest["kernels"] if e["arch"] == arch]
 
 
-def cpp_against_python(out: str, arch: str) -> bool:
+def cpp_against_python(out: str, arch: str, deadline: float) -> bool:
     """Both loaders launch the same AOT kernel on the same rows (JIT off, so the table's
     aot_fallback serves): values bit-equal; indices equal in deterministic mode, and in
     fast mode (ties in any order) pointing at the values."""
@@ -323,6 +366,9 @@ def cpp_against_python(out: str, arch: str) -> bool:
         op = TopK(out, backend="cuda")
         with tempfile.TemporaryDirectory() as tmp:
             for name, dtype, k, n, det in aot_launch_cases(manifest, arch):
+                if time.monotonic() > deadline:
+                    print("time budget spent: the remaining kernels are not compared")
+                    break
                 tdt = {"float32": torch.float32, "bfloat16": torch.bfloat16}[dtype]
                 x = torch.randn(5, n, device="cuda").to(tdt)
                 problems = []
@@ -333,12 +379,15 @@ def cpp_against_python(out: str, arch: str) -> bool:
                     torch.cuda.synchronize()
                     raw = x.cpu().view(torch.int16 if dtype == "bfloat16" else torch.int32)
                     Path(tmp, "x.bin").write_bytes(raw.numpy().tobytes())
-                    proc = subprocess.run([str(cpp), "launch", out, arch, dtype, str(k), str(n), "5",
-                                           "deterministic" if det else "fast", "0", str(int(largest)),
-                                           f"{tmp}/x.bin", f"{tmp}/v.bin", f"{tmp}/i.bin"], capture_output=True, text=True)
+                    rc, stdout, stderr = run_captured([str(cpp), "launch", out, arch, dtype, str(k), str(n), "5",
+                                                       "deterministic" if det else "fast", "0", str(int(largest)),
+                                                       f"{tmp}/x.bin", f"{tmp}/v.bin", f"{tmp}/i.bin"])
+                    if rc in (126, 127, None):  # it does not start here (another libc, libcrypto missing)
+                        print(f"topkgen-cpp does not run on this machine: {stderr.strip()}")
+                        return True
                     chunks = op.choose(dtype, k, n, det, 5).chunks
-                    if proc.returncode != 0 or proc.stdout.split() != [name, str(chunks)]:
-                        problems.append(f"topkgen-cpp: exit {proc.returncode} {proc.stdout.strip()} {proc.stderr.strip()}")
+                    if rc != 0 or stdout.split() != [name, str(chunks)]:
+                        problems.append(f"topkgen-cpp: exit {rc} {stdout.strip()} {stderr.strip()}")
                         continue
                     cpp_values = Path(tmp, "v.bin").read_bytes()
                     cpp_indices = torch.frombuffer(bytearray(Path(tmp, "i.bin").read_bytes()), dtype=torch.int64).view(5, k)
@@ -405,13 +454,13 @@ def crossover_bundles(args, arch: str, topkgen: list[str], deadline: float | Non
     and none ('unsplit'); the compile cache makes the second build of each kernel free."""
     from topkgen import policy
 
-    args.results.mkdir(parents=True, exist_ok=True)
+    args.work.mkdir(parents=True, exist_ok=True)
     variants = split_crossover.variant_policies(policy.default_policy_path().read_text(), arch)
     bundles = {}
     for name, text in variants.items():
-        path = args.results / f"policy-{name}.yaml"
+        path = args.work / f"policy-{name}.yaml"
         path.write_text(text)
-        bundles[name] = args.results / f"bundle-{name}"
+        bundles[name] = args.work / f"bundle-{name}"
         if run([*topkgen, "build", "--policy", str(path), "--arch", arch, "--out", str(bundles[name]),
                 "-j", str(os.cpu_count() or 2)], deadline) != 0:
             return None
@@ -439,7 +488,6 @@ def measure_crossover(args, arch: str, topkgen: list[str], deadline: float) -> b
     `python benchmarks/split_crossover.py ... --write` writes into the policy."""
     import torch
 
-    from topkgen import policy
     from topkgen.runtime import TopK
 
     bundles = crossover_bundles(args, arch, topkgen, deadline)
@@ -447,31 +495,47 @@ def measure_crossover(args, arch: str, topkgen: list[str], deadline: float) -> b
         return True
     ops = {name: TopK(path, backend="cuda") for name, path in bundles.items()}
     timer = EventTimer(torch, args.max_noise)
-    measured, failed = [], False
+    measured: list[split_crossover.Measured] = []
+    failed = False
     grid = split_crossover.GRID
-    for dtype, n, k, rows in grid:
-        if time.monotonic() > deadline:
-            print(f"time budget spent: {len(measured)} of {len(grid)} batches measured")
-            break
-        case = Case("crossover", rows, dtype, n, k, "normal")
-        x = make_input(torch, case)
-        expect, _ = torch.topk(x, k, dim=-1)
-        medians = {}
-        for name, op in ops.items():
-            if not torch.equal(op(x, k)[0], expect):
-                print(f"MISMATCH against torch.topk ({name} bundle): {case.id}")
-                failed = True
-            medians[name] = timer(launchers(torch, op, case, x)["topkgen"], max_seconds=0.5).median
-        m = split_crossover.Measured(dtype, n, k, rows, ops["split"].choose(dtype, k, n, rows=rows).chunks,
-                                     medians["split"], medians["unsplit"])
-        print(f"{case.id}: {m.chunks} chunks {m.split_us:.1f} us, unsplit {m.unsplit_us:.1f} us", flush=True)
-        measured.append(m)
-        del x
-    if not measured:
-        return failed
-    device = torch.cuda.get_device_name(0)
-    split_crossover.write_results(args.results / "split_crossover.json", arch, device, measured, len(grid))
-    (args.results / "split_crossover.md").write_text(split_crossover.table(measured) + "\n")
+    try:
+        for dtype, n, k, rows in grid:
+            if time.monotonic() > deadline:
+                print(f"time budget spent: {len(measured)} of {len(grid)} batches measured")
+                break
+            case = Case("crossover", rows, dtype, n, k, "normal")
+            x = make_input(torch, case)
+            expect, _ = torch.topk(x, k, dim=-1)
+            medians = {}
+            for name, op in ops.items():
+                if not torch.equal(op(x, k)[0], expect):
+                    print(f"MISMATCH against torch.topk ({name} bundle): {case.id}")
+                    failed = True
+                medians[name] = timer(launchers(torch, op, case, x)["topkgen"], max_seconds=0.5).median
+            m = crossover_measured(ops["split"], dtype, n, k, rows, medians)
+            print(f"{case.id}: {m.chunks} chunks {m.split_us:.1f} us, unsplit {m.unsplit_us:.1f} us", flush=True)
+            measured.append(m)
+            del x
+    finally:  # what was measured is kept, whatever stopped the loop
+        if measured:
+            failed |= record_crossover(args.results, arch, torch.cuda.get_device_name(0), measured)
+    return failed
+
+
+def crossover_measured(split_op, dtype: str, n: int, k: int, rows: int,
+                       medians: dict[str, float]) -> split_crossover.Measured:
+    """One batch's two medians, with the chunks per row the split bundle cut it into."""
+    return split_crossover.Measured(dtype, n, k, rows, split_op.choose(dtype, k, n, rows=rows).chunks,
+                                    medians["split"], medians["unsplit"])
+
+
+def record_crossover(results: Path, arch: str, device: str, measured: list[split_crossover.Measured]) -> bool:
+    """RESULTS/split_crossover.json (what `benchmarks/split_crossover.py ... --write` reads)
+    and .md, and the crossover they favour; True when they favour none."""
+    from topkgen import policy
+
+    split_crossover.write_results(results / "split_crossover.json", arch, device, measured, len(split_crossover.GRID))
+    (results / "split_crossover.md").write_text(split_crossover.table(measured) + "\n")
     now = policy.load().archs[arch].split
     try:
         found = split_crossover.choose_rows_below(measured)
@@ -479,7 +543,7 @@ def measure_crossover(args, arch: str, topkgen: list[str], deadline: float) -> b
         print(f"no crossover: {err}")
         return True
     print("\n" + split_crossover.summary(arch, device, now.rows_below if now else None, found))
-    return failed
+    return False
 
 
 # ----------------------------------------------------------------------------- inputs and launches
@@ -541,7 +605,9 @@ def same_values(torch, op, case: Case, x) -> bool:
 
 # ----------------------------------------------------------------------------- timing
 
-def benchmark(args: argparse.Namespace, deadline: float) -> tuple[dict[tuple[str, str], Timing], list[str]]:
+def benchmark(args: argparse.Namespace, deadline: float, timings: dict[tuple[str, str], Timing]) -> bool:
+    """Checks every case against torch.topk, then times them into `timings`; True when a
+    case failed. The samples file is written whatever happens, with what was timed."""
     import torch
 
     from topkgen.runtime import TopK
@@ -551,18 +617,22 @@ def benchmark(args: argparse.Namespace, deadline: float) -> tuple[dict[tuple[str
     if args.timer == "nvbench" and nvbench_module() is None:
         print("cuda-bench is not importable: falling back to CUDA events")
         use_nvbench = False
-    mismatches = []
-    for case in args.cases:  # correctness first: a wrong kernel's time means nothing
-        if not same_values(torch, op, case, make_input(torch, case)):
-            mismatches.append(case.id)
-            print(f"MISMATCH against torch.topk: {case.id}")
-    timings = (time_nvbench(args, torch, op, deadline) if use_nvbench
-               else time_events(args, torch, op, deadline))
-    raw = {f"{cid}|{impl}": asdict(t) for (cid, impl), t in timings.items()}
-    (args.results / "gpu_check_samples.json").write_text(json.dumps(
-        {"unit": "us", "cases": [asdict(c) | {"id": c.id} for c in args.cases], "timings": raw,
-         "mismatches": mismatches}, indent=1) + "\n")
-    return timings, mismatches
+    mismatches: list[str] = []
+    try:
+        for case in args.cases:  # correctness first: a wrong kernel's time means nothing
+            if not same_values(torch, op, case, make_input(torch, case)):
+                mismatches.append(case.id)
+                print(f"MISMATCH against torch.topk: {case.id}")
+        if use_nvbench:
+            timings.update(time_nvbench(args, torch, op, deadline))
+        else:
+            time_events(args, torch, op, deadline, timings)
+    finally:
+        raw = {f"{cid}|{impl}": asdict(t) for (cid, impl), t in timings.items()}
+        (args.results / "gpu_check_samples.json").write_text(json.dumps(
+            {"unit": "us", "cases": [asdict(c) | {"id": c.id} for c in args.cases], "timings": raw,
+             "mismatches": mismatches}, indent=1) + "\n")
+    return bool(mismatches)
 
 
 class Spinner:
@@ -643,9 +713,8 @@ class EventTimer:
                 return timing
 
 
-def time_events(args, torch, op, deadline: float) -> dict[tuple[str, str], Timing]:
+def time_events(args, torch, op, deadline: float, timings: dict[tuple[str, str], Timing]) -> None:
     timer = EventTimer(torch, args.max_noise)
-    timings: dict[tuple[str, str], Timing] = {}
     for case in args.cases:
         x = make_input(torch, case)
         for impl, enqueue in launchers(torch, op, case, x).items():
@@ -654,7 +723,6 @@ def time_events(args, torch, op, deadline: float) -> dict[tuple[str, str], Timin
                 continue
             timings[(case.id, impl)] = timer(enqueue)
         del x
-    return timings
 
 
 def time_nvbench(args, torch, op, deadline: float) -> dict[tuple[str, str], Timing]:
@@ -682,7 +750,8 @@ def time_nvbench(args, torch, op, deadline: float) -> dict[tuple[str, str], Timi
     b = bench.register(topk_bench)
     b.add_string_axis("case", [c.id for c in args.cases])
     b.add_string_axis("impl", list(IMPLS))
-    path = args.results / "nvbench.json"
+    args.work.mkdir(parents=True, exist_ok=True)
+    path = args.work / "nvbench.json"  # and its folder of sample files
     bench.run_all_benchmarks(["gpu_check", "--jsonbin", str(path), "--max-noise", str(args.max_noise),
                               "--min-time", "0.05", "--timeout", "2"])
     return read_nvbench(path)
@@ -746,7 +815,8 @@ def ncu_dram_per_row(args, deadline: float, chunks: dict[str, int]) -> dict[str,
         print("ncu not found: skipped")
         return {}
     chosen = ncu_cases(args.cases)
-    listing = args.results / "ncu_cases.json"
+    args.work.mkdir(parents=True, exist_ok=True)
+    listing = args.work / "ncu_cases.json"
     listing.write_text(json.dumps([asdict(c) for c in chosen]))
     log = args.results / "ncu.csv"
     cmd = [tool, "--clock-control", "none", "--metrics", ",".join(NCU_METRICS), "--csv", "--log-file", str(log),

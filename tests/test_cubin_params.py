@@ -164,7 +164,7 @@ def fake_core(monkeypatch):
         return types.SimpleNamespace(grid=grid, block=block, shmem_size=shmem_size or 0)
 
     core = types.SimpleNamespace(Device=lambda: FakeDevice(log), ObjectCode=FakeObjectCode, LaunchConfig=launch_config,
-                                 launch=launch, Stream=FakeStream, StridedMemoryView=None)
+                                 launch=launch, Stream=FakeStream, view_dlpack=None)
     monkeypatch.setattr(runtime, "_cuda_core", lambda: core)
 
     def allow(self, kernel, nbytes):

@@ -57,10 +57,11 @@ def test_bad_arguments_exit_2_naming_them(gc, capsys, argv, message):
 
 def test_arguments_select_cases_and_stages(gc, tmp_path):
     args = gc.parse_args(["--sets", "rows of 131072", "--data", "normal,90% -inf", "--skip", "ncu,sanitizer",
-                          "--out", str(tmp_path)])
+                          "--out", str(tmp_path / "b")])
     assert [c.id for c in args.cases][:2] == ["float32-1024x131072-k256-normal", "float32-1024x131072-k256-masked"]
     assert len(args.cases) == 8 and args.skip == {"ncu", "sanitizer"}
-    assert args.results == tmp_path / "results"
+    # beside the bundle, not in it: `topkgen build --out b` refuses a folder holding more than a bundle
+    assert (args.results, args.work) == (tmp_path / "b-results", tmp_path / "b-work")
 
 
 def test_table_puts_medians_side_by_side(gc):
@@ -137,17 +138,20 @@ def test_without_a_gpu_it_says_so_builds_and_exits_0(tmp_path):
 
     if gpu_unavailable() is None:
         pytest.skip("a GPU is present: the no-GPU path is not taken")
-    out = tmp_path / "bundle"
-    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--out", str(out)],
-                          capture_output=True, text=True, cwd=ROOT)
+    out, results = tmp_path / "bundle", tmp_path / "results"
+    proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--out", str(out), "--results",
+                           str(results)], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert proc.stdout.startswith("no GPU: ")
     assert "would time 130 cases x 3 implementations" in proc.stdout
     # Issue 14's crossover: two bundles of the same kernels, one splitting every batch of the
     # grid (108: 2 dtypes x 2 n x 3 K x 9 batches) and one splitting none.
     assert "would time 108 batches twice: the split bundle splits 108 of them, the unsplit one 0" in proc.stdout
-    names = {name: [k["name"] for k in json.loads((out / "results" / f"bundle-{name}" / "manifest.json").read_text())[
-        "kernels"]] for name in ("split", "unsplit")}
+    # The two bundles go beside the bundle, not into RESULTS (on the device machine $OUT, which
+    # brings back 8 files at most) nor into the bundle (whose next build would refuse it).
+    assert not results.exists() and sorted(p.name for p in tmp_path.iterdir()) == ["bundle", "bundle-work"]
+    names = {name: [k["name"] for k in json.loads((tmp_path / "bundle-work" / f"bundle-{name}" / "manifest.json")
+                                                  .read_text())["kernels"]] for name in ("split", "unsplit")}
     assert names["split"] == names["unsplit"] == [k["name"] for k in json.loads((out / "manifest.json").read_text())[
         "kernels"]]
     assert json.loads((out / "manifest.json").read_text())["archs"] == ["sm_90"]
@@ -159,7 +163,7 @@ def test_toolkit_headers_serve_where_the_header_wheels_are_missing(gc, tmp_path,
     from topkgen import paths
 
     include = tmp_path / "cuda" / "include"
-    for f in ("cuda_bf16.h", "crt/host_defines.h", "nv/target"):
+    for f in gc.TOOLKIT_HEADERS:  # no nv/target: a CUDA 13 toolkit keeps it in include/cccl
         (include / f).parent.mkdir(parents=True, exist_ok=True)
         (include / f).write_text("")
     monkeypatch.setenv("TOPKGEN_CUDA_INCLUDE", "")  # recorded, so what the script sets is undone after
@@ -193,7 +197,7 @@ def test_sanitizer_refusal_is_no_failure_but_its_findings_are(gc, tmp_path, monk
 
 def test_cpp_stage_is_skipped_not_failed_where_nothing_can_build_the_loader(gc, tmp_path, monkeypatch, capsys):
     monkeypatch.setattr(gc, "ROOT", tmp_path)  # no build/cpp, no .venv
-    assert gc.cpp_against_python(str(tmp_path / "bundle"), "sm_90") is False
+    assert gc.cpp_against_python(str(tmp_path / "bundle"), "sm_90", gc.time.monotonic() + 60) is False
     assert "SKIPPED: build/cpp/topkgen-cpp is not built" in capsys.readouterr().out
 
 
@@ -217,3 +221,74 @@ def test_help_lists_the_options_the_readme_names():
     assert (proc.returncode, proc.stderr) == (0, ""), proc.stderr
     for option in ("--results", "--budget-s", "--sets", "--skip", "--data"):
         assert option in proc.stdout
+
+
+def test_nvrtc_compiles_from_a_toolkit_include_folder_without_nv_target(gc, tmp_path):
+    """What the fallback above relies on: a CUDA 13 toolkit's include folder has cuda_bf16.h
+    and crt/ but keeps nv/target (which cuda_bf16.h includes) in include/cccl, where no -I
+    points; NVRTC 13 has it built in. The wheels' headers, laid out so, compile a bfloat16
+    kernel (a real NVRTC compile, no cache)."""
+    from topkgen.paths import cuda_include_dir
+
+    wheels = cuda_include_dir()
+    include = tmp_path / "include"
+    include.mkdir()
+    for entry in wheels.iterdir():
+        if entry.name not in ("nv", "cccl"):
+            (include / entry.name).symlink_to(entry)
+    assert all((include / f).is_file() for f in gc.TOOLKIT_HEADERS) and not (include / "nv").exists()
+    code = ("from topkgen import policy; from topkgen.render import render; from topkgen.compile import compile_kernel\n"
+            "spec = next(s for s in policy.all_kernels(policy.load(), 'sm_90') if s.dtype == 'bfloat16')\n"
+            "print(spec.name, len(compile_kernel(render(spec), spec.name, 'sm_90', use_cache=False).cubin))\n")
+    env = {**gc.os.environ, "TOPKGEN_CUDA_INCLUDE": str(include), "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
+    assert proc.returncode == 0, proc.stderr
+    name, size = proc.stdout.split()
+    assert name.endswith("_bf16_sm_90") and int(size) > 0
+
+
+def test_a_stage_that_raises_fails_alone(gc, capsys):
+    """The device run is one shot: a stage that raises (an API the machine's cuda-core
+    lacks, a CUDA error) is reported with its traceback, and the caller goes on."""
+    def broken(x):
+        raise AttributeError(f"no attribute {x!r}")
+
+    assert gc.guarded("bench", broken, "launch", failed=True) is True
+    assert gc.guarded("ncu", lambda: {"a": (1.0, 2.0)}, failed={}) == {"a": (1.0, 2.0)}
+    printed = capsys.readouterr().out
+    assert "STAGE FAILED: bench:" in printed and "AttributeError: no attribute 'launch'" in printed
+
+
+def test_crossover_results_as_gpu_check_records_them_are_written_into_the_policy(gc, tmp_path):
+    """Issue 14's write-back from a results file made by gpu-check's own code: the batches'
+    chunks as the split bundle cuts them (here served by the emulator backend), synthetic
+    medians in which splitting pays below 32 rows. Only sm_90's rows_below line changes;
+    every comment stays."""
+    from topkgen import policy
+    from topkgen.runtime import TopK
+
+    args = gc.parse_args(["--out", str(tmp_path / "bundle"), "--results", str(tmp_path / "results")])
+    bundles = gc.crossover_bundles(args, "sm_90", [sys.executable, "-m", "topkgen"])
+    split_op = TopK(bundles["split"], arch="sm_90", backend="emulator")
+    measured = [gc.crossover_measured(split_op, dtype, n, k, rows, {"split": 10.0 if rows < 32 else 30.0,
+                                                                     "unsplit": 20.0})
+                for dtype, n, k, rows in gc.split_crossover.GRID]
+    args.results.mkdir()
+    assert gc.record_crossover(args.results, "sm_90", "NVIDIA H200", measured) is False
+    assert sorted(p.name for p in args.results.iterdir()) == ["split_crossover.json", "split_crossover.md"]
+    pol = tmp_path / "topk.yaml"
+    before = policy.default_policy_path().read_text()
+    pol.write_text(before)
+    proc = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "split_crossover.py"),
+                           str(args.results / "split_crossover.json"), "--policy", str(pol), "--write"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert f"wrote rows_below 17 for sm_90 into {pol}" in proc.stdout  # 16 is the last batch below 32 rows
+    after = pol.read_text()
+    changed = [(a, b) for a, b in zip(before.splitlines(), after.splitlines()) if a != b]
+    assert len(before.splitlines()) == len(after.splitlines()) and len(changed) == 1
+    assert changed[0][1] == ("      rows_below: 17  # measured on NVIDIA H200 (make gpu-check, "
+                             "benchmarks/split_crossover.py)")
+    assert [line for line in before.splitlines() if "#" in line and "rows_below" not in line] == \
+        [line for line in after.splitlines() if "#" in line and "rows_below" not in line]
+    assert policy.load(pol).archs["sm_90"].split.rows_below == 17

@@ -452,17 +452,35 @@ def _host_array(array: Any, label: str) -> None:
 # ----------------------------------------------------------------------------- cuda
 
 def _cuda_core() -> Any:
-    """cuda.core's objects, wherever this version keeps them (experimental before 1.0)."""
+    """cuda.core's objects, wherever this version keeps them: the package itself from 0.5 on
+    (1.0 removed cuda.core.experimental; 0.5 to 0.7 keep it only to warn), experimental
+    before. `view_dlpack(obj)` views a DLPack array without stream ordering: the
+    from_dlpack classmethod where there is one (0.5 deprecated the constructor), else the
+    constructor."""
     import types
 
-    try:
+    import cuda.core
+
+    core = cuda.core
+    if hasattr(core, "Device"):
+        from cuda.core.utils import StridedMemoryView
+    else:
         from cuda.core import experimental as core
         from cuda.core.experimental.utils import StridedMemoryView
-    except ImportError:
-        import cuda.core as core
-        from cuda.core.utils import StridedMemoryView
+    if hasattr(StridedMemoryView, "from_dlpack"):
+        def view_dlpack(obj: Any) -> Any:
+            return StridedMemoryView.from_dlpack(obj, stream_ptr=-1)
+    else:
+        def view_dlpack(obj: Any) -> Any:
+            return StridedMemoryView(obj, stream_ptr=-1)
     return types.SimpleNamespace(Device=core.Device, ObjectCode=core.ObjectCode, LaunchConfig=core.LaunchConfig,
-                                 launch=core.launch, Stream=core.Stream, StridedMemoryView=StridedMemoryView)
+                                 launch=core.launch, Stream=core.Stream, view_dlpack=view_dlpack)
+
+
+def kernel_handle(kernel: Any) -> Any:
+    """The driver handle of a cuda.core Kernel: its public `handle` (0.6 and later), else the
+    private `_handle` of the releases before."""
+    return kernel.handle if hasattr(kernel, "handle") else kernel._handle
 
 
 class _CudaBackend(_Backend):
@@ -572,16 +590,19 @@ class _CudaBackend(_Backend):
 
     def _allow_dynamic_shared(self, kernel: Any, nbytes: int) -> None:
         """Set the kernel's dynamic shared memory limit to `nbytes` (needed once static plus
-        dynamic shared memory pass 48 KiB).
-        cuda.core hands out CUkernel (library) or CUfunction (module) handles."""
+        dynamic shared memory pass 48 KiB). cuda.core loads cubins as libraries and hands
+        out CUkernel handles: as `Kernel.handle` from 0.6 on (1.x keeps no `_handle`
+        attribute that Python can read in some releases), as `_handle` before."""
         from cuda.bindings import driver
 
         attribute = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-        handle = kernel._handle
-        if isinstance(handle, driver.CUkernel):
-            (err,) = driver.cuKernelSetAttribute(attribute, nbytes, handle, self.device.device_id)
-        else:
+        handle = kernel_handle(kernel)
+        if isinstance(handle, driver.CUfunction):  # a module's function (cuModuleGetFunction)
             (err,) = driver.cuFuncSetAttribute(handle, attribute, nbytes)
+        else:
+            if not isinstance(handle, driver.CUkernel):
+                handle = driver.CUkernel(int(handle))
+            (err,) = driver.cuKernelSetAttribute(attribute, nbytes, handle, self.device.device_id)
         if err != driver.CUresult.CUDA_SUCCESS:
             raise TopKError(f"this GPU cannot give a kernel {nbytes} bytes of dynamic shared memory ({err.name}); "
                             f"lower the policy's shared_row_bytes for this arch and rebuild")
@@ -649,7 +670,7 @@ def _device_array(x: Any, label: str) -> tuple[int, tuple[int, ...], tuple[int, 
         return int(cai["data"][0]), tuple(cai["shape"]), strides, name
     if hasattr(x, "__dlpack__"):
         try:
-            smv = _cuda_core().StridedMemoryView(x, stream_ptr=-1)
+            smv = _cuda_core().view_dlpack(x)
         except Exception as err:
             raise TopKError(f"{label}: cannot view the array through DLPack: {err}") from None
         if smv.is_device_accessible:
