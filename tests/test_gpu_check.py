@@ -223,28 +223,34 @@ def test_help_lists_the_options_the_readme_names():
         assert option in proc.stdout
 
 
-def test_nvrtc_compiles_from_a_toolkit_include_folder_without_nv_target(gc, tmp_path):
+def test_a_cuda_13_toolkit_include_folder_serves_nvrtc_and_the_emulator(gc, tmp_path):
     """What the fallback above relies on: a CUDA 13 toolkit's include folder has cuda_bf16.h
-    and crt/ but keeps nv/target (which cuda_bf16.h includes) in include/cccl, where no -I
-    points; NVRTC 13 has it built in. The wheels' headers, laid out so, compile a bfloat16
-    kernel (a real NVRTC compile, no cache)."""
+    and crt/ but keeps nv/target (which cuda_bf16.h includes) only in include/cccl. NVRTC 13
+    has it built in; the emulator's g++ gets -I include/cccl. The wheels' headers, laid out
+    so, compile a bfloat16 kernel with both (real compiles: NVRTC uncached, the emulator in
+    an empty cache)."""
     from topkgen.paths import cuda_include_dir
 
     wheels = cuda_include_dir()
     include = tmp_path / "include"
     include.mkdir()
     for entry in wheels.iterdir():
-        if entry.name not in ("nv", "cccl"):
+        if entry.name != "nv":
             (include / entry.name).symlink_to(entry)
-    assert all((include / f).is_file() for f in gc.TOOLKIT_HEADERS) and not (include / "nv").exists()
+    assert all((include / f).is_file() for f in gc.TOOLKIT_HEADERS)
+    assert (include / "cccl" / "nv" / "target").is_file() and not (include / "nv").exists()
     code = ("from topkgen import policy; from topkgen.render import render; from topkgen.compile import compile_kernel\n"
+            "from topkgen.emulator import compile_source\n"
             "spec = next(s for s in policy.all_kernels(policy.load(), 'sm_90') if s.dtype == 'bfloat16')\n"
-            "print(spec.name, len(compile_kernel(render(spec), spec.name, 'sm_90', use_cache=False).cubin))\n")
-    env = {**gc.os.environ, "TOPKGEN_CUDA_INCLUDE": str(include), "PYTHONPATH": str(ROOT)}
+            "print(spec.name, len(compile_kernel(render(spec), spec.name, 'sm_90', use_cache=False).cubin))\n"
+            "compile_source(render(spec), name=spec.name)\n")
+    env = {**gc.os.environ, "TOPKGEN_CUDA_INCLUDE": str(include), "PYTHONPATH": str(ROOT),
+           "TOPKGEN_CACHE_DIR": str(tmp_path / "cache")}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, env=env)
     assert proc.returncode == 0, proc.stderr
     name, size = proc.stdout.split()
     assert name.endswith("_bf16_sm_90") and int(size) > 0
+    assert list((tmp_path / "cache" / "emulator").glob("*.so"))
 
 
 def test_a_stage_that_raises_fails_alone(gc, capsys):

@@ -127,6 +127,14 @@ def _cache_key(unit: str, cxx: str) -> str:
     return h.hexdigest()
 
 
+def _cuda_header_dirs() -> list[Path]:
+    """The CUDA include folder, then its cccl/ where there is one: a CUDA 13 toolkit (what
+    TOPKGEN_CUDA_INCLUDE may name) keeps nv/target, which cuda_fp16.h includes, only there;
+    NVRTC has it built in, g++ does not. The wheels have it in both, the first one wins."""
+    include = cuda_include_dir()
+    return [include, *([include / "cccl"] if (include / "cccl").is_dir() else [])]
+
+
 _loaded: dict[str, "Module"] = {}
 
 
@@ -157,7 +165,8 @@ def compile_source(source: str, *, name: str = "kernel", defines: Sequence[str] 
             with _cache_writes(cache):
                 tmp_dir.mkdir()
                 src.write_text(unit)
-            cmd = [cxx, *CXX_FLAGS, f"-I{INCLUDE_DIR}", f"-I{cuda_include_dir()}", str(src), "-o", str(out)]
+            cmd = [cxx, *CXX_FLAGS, f"-I{INCLUDE_DIR}", *(f"-I{d}" for d in _cuda_header_dirs()), str(src), "-o",
+                   str(out)]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
                 raise EmulationError(f"host compilation of '{name}' failed:\n{proc.stderr.strip()}")
