@@ -22,8 +22,11 @@
    benchmarks/split_crossover.py RESULTS/split_crossover.json --write` puts the rows_below
    they favour into the policy;
 7. `ncu` DRAM bytes per row of each shape (normal data), where ncu exists and is allowed.
-Everything stops within --budget-s. Without a GPU it says so, builds for sm_90 (and the two
-crossover bundles), collects the GPU tests, lists the cases it would time, and exits 0.
+Everything stops within --budget-s. Stages 3, 5 and 6 run each in a child process: a kernel
+fault or a hang costs that stage alone. RESULTS gets only the few result files (on the
+device machine it is $OUT, which brings back 8 at most); bundles and scratch files go to
+OUT-work. Without a GPU it says so, builds for sm_90 (and the two crossover bundles),
+collects the GPU tests, lists the cases it would time, and exits 0.
 """
 
 from __future__ import annotations
@@ -53,6 +56,11 @@ from shapes import DATA_KINDS, select_sets  # noqa: E402
 PEAK_BYTES_PER_S = 4.8e12
 IMPLS = ("topkgen", "torch", "flashinfer")
 STAGES = ("tests", "cpp", "sanitizer", "bench", "crossover", "ncu")
+# The stages that launch kernels in Python run each in a child process: a kernel fault (a
+# sticky CUDA error poisons the whole context) or a hang then costs that stage alone, and
+# the run still prints the table of what the others measured.
+STAGE_PROCESSES = ("cpp", "bench", "crossover")
+STAGE_GRACE_S = 20.0  # past its deadline a stage is killed (it checks the deadline between cases)
 SANITIZER_SHAPES = (("register", "float32", 16, 1000), ("radix", "float32", 64, 300000),
                     ("radix", "bfloat16", 200, 1500))
 SPIN_SOURCE = """extern "C" __global__ void topkgen_spin(unsigned long long cycles) {
@@ -64,6 +72,7 @@ SPIN_CYCLES = 1_000_000  # ~0.5 ms at 2 GHz: longer than the Python dispatch of 
 NCU_METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
 SANITIZER_REFUSED = "Device not supported"  # what compute-sanitizer says on machines that refuse it
 T = TypeVar("T")
+SAMPLES = "gpu_check_samples.json"
 TOOLKIT_HEADERS = ("cuda_bf16.h", "cuda_fp16.h", "crt/host_defines.h")  # what NVRTC 13 does not have built in
 
 
@@ -115,7 +124,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--max-noise", type=float, default=1.0, help="relative noise to stop at, in %% (default 1)")
     parser.add_argument("--list", action="store_true", help="list the cases it would time and exit")
     parser.add_argument("--ncu-child", help=argparse.SUPPRESS)  # a case list to run once each, under ncu
+    # One GPU stage in a process of its own (STAGE_PROCESSES), for its arch and until a deadline
+    # on time.monotonic()'s clock (the system's monotonic clock: the same in every process).
+    parser.add_argument("--stage", choices=STAGE_PROCESSES, help=argparse.SUPPRESS)
+    parser.add_argument("--arch", help=argparse.SUPPRESS)
+    parser.add_argument("--deadline", type=float, help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
+    args.argv = list(sys.argv[1:] if argv is None else argv)
     try:
         args.cases = cases(args.sets, args.data)
     except ValueError as err:
@@ -236,6 +251,8 @@ def main(argv: list[str] | None = None) -> int:
         return 0
     if args.ncu_child:
         return ncu_child(args)
+    if args.stage:
+        return stage_child(args)
     from topkgen.runtime import gpu_unavailable
 
     topkgen = [sys.executable, "-m", "topkgen"]
@@ -279,19 +296,20 @@ def main(argv: list[str] | None = None) -> int:
                       early) != 0
     if "cpp" not in args.skip:
         step("C++ loader against the Python runtime: every AOT kernel")
-        failed |= guarded("cpp", cpp_against_python, args.out, arch, early, failed=True)
+        failed |= run_stage(args, "cpp", arch, early)
     if "sanitizer" not in args.skip:
         step("compute-sanitizer")
         failed |= guarded("sanitizer", sanitize, args.out, early, failed=True)
     args.results.mkdir(parents=True, exist_ok=True)
-    timings: dict[tuple[str, str], Timing] = {}
+    samples = args.results / SAMPLES
+    samples.unlink(missing_ok=True)  # a file from an earlier run is no result of this one
     if "bench" not in args.skip:
         step(f"kernel timings ({timer_name(args.timer)})")
-        failed |= guarded("bench", benchmark, args, deadline - reserve["crossover"] - reserve["ncu"], timings,
-                          failed=True)
+        failed |= run_stage(args, "bench", arch, deadline - reserve["crossover"] - reserve["ncu"])
+    timings = guarded("read the samples", read_samples, samples, failed={}) if samples.exists() else {}
     if "crossover" not in args.skip:
         step("split crossover: each batch split and unsplit (CUDA events)")
-        failed |= guarded("crossover", measure_crossover, args, arch, topkgen, deadline - reserve["ncu"], failed=True)
+        failed |= run_stage(args, "crossover", arch, deadline - reserve["ncu"])
     chunks = chunks_per_row(args.cases, arch)
     dram = {}
     if "ncu" not in args.skip:
@@ -301,6 +319,31 @@ def main(argv: list[str] | None = None) -> int:
     print("\n" + table)
     (args.results / "gpu_check_table.md").write_text(table + "\n")
     print(f"\ngpu-check finished in {time.monotonic() - started:.0f} s{' with FAILURES' if failed else ''}")
+    return 1 if failed else 0
+
+
+def run_stage(args: argparse.Namespace, stage: str, arch: str, deadline: float) -> bool:
+    """Runs a stage in a child process (STAGE_PROCESSES); True when it failed, crashed or
+    had to be killed past its deadline."""
+    cmd = [sys.executable, str(Path(__file__).resolve()), *args.argv, "--stage", stage, "--arch", arch,
+           "--deadline", repr(deadline)]
+    rc = run(cmd, deadline + STAGE_GRACE_S)
+    if rc != 0:
+        print(f"STAGE FAILED: {stage} (exit {rc})", flush=True)
+    return rc != 0
+
+
+def stage_child(args: argparse.Namespace) -> int:
+    """The body of run_stage's child: exit status 1 when the stage found a failure."""
+    if args.arch is None or args.deadline is None:
+        print("--stage needs --arch and --deadline", file=sys.stderr)
+        return 2
+    if args.stage == "cpp":
+        failed = cpp_against_python(args.out, args.arch, args.deadline)
+    elif args.stage == "bench":
+        failed = benchmark(args, args.deadline)
+    else:
+        failed = measure_crossover(args, args.arch, [sys.executable, "-m", "topkgen"], args.deadline)
     return 1 if failed else 0
 
 
@@ -605,9 +648,10 @@ def same_values(torch, op, case: Case, x) -> bool:
 
 # ----------------------------------------------------------------------------- timing
 
-def benchmark(args: argparse.Namespace, deadline: float, timings: dict[tuple[str, str], Timing]) -> bool:
-    """Checks every case against torch.topk, then times them into `timings`; True when a
-    case failed. The samples file is written whatever happens, with what was timed."""
+def benchmark(args: argparse.Namespace, deadline: float) -> bool:
+    """Checks every case against torch.topk, then times them; True when a case failed. The
+    samples file (RESULTS/gpu_check_samples.json, which the table is made from) is rewritten
+    after every case, so that a stage killed midway leaves what it timed."""
     import torch
 
     from topkgen.runtime import TopK
@@ -618,21 +662,38 @@ def benchmark(args: argparse.Namespace, deadline: float, timings: dict[tuple[str
         print("cuda-bench is not importable: falling back to CUDA events")
         use_nvbench = False
     mismatches: list[str] = []
-    try:
-        for case in args.cases:  # correctness first: a wrong kernel's time means nothing
-            if not same_values(torch, op, case, make_input(torch, case)):
-                mismatches.append(case.id)
-                print(f"MISMATCH against torch.topk: {case.id}")
-        if use_nvbench:
-            timings.update(time_nvbench(args, torch, op, deadline))
-        else:
-            time_events(args, torch, op, deadline, timings)
-    finally:
-        raw = {f"{cid}|{impl}": asdict(t) for (cid, impl), t in timings.items()}
-        (args.results / "gpu_check_samples.json").write_text(json.dumps(
-            {"unit": "us", "cases": [asdict(c) | {"id": c.id} for c in args.cases], "timings": raw,
-             "mismatches": mismatches}, indent=1) + "\n")
+    timings: dict[tuple[str, str], Timing] = {}
+
+    def save() -> None:
+        write_samples(args.results / SAMPLES, args.cases, timings, mismatches)
+
+    for case in args.cases:  # correctness first: a wrong kernel's time means nothing
+        if not same_values(torch, op, case, make_input(torch, case)):
+            mismatches.append(case.id)
+            print(f"MISMATCH against torch.topk: {case.id}")
+    save()
+    if use_nvbench:
+        timings.update(time_nvbench(args, torch, op, deadline))
+        save()
+    else:
+        time_events(args, torch, op, deadline, timings, save)
     return bool(mismatches)
+
+
+def write_samples(path: Path, all_cases: list[Case], timings: dict[tuple[str, str], Timing],
+                  mismatches: list[str]) -> None:
+    raw = {f"{cid}|{impl}": asdict(t) for (cid, impl), t in timings.items()}
+    text = json.dumps({"unit": "us", "cases": [asdict(c) | {"id": c.id} for c in all_cases], "timings": raw,
+                       "mismatches": mismatches}, indent=1) + "\n"
+    tmp = path.with_name(path.name + ".tmp")
+    tmp.write_text(text)
+    os.replace(tmp, path)  # a reader never sees half a file, whenever the writer is killed
+
+
+def read_samples(path: Path) -> dict[tuple[str, str], Timing]:
+    """The timings write_samples wrote, by (case id, implementation)."""
+    raw = json.loads(path.read_text())["timings"]
+    return {tuple(key.split("|", 1)): Timing(**timing) for key, timing in raw.items()}
 
 
 class Spinner:
@@ -713,7 +774,8 @@ class EventTimer:
                 return timing
 
 
-def time_events(args, torch, op, deadline: float, timings: dict[tuple[str, str], Timing]) -> None:
+def time_events(args, torch, op, deadline: float, timings: dict[tuple[str, str], Timing],
+                save: Callable[[], None]) -> None:
     timer = EventTimer(torch, args.max_noise)
     for case in args.cases:
         x = make_input(torch, case)
@@ -723,6 +785,7 @@ def time_events(args, torch, op, deadline: float, timings: dict[tuple[str, str],
                 continue
             timings[(case.id, impl)] = timer(enqueue)
         del x
+        save()
 
 
 def time_nvbench(args, torch, op, deadline: float) -> dict[tuple[str, str], Timing]:

@@ -298,3 +298,25 @@ def test_crossover_results_as_gpu_check_records_them_are_written_into_the_policy
     assert [line for line in before.splitlines() if "#" in line and "rows_below" not in line] == \
         [line for line in after.splitlines() if "#" in line and "rows_below" not in line]
     assert policy.load(pol).archs["sm_90"].split.rows_below == 17
+
+
+def test_a_stage_process_that_dies_is_reported_and_the_run_goes_on(gc, tmp_path, capfd):
+    """Each Python GPU stage runs in a child process (a sticky CUDA error or a hang costs that
+    stage alone). Here the bench child cannot time anything (no torch or no GPU): it exits
+    non-zero, and run_stage says so and returns."""
+    args = gc.parse_args(["--out", str(tmp_path / "bundle"), "--results", str(tmp_path / "results"),
+                          "--sets", "register ladder", "--data", "normal"])
+    args.results.mkdir()
+    assert gc.run_stage(args, "bench", "sm_90", gc.time.monotonic() + 60) is True
+    out = capfd.readouterr().out
+    assert "--stage bench --arch sm_90 --deadline" in out and "STAGE FAILED: bench (exit 1)" in out
+
+
+def test_the_table_is_made_from_the_samples_file_the_bench_stage_writes(gc, tmp_path):
+    case = gc.Case("seed grid", 132, "float32", 2048, 64, "normal")
+    timings = {(case.id, "topkgen"): gc.Timing("events", [10.0, 12.0, 11.0], dropped=10),
+               (case.id, "torch"): gc.Timing("events", [33.0], note="time budget spent")}
+    path = tmp_path / gc.SAMPLES
+    gc.write_samples(path, [case], timings, [case.id])
+    assert gc.read_samples(path) == timings and json.loads(path.read_text())["mismatches"] == [case.id]
+    assert [p.name for p in tmp_path.iterdir()] == [gc.SAMPLES]  # no temporary file left beside it
