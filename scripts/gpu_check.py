@@ -538,6 +538,7 @@ def measure_crossover(args, arch: str, topkgen: list[str], deadline: float) -> b
         return True
     ops = {name: TopK(path, backend="cuda") for name, path in bundles.items()}
     timer = EventTimer(torch, args.max_noise)
+    device = torch.cuda.get_device_name(0)
     measured: list[split_crossover.Measured] = []
     failed = False
     grid = split_crossover.GRID
@@ -558,10 +559,11 @@ def measure_crossover(args, arch: str, topkgen: list[str], deadline: float) -> b
             m = crossover_measured(ops["split"], dtype, n, k, rows, medians)
             print(f"{case.id}: {m.chunks} chunks {m.split_us:.1f} us, unsplit {m.unsplit_us:.1f} us", flush=True)
             measured.append(m)
+            save_crossover(args.results, arch, device, measured)  # kept if the stage is killed later
             del x
-    finally:  # what was measured is kept, whatever stopped the loop
+    finally:  # the crossover of what was measured, whatever stopped the loop
         if measured:
-            failed |= record_crossover(args.results, arch, torch.cuda.get_device_name(0), measured)
+            failed |= record_crossover(args.results, arch, device, measured)
     return failed
 
 
@@ -572,13 +574,18 @@ def crossover_measured(split_op, dtype: str, n: int, k: int, rows: int,
                                     medians["split"], medians["unsplit"])
 
 
-def record_crossover(results: Path, arch: str, device: str, measured: list[split_crossover.Measured]) -> bool:
+def save_crossover(results: Path, arch: str, device: str, measured: list[split_crossover.Measured]) -> None:
     """RESULTS/split_crossover.json (what `benchmarks/split_crossover.py ... --write` reads)
-    and .md, and the crossover they favour; True when they favour none."""
-    from topkgen import policy
-
+    and its table, split_crossover.md."""
     split_crossover.write_results(results / "split_crossover.json", arch, device, measured, len(split_crossover.GRID))
     (results / "split_crossover.md").write_text(split_crossover.table(measured) + "\n")
+
+
+def record_crossover(results: Path, arch: str, device: str, measured: list[split_crossover.Measured]) -> bool:
+    """save_crossover, and the crossover the batches favour; True when they favour none."""
+    from topkgen import policy
+
+    save_crossover(results, arch, device, measured)
     now = policy.load().archs[arch].split
     try:
         found = split_crossover.choose_rows_below(measured)

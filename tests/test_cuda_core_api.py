@@ -46,7 +46,7 @@ def test_the_classes_have_what_the_backend_reads():
         missing = [a for a in attributes if not hasattr(getattr(package, cls), a)]
         assert not missing, f"cuda.core {cls} lacks {missing}"
     kernel = package.Kernel
-    assert hasattr(kernel, "handle") or hasattr(kernel, "_handle"), "runtime.kernel_handle finds no handle"
+    assert hasattr(kernel, "handle") or hasattr(kernel, "_handle"), "runtime._kernel_handle finds no handle"
 
 
 def test_kernel_handles_convert_as_the_shared_memory_opt_in_converts_them():

@@ -452,11 +452,11 @@ def _host_array(array: Any, label: str) -> None:
 # ----------------------------------------------------------------------------- cuda
 
 def _cuda_core() -> Any:
-    """cuda.core's objects, wherever this version keeps them: the package itself from 0.5 on
-    (1.0 removed cuda.core.experimental; 0.5 to 0.7 keep it only to warn), experimental
-    before. `view_dlpack(obj)` views a DLPack array without stream ordering: the
-    from_dlpack classmethod where there is one (0.5 deprecated the constructor), else the
-    constructor."""
+    """cuda.core's objects, wherever this version keeps them: the package itself where it
+    holds them (1.0 removed cuda.core.experimental, the releases before it keep that only to
+    warn, as 0.7 does), else experimental (0.4). `view_dlpack(obj)` views a DLPack array
+    without stream ordering: by the from_dlpack classmethod where there is one (0.5
+    deprecated the constructor), else by the constructor."""
     import types
 
     import cuda.core
@@ -477,9 +477,10 @@ def _cuda_core() -> Any:
                                  launch=core.launch, Stream=core.Stream, view_dlpack=view_dlpack)
 
 
-def kernel_handle(kernel: Any) -> Any:
-    """The driver handle of a cuda.core Kernel: its public `handle` (0.6 and later), else the
-    private `_handle` of the releases before."""
+def _kernel_handle(kernel: Any) -> Any:
+    """The driver handle of a cuda.core Kernel: its public `handle` where the release has one
+    (0.7 and 1.x do; some releases that hold a C++ handle keep no `_handle` that Python can
+    read), else the private `_handle` (0.4)."""
     return kernel.handle if hasattr(kernel, "handle") else kernel._handle
 
 
@@ -590,13 +591,12 @@ class _CudaBackend(_Backend):
 
     def _allow_dynamic_shared(self, kernel: Any, nbytes: int) -> None:
         """Set the kernel's dynamic shared memory limit to `nbytes` (needed once static plus
-        dynamic shared memory pass 48 KiB). cuda.core loads cubins as libraries and hands
-        out CUkernel handles: as `Kernel.handle` from 0.6 on (1.x keeps no `_handle`
-        attribute that Python can read in some releases), as `_handle` before."""
+        dynamic shared memory pass 48 KiB). cuda.core loads cubins as libraries: its handles
+        are CUkernels (an int where a release hands out the address)."""
         from cuda.bindings import driver
 
         attribute = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-        handle = kernel_handle(kernel)
+        handle = _kernel_handle(kernel)
         if isinstance(handle, driver.CUfunction):  # a module's function (cuModuleGetFunction)
             (err,) = driver.cuFuncSetAttribute(handle, attribute, nbytes)
         else:
