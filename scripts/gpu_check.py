@@ -73,7 +73,6 @@ NCU_METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
 SANITIZER_REFUSED = "Device not supported"  # what compute-sanitizer says on machines that refuse it
 T = TypeVar("T")
 SAMPLES = "gpu_check_samples.json"
-TOOLKIT_HEADERS = ("cuda_bf16.h", "cuda_fp16.h", "crt/host_defines.h")  # what NVRTC 13 does not have built in
 
 
 @dataclass(frozen=True)
@@ -210,7 +209,7 @@ def use_toolkit_headers_if_wheels_lack_them() -> None:
     Python lacks the crt or cccl wheel (the accelerator machine's image has neither) can use
     the CUDA toolkit's include folder beside its nvcc instead, through TOPKGEN_CUDA_INCLUDE
     (inherited by every child)."""
-    from topkgen.paths import cuda_include_dir
+    from topkgen.paths import cuda_include_dir, has_cuda_headers
 
     try:
         cuda_include_dir()
@@ -222,7 +221,7 @@ def use_toolkit_headers_if_wheels_lack_them() -> None:
     homes += [str(Path(nvcc).resolve().parent.parent) if nvcc else None, "/usr/local/cuda"]
     for home in filter(None, homes):
         include = Path(home) / "include"
-        if all((include / f).is_file() for f in TOOLKIT_HEADERS):
+        if has_cuda_headers(include):
             os.environ["TOPKGEN_CUDA_INCLUDE"] = str(include)
             cuda_include_dir.cache_clear()
             print(f"{wheels_missing}; using the toolkit's headers: TOPKGEN_CUDA_INCLUDE={include}", flush=True)

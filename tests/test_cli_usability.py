@@ -251,3 +251,29 @@ def test_summaries_read_as_sentences(cli, tmp_path, monkeypatch, tiny_bundle):  
     run = cli("run", "--bundle", "mine", "--backend", "emulator", "--k", "3", "x.npy")
     assert (run.exit_code, run.stderr) == (2, "topkgen: error: --arch: the emulator backend runs one arch's kernels; "
                                               "name it, e.g. --arch sm_90\n")
+
+
+@pytest.mark.parametrize("lacking", ["wheels", "override"])
+def test_missing_cuda_headers_are_a_set_up_message_not_an_internal_error(tmp_path, lacking):
+    """A Python without the header wheels (the accelerator machine's image) or a
+    TOPKGEN_CUDA_INCLUDE naming a folder without them: one line saying what to install or
+    set, exit 2, and no bundle; it was 'internal error: RuntimeError' (exit 70)."""
+    env = {**ENV, "TOPKGEN_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("TOPKGEN_CUDA_INCLUDE", None)
+    if lacking == "wheels":  # a regular package named nvidia hides the wheels' namespace package
+        shadow = tmp_path / "shadow" / "nvidia"
+        shadow.mkdir(parents=True)
+        (shadow / "__init__.py").write_text("")
+        env["PYTHONPATH"] = os.pathsep.join([str(shadow.parent), str(ROOT)])
+    else:
+        (tmp_path / "empty").mkdir()
+        env["TOPKGEN_CUDA_INCLUDE"] = str(tmp_path / "empty")
+    proc = topkgen("build", "--out", tmp_path / "out", "--arch", "sm_90", env=env)
+    assert proc.returncode == 2, proc.stderr
+    assert proc.stderr.count("\n") == 1 and "internal error" not in proc.stderr, proc.stderr
+    assert "TOPKGEN_CUDA_INCLUDE" in proc.stderr
+    if lacking == "wheels":
+        assert "CUDA headers not found: install the nvidia-cuda-runtime" in proc.stderr
+    else:
+        assert f"TOPKGEN_CUDA_INCLUDE={tmp_path / 'empty'}: not a CUDA include folder" in proc.stderr
+    assert not (tmp_path / "out").exists()

@@ -12,6 +12,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from topkgen.paths import CUDA_HEADERS
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -163,7 +165,7 @@ def test_toolkit_headers_serve_where_the_header_wheels_are_missing(gc, tmp_path,
     from topkgen import paths
 
     include = tmp_path / "cuda" / "include"
-    for f in gc.TOOLKIT_HEADERS:  # no nv/target: a CUDA 13 toolkit keeps it in include/cccl
+    for f in CUDA_HEADERS:  # no nv/target: a CUDA 13 toolkit keeps it in include/cccl
         (include / f).parent.mkdir(parents=True, exist_ok=True)
         (include / f).write_text("")
     monkeypatch.setenv("TOPKGEN_CUDA_INCLUDE", "")  # recorded, so what the script sets is undone after
@@ -237,7 +239,7 @@ def test_a_cuda_13_toolkit_include_folder_serves_nvrtc_and_the_emulator(gc, tmp_
     for entry in wheels.iterdir():
         if entry.name != "nv":
             (include / entry.name).symlink_to(entry)
-    assert all((include / f).is_file() for f in gc.TOOLKIT_HEADERS)
+    assert all((include / f).is_file() for f in CUDA_HEADERS)
     assert (include / "cccl" / "nv" / "target").is_file() and not (include / "nv").exists()
     code = ("from topkgen import policy; from topkgen.render import render; from topkgen.compile import compile_kernel\n"
             "from topkgen.emulator import compile_source\n"

@@ -10,23 +10,44 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Iterator
 
+from topkgen.errors import InputError
+
+
+class HeadersNotFound(InputError, RuntimeError):
+    """The machine lacks the CUDA headers NVRTC needs: a set-up to fix, said in one line
+    (exit 2), not an internal error of topkgen."""
+
+
+# What a kernel's compile includes from the CUDA include folder (nv/target is NVRTC's own).
+CUDA_HEADERS = ("cuda_bf16.h", "cuda_fp16.h", "crt/host_defines.h")
+
+
+def has_cuda_headers(folder: Path) -> bool:
+    return all((folder / name).is_file() for name in CUDA_HEADERS)
+
 
 @lru_cache(maxsize=1)
 def cuda_include_dir() -> Path:
     """The include folder of the nvidia-cuda-* wheels (cuda_fp16.h, cuda_bf16.h, nv/target).
-    TOPKGEN_CUDA_INCLUDE overrides it (a machine whose Python lacks the header wheels)."""
+    TOPKGEN_CUDA_INCLUDE overrides it (a machine whose Python lacks the header wheels); a
+    folder without the headers is refused here, naming the variable, rather than by NVRTC's
+    log for the first kernel."""
     import importlib.util
 
     override = os.environ.get("TOPKGEN_CUDA_INCLUDE")
     if override:
+        if not has_cuda_headers(Path(override)):
+            raise HeadersNotFound(f"TOPKGEN_CUDA_INCLUDE={override}: not a CUDA include folder (it needs "
+                                  f"{', '.join(CUDA_HEADERS)})")
         return Path(override)
     spec = importlib.util.find_spec("nvidia")
     for base in (spec.submodule_search_locations or []) if spec else []:
         candidate = Path(base) / "cu13" / "include"
-        if (candidate / "cuda_bf16.h").is_file() and (candidate / "crt" / "host_defines.h").is_file():
+        if has_cuda_headers(candidate):
             return candidate
-    raise RuntimeError("CUDA headers not found: install the nvidia-cuda-runtime, nvidia-cuda-crt and "
-                       "nvidia-cuda-cccl wheels (pip install topkgen pulls them in)")
+    raise HeadersNotFound("CUDA headers not found: install the nvidia-cuda-runtime, nvidia-cuda-crt and "
+                          "nvidia-cuda-cccl wheels (pip install topkgen pulls them in), or set "
+                          "TOPKGEN_CUDA_INCLUDE to a CUDA include folder")
 
 
 def _explicit_cache_dir() -> str:
