@@ -105,6 +105,39 @@ def test_the_epilog_gives_examples_exit_codes_and_every_topkgen_variable():
     assert "topkgen build --out out" in epilog and "_TOPKGEN_COMPLETE=bash_source topkgen" in epilog
 
 
+@pytest.mark.parametrize("value, on", [(" 1 ", True), ("TRUE", True), ("\ton\n", True), ("yes", True),
+                                       (" 0 ", False), ("false", False), ("Off", False), ("no", False), ("", False),
+                                       ("  ", False)])
+def test_on_off_variables_take_the_same_words_blanks_and_case_aside(value, on, cli, built_bundle, monkeypatch):
+    """Each was read as `not in ("", "0")`: " 0 " and "false" were on."""
+    from topkgen import cache, policy
+    from topkgen.runtime import TopK, TopKError
+
+    for name in ("TOPKGEN_CACHE_READONLY", "TOPKGEN_DISABLE_JIT", "TOPKGEN_DEBUG"):
+        monkeypatch.setenv(name, value)
+    assert cache.remote_readonly() is on
+    op = TopK(built_bundle, arch="sm_90", backend="emulator")  # float16 is served by JIT only
+    if on:
+        with pytest.raises(TopKError, match="JIT is disabled"):
+            op.choose("float16", 40, 700)
+    else:
+        assert op.choose("float16", 40, 700).source == "jit"
+    monkeypatch.setattr(policy, "_build", lambda *a, **k: 1 / 0)  # a bug: the traceback shows with TOPKGEN_DEBUG on
+    result = cli("plan")
+    assert (result.exit_code, "Traceback (most recent call last)" in result.stderr) == (70, on), result.stderr
+
+
+@pytest.mark.parametrize("name", ["TOPKGEN_CACHE_READONLY", "TOPKGEN_DISABLE_JIT", "TOPKGEN_DEBUG"])
+def test_an_on_off_variable_set_to_neither_is_refused_by_name_before_any_work(name, cli, monkeypatch):
+    """A value neither on nor off was read as on, silently; now every command refuses it,
+    whether it reads the variable or not (plan reads none of them)."""
+    monkeypatch.setenv(name, " maybe ")
+    result = cli("plan")
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr == (f"topkgen: error: {name}=maybe: neither on (1, true, yes, on) nor off "
+                             f"(0, false, no, off, or empty)\n")
+
+
 def test_version_names_topkgen_nvrtc_and_cuda_core():
     from importlib import metadata
 

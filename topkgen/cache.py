@@ -38,7 +38,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Protocol
 
-from topkgen import manifest_checks
+from topkgen import manifest_checks, settings
 from topkgen.dispatch_table import FieldError
 from topkgen.errors import InputError
 from topkgen.paths import (atomic_write, cache_root, cache_url, directory_problem, read_regular,
@@ -293,7 +293,7 @@ def remote_store() -> RemoteStore | None:
 
 
 def remote_readonly() -> bool:
-    return os.environ.get("TOPKGEN_CACHE_READONLY", "") not in ("", "0")
+    return settings.flag("TOPKGEN_CACHE_READONLY")
 
 
 # ----------------------------------------------------------------------------- the tiers

@@ -22,7 +22,7 @@ from typing import Any, Iterator
 import click
 from click.shell_completion import CompletionItem
 
-from topkgen import console, errors, standard_output, suggest
+from topkgen import console, errors, settings, standard_output, suggest
 from topkgen import policy as pol
 from topkgen.launch import stop_report  # launch says it of a Ctrl-C during the imports
 from topkgen.reader import printable
@@ -65,6 +65,8 @@ Environment:
   TOPKGEN_CUDA_INCLUDE    CUDA headers, if not from the nvidia-cuda-* wheels
   TOPKGEN_DEBUG           1: print the traceback of an internal error
   NO_COLOR                no colour (--color always still colours)
+  On/off ones (the 1: above) take 1, true, yes, on or 0, false, no, off, in
+  any case, or empty; any other value is refused (exit 2).
 
 \b
 Shell completion (bash; for zsh or fish: zsh_source, fish_source):
@@ -111,6 +113,7 @@ class _Main(_Group):
     def invoke(self, ctx: click.Context) -> Any:
         try:
             with _interruptions():
+                settings.check_flags()
                 return super().invoke(ctx)
         except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort, SystemExit):
             raise
@@ -122,7 +125,7 @@ class _Main(_Group):
     @staticmethod
     def _internal_error(ctx: click.Context, err: Exception) -> Any:
         """A bug: one line, and the traceback with TOPKGEN_DEBUG=1 (called while handling `err`)."""
-        if os.environ.get("TOPKGEN_DEBUG", "") not in ("", "0"):
+        if settings.flag("TOPKGEN_DEBUG"):  # check_flags accepted it in invoke
             traceback.print_exc()
         detail = printable(f"{type(err).__name__}: {err}")
         console.echo(f"{click.style('topkgen: internal error:', fg='red', bold=True)} {detail[:500]}; "

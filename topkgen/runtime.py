@@ -24,7 +24,7 @@ import numpy as np
 from numpy.lib.array_utils import byte_bounds
 
 from topkgen import bundle as bundles
-from topkgen import dispatch_table
+from topkgen import dispatch_table, settings
 from topkgen.dispatch_table import Choice
 from topkgen.errors import InputError
 from topkgen.manifest_checks import entries
@@ -69,7 +69,7 @@ def gpu_unavailable() -> str | None:
 
 
 def jit_disabled() -> bool:
-    return os.environ.get("TOPKGEN_DISABLE_JIT", "") not in ("", "0")
+    return settings.flag("TOPKGEN_DISABLE_JIT")
 
 
 @dataclass(frozen=True)
