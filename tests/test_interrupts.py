@@ -5,6 +5,7 @@ which for diff reads as "the sides differ"."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -161,6 +162,60 @@ def test_a_closed_stdout_does_not_fail_a_command_whose_product_is_files(tiny_pol
                               preexec_fn=lambda: os.close(1))
         assert (proc.returncode, proc.stderr) == (0, ""), args[0]
         assert product.exists()
+
+
+# `topkgen run -o o.npz` that stops once its temporary beside o.npz is written and synced,
+# so that the SIGKILL lands there every time (a small .npz is written in microseconds).
+_STOP_IN_THE_TEMPORARY = """\
+import os, sys, time
+fsync = os.fsync
+def stop_after(fd):
+    fsync(fd)
+    if os.path.basename(os.readlink(f"/proc/self/fd/{fd}")).startswith(".o.npz."):
+        print("written", flush=True)
+        time.sleep(600)
+os.fsync = stop_after
+from topkgen.cli import main
+sys.argv[0] = "topkgen"
+main()
+"""
+
+
+def test_run_killed_while_writing_o_leaves_a_temporary_that_the_next_run_removes(tiny_bundle, tmp_path):  # noqa: F811
+    """SIGKILL cannot be caught: `run -o o.npz` killed during its write left the hidden
+    .o.npz.<pid>.<hex>.tmp beside o.npz for good. The next write of o.npz removes it, and
+    only it: a live writer's temporary (its pid alive, or its flock held) is left alone."""
+    np.save(tmp_path / "x.npy", np.zeros((1, 100), np.float32))
+    args = ["run", "--bundle", str(tiny_bundle), "--arch", "sm_90", "--backend", "emulator", "--k", "3",
+            str(tmp_path / "x.npy"), "-o", str(tmp_path / "o.npz")]
+    env = {**ENV, "TOPKGEN_CACHE_DIR": os.environ["TOPKGEN_CACHE_DIR"]}
+    proc = subprocess.Popen([sys.executable, "-c", _STOP_IN_THE_TEMPORARY, *args], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        assert proc.stdout.readline() == "written\n", proc.communicate()[1]
+        proc.send_signal(signal.SIGKILL)
+        assert proc.wait() == -signal.SIGKILL
+    finally:
+        proc.kill()
+        proc.communicate()
+    left = sorted(p.name for p in tmp_path.iterdir())
+    assert len(left) == 2 and re.fullmatch(rf"\.o\.npz\.{proc.pid}\.[0-9a-f]{{8}}\.tmp", left[0]), left
+    alive = tmp_path / f".o.npz.{os.getpid()}.0123abcd.tmp"
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    held = tmp_path / f".o.npz.{gone.pid}.4567abcd.tmp"  # a writer in another pid namespace
+    for live in (alive, held):
+        live.write_bytes(b"")
+    holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys\n"
+                               f"fcntl.flock(os.open({str(held)!r}, os.O_RDONLY), fcntl.LOCK_EX)\n"
+                               "print(flush=True); sys.stdin.read()"], stdin=subprocess.PIPE, stdout=subprocess.PIPE)
+    try:
+        holder.stdout.readline()  # it holds the flock
+        done = subprocess.run([*TOPKGEN, *args], capture_output=True, text=True, env=env)
+    finally:
+        holder.communicate()
+    assert done.returncode == 0, done.stderr
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([alive.name, held.name, "o.npz", "x.npy"])
 
 
 def test_a_reader_that_leaves_mid_write_is_141_not_a_result():

@@ -13,7 +13,6 @@ replaced unasked.
 from __future__ import annotations
 
 import ctypes
-import fcntl
 import hashlib
 import json
 import os
@@ -30,7 +29,7 @@ from topkgen import __version__, cache, dispatch_table, manifest_checks, reader
 from topkgen.compile import CompiledKernel, compile_kernel, portable_options, toolchain
 from topkgen.destinations import check_bundle_destination, locked
 from topkgen.errors import InputError
-from topkgen.paths import file_kind, read_to_limit
+from topkgen.paths import claim, file_kind, read_to_limit, remove_abandoned
 from topkgen.policy import SHARED_BYTES_PER_BLOCK, KernelSpec, Policy, jit_plan, plan, rule_record
 from topkgen.render import params, render
 from topkgen.schema import SchemaViolation, format_path, load_schema, validate
@@ -237,10 +236,12 @@ def manifest_bytes(manifest: dict) -> bytes:
 
 def _write_atomically(out: Path, manifest: dict, files: dict[str, bytes]) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
-    _remove_abandoned_staging(out)
+    # the staging directories that builds of `out` killed mid-write left (a concurrent writer's,
+    # one with another cache whose destination lock is another file, is never touched)
+    remove_abandoned(out.parent, re.escape(f".{out.name}{_STAGING_INFIX}") + r"([0-9]+)-[0-9a-f]{8}")
     staging = out.parent / f".{out.name}{_STAGING_INFIX}{os.getpid()}-{os.urandom(4).hex()}"
     staging.mkdir()
-    claim = _claim(staging)
+    held = claim(staging)
     try:
         for rel, data in files.items():
             path = staging / rel
@@ -254,61 +255,11 @@ def _write_atomically(out: Path, manifest: dict, files: dict[str, bytes]) -> Non
             os.rename(staging, out)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
-        if claim is not None:
-            os.close(claim)
+        if held is not None:
+            os.close(held)
 
 
 _STAGING_INFIX = ".tmp-"  # a bundle is staged in .<out>.tmp-<pid>-<8 hex digits> beside <out>
-
-
-def _claim(staging: Path) -> int | None:
-    """An open descriptor of the directory `staging` holding an exclusive flock, which says
-    "a live writer is using this directory" until the process ends, however it ends. None
-    when it cannot be had: gone, not a directory (a symlink is never followed), held by a
-    live writer, or a file system without flock for directories (then no later build
-    removes it)."""
-    try:
-        fd = os.open(staging, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except OSError:
-        return None
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError:
-        os.close(fd)
-        return None
-    return fd
-
-
-def _remove_abandoned_staging(out: Path) -> None:
-    """Remove the staging directories that builds of `out` killed mid-write (SIGKILL, a
-    power cut) left beside it, which nothing else would ever remove. One is abandoned when
-    the process its name holds is gone and no process holds its flock (`_claim`): a
-    concurrent writer's (one with another cache, whose destination lock is another file)
-    is never touched."""
-    pattern = re.compile(re.escape(f".{out.name}{_STAGING_INFIX}") + r"([0-9]+)-[0-9a-f]{8}")
-    try:
-        names = os.listdir(out.parent)
-    except OSError:
-        return
-    for name in names:
-        m = pattern.fullmatch(name)
-        if m is None or _process_exists(int(m.group(1))):
-            continue
-        path = out.parent / name
-        claim = _claim(path)  # None: held by a live writer (in another pid namespace, say)
-        if claim is not None:
-            shutil.rmtree(path, ignore_errors=True)
-            os.close(claim)
-
-
-def _process_exists(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except (ProcessLookupError, OverflowError):  # none by that number (or none possible)
-        return False
-    except PermissionError:  # another user's
-        pass
-    return True
 
 
 def _fsync_tree(root: Path) -> None:

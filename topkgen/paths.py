@@ -1,10 +1,15 @@
-"""Where topkgen finds CUDA headers (pip wheels, never a system toolkit) and its caches."""
+"""Where topkgen finds CUDA headers (pip wheels, never a system toolkit) and its caches, and
+how it writes files there and beside the user's: atomically, and without leaving behind
+for good what a killed writer was writing."""
 
 from __future__ import annotations
 
 import contextlib
 import errno
+import fcntl
 import os
+import re
+import shutil
 import stat
 from functools import lru_cache
 from pathlib import Path
@@ -83,25 +88,94 @@ def shared_cache_directory() -> Path | None:
 @contextlib.contextmanager
 def temporary_beside(path: Path, data: bytes) -> Iterator[Path]:
     """`data` in a synced temporary file beside `path` (the same file system, so it can be
-    renamed or linked into place); removed on exit if it is still there."""
+    renamed or linked into place); removed on exit if it is still there. Its name holds
+    this process's pid and it is `claim`ed while in use, so that once a SIGKILL has left it
+    behind, `remove_abandoned_temporaries` can tell it from a live writer's."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.{os.getpid()}.{os.urandom(4).hex()}.tmp")
     # O_EXCL|O_NOFOLLOW: a name planted there beforehand (a symlink, a FIFO) is an error, never written through
     fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW | os.O_CLOEXEC, 0o666)
     try:
-        with open(fd, "wb") as f:
+        with contextlib.suppress(OSError):  # no flock on this file system: then no later write removes it
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        with open(fd, "wb", closefd=False) as f:
             f.write(data)
             f.flush()
             os.fsync(f.fileno())
         yield tmp
     finally:
         tmp.unlink(missing_ok=True)
+        os.close(fd)
 
 
 def atomic_write(path: Path, data: bytes) -> None:
-    """Write to a temporary file beside `path`, then rename it into place."""
+    """Write to a temporary file beside `path`, then rename it into place; first remove the
+    temporaries that killed writes of `path` left beside it."""
+    remove_abandoned_temporaries(path)
     with temporary_beside(path, data) as tmp:
         os.replace(tmp, path)
+
+
+def remove_abandoned_temporaries(path: Path) -> None:
+    """Remove the `temporary_beside` files of `path` that writers killed mid-write left."""
+    remove_abandoned(path.parent, re.escape(f".{path.name}.") + r"([0-9]+)\.[0-9a-f]{8}\.tmp")
+
+
+def claim(path: Path) -> int | None:
+    """An open descriptor of the file or directory `path` holding an exclusive flock, which
+    says "a live writer is using this" until the process ends, however it ends. None when it
+    cannot be had: gone, neither a regular file nor a directory (a symlink is never
+    followed, nor anything else opened), held by a live writer, or a file system without flock."""
+    try:
+        if stat.S_IFMT(os.lstat(path).st_mode) not in (stat.S_IFREG, stat.S_IFDIR):
+            return None
+        fd = os.open(path, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def remove_abandoned(directory: Path, pattern: str) -> None:
+    """Remove the files and directories in `directory` whose whole name `pattern` matches
+    (its first group: the pid of the process that wrote them) that writers killed mid-write
+    (SIGKILL, a power cut) left, which nothing else would ever remove. One is abandoned when
+    the process its name holds is gone and no process holds its flock (`claim`): a
+    concurrent writer's, in another pid namespace say, is never touched."""
+    matcher = re.compile(pattern)
+    try:
+        names = os.listdir(directory)
+    except OSError:
+        return
+    for name in names:
+        m = matcher.fullmatch(name)
+        if m is None or process_exists(int(m.group(1))):
+            continue
+        path = directory / name
+        fd = claim(path)
+        if fd is None:
+            continue
+        try:
+            if stat.S_ISDIR(os.fstat(fd).st_mode):
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
+        finally:
+            os.close(fd)
+
+
+def process_exists(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except (ProcessLookupError, OverflowError):  # none by that number (or none possible)
+        return False
+    except PermissionError:  # another user's
+        pass
+    return True
 
 
 def read_regular(path: Path, limit: int) -> bytes:
