@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 
 from .conftest import DEFAULT_POLICY, ROOT
-from .test_user_files import TOPKGEN, each_command, tiny_bundle, tiny_policy  # noqa: F401 (fixtures)
+from .test_user_files import TINY_POLICY, TOPKGEN, each_command, tiny_bundle, tiny_policy  # noqa: F401 (fixtures)
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
@@ -216,6 +217,28 @@ def test_run_killed_while_writing_o_leaves_a_temporary_that_the_next_run_removes
         holder.communicate()
     assert done.returncode == 0, done.stderr
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([alive.name, held.name, "o.npz", "x.npy"])
+
+
+def test_a_closed_stdout_and_a_stderr_whose_reader_left_is_141_not_a_failed_build(tmp_path):
+    """`topkgen build ... 2>&1 >&- | ...` with the reader gone: the build's warnings hit a
+    broken pipe. The exit is 141, as for any reader that left, with nothing written; the
+    stdout that must then be silenced is the closed one, which has no descriptor to point at
+    /dev/null (that attempt raised, and the build exited 1, "a build failed")."""
+    policy = tmp_path / "over-budget.yaml"  # both kernels over a 16-register budget: two warnings
+    policy.write_text(TINY_POLICY.replace("max_registers: 96", "max_registers: 16"))
+    args = [*TOPKGEN, "build", "--policy", str(policy), "--out", str(tmp_path / "out"), "--allow-over-budget"]
+    env = {**ENV, "TOPKGEN_CACHE_DIR": os.environ["TOPKGEN_CACHE_DIR"]}
+    shown = subprocess.run(args, stderr=subprocess.PIPE, text=True, env=env, preexec_fn=lambda: os.close(1))
+    assert (shown.returncode, shown.stderr.count("topkgen: warning: kernel topk_radix_")) == (0, 2), shown.stderr
+    shutil.rmtree(tmp_path / "out")
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    try:
+        proc = subprocess.run(args, stderr=write_end, env=env, preexec_fn=lambda: os.close(1))
+    finally:
+        os.close(write_end)
+    assert proc.returncode == 141
+    assert sorted(p.name for p in tmp_path.iterdir()) == [policy.name]  # no bundle, no staging directory
 
 
 def test_a_reader_that_leaves_mid_write_is_141_not_a_result():
