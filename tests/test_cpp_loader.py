@@ -371,6 +371,43 @@ RAW_CASES = {
 }
 
 
+SM90, SM100 = b'"sm_90"', b'"sm_100"'
+# The common JSON syntax errors: (raw -> raw, raw -> the offset Python's json names, its words).
+# The C++ loader said what nlohmann says ("syntax error while parsing object - unexpected
+# string literal; expected '}'"), often at another column.
+SYNTAX_CASES = {
+    "an empty file": (lambda raw: b"", lambda raw: 0, "Expecting value"),
+    "a truncated file": (lambda raw: raw[:-2], len, "Expecting ',' delimiter"),
+    "a cut string": (lambda raw: raw[:raw.index(SM90) + 4], lambda raw: raw.index(b'"sm_'),
+                     "Unterminated string starting at"),
+    "a missing comma": (lambda raw: raw.replace(SM90 + b",", SM90, 1), lambda raw: raw.index(SM100),
+                        "Expecting ',' delimiter"),
+    "a missing colon": (lambda raw: raw.replace(b'"archs":', b'"archs"', 1), lambda raw: raw.index(b"["),
+                        "Expecting ':' delimiter"),
+    "a missing value": (lambda raw: raw.replace(VERSION_KEY + b" 3", VERSION_KEY, 1),
+                        lambda raw: raw.index(VERSION_KEY) + len(VERSION_KEY), "Expecting value"),
+    "a trailing comma": (lambda raw: raw[:-3] + b",\n}\n", lambda raw: raw.rindex(b"}"),
+                         "Expecting property name enclosed in double quotes"),
+    "single quotes": (lambda raw: raw.replace(SM90, b"'sm_90'", 1), lambda raw: raw.index(b"'"), "Expecting value"),
+    "True for true": (lambda raw: raw.replace(SM90, b"True", 1), lambda raw: raw.index(b"True"), "Expecting value"),
+    "a tab in a string": (lambda raw: raw.replace(SM90, b'"sm\t_90"', 1), lambda raw: raw.index(b"\t"),
+                          "Invalid control character at"),
+    "an unknown escape": (lambda raw: raw.replace(SM90, b'"sm\\_90"', 1), lambda raw: raw.index(b"sm\\_") + 2,
+                          "Invalid \\escape"),
+    "a short \\u escape": (lambda raw: raw.replace(SM90, b'"sm\\u90"', 1), lambda raw: raw.index(b"sm\\u") + 3,
+                            "Invalid \\uXXXX escape"),
+    "a number ending in a dot": (lambda raw: raw.replace(VERSION_KEY + b" 3", VERSION_KEY + b" 3.", 1),
+                                 lambda raw: raw.index(VERSION_KEY) + len(VERSION_KEY) + 2, "Expecting ',' delimiter"),
+    "a leading zero": (lambda raw: raw.replace(VERSION_KEY + b" 3", VERSION_KEY + b" 03", 1),
+                       lambda raw: raw.index(VERSION_KEY) + len(VERSION_KEY) + 2, "Expecting ',' delimiter"),
+    "a comment": (lambda raw: b"// the bundle's manifest\n" + raw, lambda raw: 0, "Expecting value"),
+    "a second document": (lambda raw: raw + b"{}\n", lambda raw: raw.rindex(b"{"), "Extra data"),
+}
+RAW_CASES |= {f"JSON: {name}": (change, lambda raw, where=where, words=words: f":{_at(raw, where(raw))}: not valid "
+                                                                            f"JSON: {words}")
+              for name, (change, where, words) in SYNTAX_CASES.items()}
+
+
 @pytest.mark.parametrize("case", sorted(RAW_CASES))
 def test_both_loaders_read_the_text_and_the_schema_alike(cpp, built_bundle, tmp_path, case):
     """What Python's reader and schema refuse, the C++ loader refuses with the same message:

@@ -33,6 +33,7 @@
 #include <cstdio>
 #include <cstring>
 #include <functional>
+#include <iterator>
 #include <map>
 #include <memory>
 #include <mutex>
@@ -40,6 +41,7 @@
 #include <set>
 #include <stdexcept>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -407,7 +409,8 @@ inline bool read_bundle_file(const std::string& root, const std::string& rel, st
 // with its messages: strict UTF-8; no control characters but tab and line breaks, no line
 // separators, bidirectional controls, surrogates or noncharacters, raw or as \u escapes;
 // nesting at most 32 deep; no NaN or Infinity; numbers of at most 40 characters; no UTF-8
-// BOM; no duplicate keys. Positions are line:column, columns counted in characters.
+// BOM; no duplicate keys; and a syntax error in the words of Python's json, at its place.
+// Positions are line:column, columns counted in characters.
 
 constexpr int MAX_DEPTH = 32;
 constexpr std::size_t MAX_NUMBER_CHARS = 40;
@@ -544,23 +547,88 @@ inline bool fits_64_bits(const std::string& token) {
   return digits.size() < limit.size() || (digits.size() == limit.size() && digits <= limit);
 }
 
-// Whether a token follows JSON's number grammar, -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?
-inline bool json_number(const std::string& s) {
-  std::size_t i = s[0] == '-';
-  auto digits = [&] {
-    const std::size_t from = i;
-    while (i < s.size() && s[i] >= '0' && s[i] <= '9') ++i;
-    return i > from;
+// How many bytes from t[i] on spell a number, as json.scanner's NUMBER_RE reads one:
+// -?(0|[1-9][0-9]*)(.[0-9]+)?([eE][+-]?[0-9]+)?, the parts after the integer only when whole.
+inline std::size_t number_prefix(const std::string& t, std::size_t i) {
+  auto digit = [&](std::size_t j) { return j < t.size() && t[j] >= '0' && t[j] <= '9'; };
+  auto digits = [&](std::size_t j) {
+    while (digit(j)) ++j;
+    return j;
   };
-  if (i < s.size() && s[i] == '0') ++i;
-  else if (!digits()) return false;
-  if (i < s.size() && s[i] == '.' && (++i, !digits())) return false;
-  if (i < s.size() && (s[i] == 'e' || s[i] == 'E')) {
-    ++i;
-    if (i < s.size() && (s[i] == '+' || s[i] == '-')) ++i;
-    if (!digits()) return false;
+  std::size_t j = i + (i < t.size() && t[i] == '-');
+  if (!digit(j)) return 0;
+  j = t[j] == '0' ? j + 1 : digits(j);
+  if (j < t.size() && t[j] == '.' && digit(j + 1)) j = digits(j + 1);
+  if (j < t.size() && (t[j] == 'e' || t[j] == 'E')) {
+    const std::size_t k = j + 1 + (j + 1 < t.size() && (t[j + 1] == '+' || t[j + 1] == '-'));
+    if (digit(k)) j = digits(k);
   }
-  return i == s.size();
+  return j - i;
+}
+
+// Whether a token follows JSON's number grammar.
+inline bool json_number(const std::string& s) { return !s.empty() && number_prefix(s, 0) == s.size(); }
+
+// A byte iterator over the text that counts, in `*read`, the bytes nlohmann's parser has taken:
+// at each SAX event that is where the token just read ends (past a number, one more: the byte
+// that ended it), which tells where a syntax error lies as Python's json sees it.
+struct CountingIterator {
+  using iterator_category = std::input_iterator_tag;
+  using value_type = char;
+  using difference_type = std::ptrdiff_t;
+  using pointer = const char*;
+  using reference = const char&;
+  const char* at;
+  std::size_t* read;
+  reference operator*() const { return *at; }
+  CountingIterator& operator++() { return ++at, ++*read, *this; }
+  bool operator==(const CountingIterator& other) const { return at == other.at; }
+  bool operator!=(const CountingIterator& other) const { return at != other.at; }
+};
+
+// The first byte at or after i that is not JSON whitespace.
+inline std::size_t after_blanks(const std::string& t, std::size_t i) {
+  while (i < t.size() && (t[i] == ' ' || t[i] == '\t' || t[i] == '\n' || t[i] == '\r')) ++i;
+  return i;
+}
+
+// Where the key or value after the token that ends at `end` begins: past the ',' or ':'
+// between them, unless that token opened an object or array (`opened`; also when none was read).
+inline std::size_t next_item(const std::string& t, std::size_t end, bool opened) {
+  const std::size_t at = after_blanks(t, end);
+  return !opened && at < t.size() && (t[at] == ',' || t[at] == ':') ? after_blanks(t, at + 1) : at;
+}
+
+// Python's json message, and its byte offset, for the syntax error nlohmann words as `what`
+// after taking `read` bytes of t. `end`: where the last token read whole ends; `opened`: that
+// token opened an object or array (or none was read); `container`: what holds the next value
+// ('[', '{', or 0 at the top). Python names the token where it expected another, or, inside a
+// string or a number, the first byte that does not fit.
+inline std::pair<std::string, std::size_t> python_syntax_error(const std::string& t, const std::string& what,
+                                                               std::size_t read, std::size_t end, bool opened,
+                                                               char container) {
+  auto has = [&](const char* words) { return what.find(words) != std::string::npos; };
+  if (has("; expected end of input")) return {"Extra data", after_blanks(t, end)};
+  if (has("while parsing object separator")) return {"Expecting ':' delimiter", after_blanks(t, end)};
+  if (has("while parsing object -") || has("while parsing array"))
+    return {"Expecting ',' delimiter", after_blanks(t, end)};
+  const std::size_t at = next_item(t, end, opened);  // a key or a value was due there
+  const bool key = has("while parsing object key");
+  if (at < t.size() && t[at] == '"') {  // a string nlohmann could not read
+    if (has("control character")) return {"Invalid control character at", read - 1};
+    if (has("after backslash") && read <= t.size()) return {"Invalid \\escape", read - 2};
+    if (has("4 hex digits")) return {"Invalid \\uXXXX escape", t.rfind("\\u", std::min(read, t.size()) - 1) + 1};
+    if (t.size() >= at + 7 && t[t.size() - 5] == 'u') {  // Python's wants a byte after a \u escape's digits
+      std::size_t slashes = 0;
+      while (t.size() - 6 - slashes > at && t[t.size() - 6 - slashes] == '\\') ++slashes;
+      if (slashes % 2 == 1) return {"Invalid \\uXXXX escape", t.size() - 5};
+    }
+    return {"Unterminated string starting at", at};
+  }
+  if (key) return {"Expecting property name enclosed in double quotes", at};
+  const std::size_t number = number_prefix(t, at);  // a number nlohmann could not read: Python reads its head
+  if (number == 0) return {"Expecting value", at};
+  return {container ? "Expecting ',' delimiter" : "Extra data", at + number};
 }
 
 // Builds a document with its keys in document order as nlohmann's SAX parser reads it, each
@@ -577,50 +645,67 @@ class DocumentBuilder {
   using binary_t = typename Json::binary_t;
 
   Json root;
-  std::string error;  // the parse error, as nlohmann words it
+  std::string error;         // the parse error, as Python's json words it
+  std::size_t error_at = 0;  // and its byte offset
+  std::size_t read = 0;      // the bytes the parser has taken (CountingIterator)
 
-  explicit DocumentBuilder(std::function<void(const std::string&)> duplicate) : duplicate_(std::move(duplicate)) {}
+  DocumentBuilder(const std::string& text, std::function<void(const std::string&)> duplicate)
+      : text_(text), duplicate_(std::move(duplicate)) {}
 
   bool null() { return add(Json(nullptr)); }
   bool boolean(bool v) { return add(Json(v)); }
-  bool number_integer(number_integer_t v) { return add(Json(v)); }
-  bool number_unsigned(number_unsigned_t v) { return add(Json(v)); }
-  bool number_float(number_float_t v, const string_t&) { return add(Json(v)); }
+  bool number_integer(number_integer_t v) { return add(Json(v), true); }
+  bool number_unsigned(number_unsigned_t v) { return add(Json(v), true); }
+  bool number_float(number_float_t v, const string_t&) { return add(Json(v), true); }
   bool string(string_t& v) { return add(Json(std::move(v))); }
   bool binary(binary_t&) { return false; }  // not in JSON text
   bool start_object(std::size_t) {
     open_.push_back(place(Json::object()));
     keys_.emplace_back();
-    return true;
+    return read_whole(false, true);
   }
   bool key(string_t& k) {
     auto& [seen, dup] = keys_.back();
     if (!seen.insert(k).second && dup.empty()) dup = k + '\0';  // '\0': set even for the key ""
     key_ = std::move(k);
-    return true;
+    return read_whole(false, false);
   }
   bool end_object() {
     const std::string dup = std::move(keys_.back().second);
     keys_.pop_back();
     open_.pop_back();
     if (!dup.empty()) duplicate_(dup.substr(0, dup.size() - 1));
-    return true;
+    return read_whole(false, false);
   }
   bool start_array(std::size_t) {
     open_.push_back(place(Json::array()));
-    return true;
+    return read_whole(false, true);
   }
   bool end_array() {
     open_.pop_back();
-    return true;
+    return read_whole(false, false);
   }
-  bool parse_error(std::size_t, const std::string&, const typename Json::exception& ex) {
-    error = ex.what();
+  // `position`: nlohmann's count of the bytes it read, one past the text when it reached its end
+  bool parse_error(std::size_t position, const std::string&, const typename Json::exception& ex) {
+    const char container = open_.empty() ? 0 : open_.back()->is_array() ? '[' : '{';
+    std::tie(error, error_at) = python_syntax_error(text_, ex.what(), position, end_, opened_, container);
     return false;
   }
 
  private:
-  bool add(Json&& v) { return place(std::move(v)), true; }
+  bool add(Json&& v, bool number = false) { return place(std::move(v)), read_whole(number, false); }
+  // A token was read whole: it ends where the parser stands, but for a number, which the
+  // parser ends by taking the byte after it (when there is one).
+  bool read_whole(bool number, bool opens) {
+    if (number) {
+      const std::size_t start = next_item(text_, end_, opened_);
+      end_ = start + number_prefix(text_, start);
+    } else {
+      end_ = read;
+    }
+    opened_ = opens;
+    return true;
+  }
   // Where a value goes: the root, the end of the open array, or the open object's last key.
   // (The open containers stay put: only the innermost one grows.)
   Json* place(Json&& v) {
@@ -635,6 +720,9 @@ class DocumentBuilder {
     return &items.back().second;
   }
 
+  const std::string& text_;
+  std::size_t end_ = 0;   // where the last token read whole ends
+  bool opened_ = true;    // it opened an object or array, or none was read yet
   std::function<void(const std::string&)> duplicate_;
   std::vector<Json*> open_;
   std::vector<std::pair<std::set<std::string>, std::string>> keys_;  // per open object: its keys, the first repeated
@@ -710,8 +798,10 @@ Json parse_json(const std::string& t, const std::string& source) {
     }
     refuse_at(source, t, at == std::string::npos ? 0 : at, "duplicate key " + needle);
   };
-  DocumentBuilder<Json> builder(duplicate);
-  if (!Json::sax_parse(t, &builder)) throw Error(source + ": not valid JSON: " + builder.error);
+  DocumentBuilder<Json> builder(t, duplicate);
+  const CountingIterator first{t.data(), &builder.read}, last{t.data() + t.size(), &builder.read};
+  if (!Json::sax_parse(first, last, &builder))
+    refuse_at(source, t, builder.error_at, "not valid JSON: " + builder.error);
   return std::move(builder.root);
 }
 
