@@ -779,6 +779,12 @@ def test_the_loader_under_sanitizers_serves_and_refuses_cleanly(cpp_sanitized, b
         proc = run("verify", root)
         print(f"{case}: {proc.stderr.strip()[:160]}")
         assert (proc.returncode, proc.stderr) == (2, f"topkgen-cpp: error: {err.value}\n"), case
+    raw = (built_bundle / "manifest.json").read_bytes()
+    for case, (change, _, _) in SYNTAX_CASES.items():  # offsets worked out from what nlohmann read: in bounds
+        (root / "manifest.json").write_bytes(change(raw))
+        with pytest.raises(bundle.ManifestError) as err:
+            bundle.load_manifest(root)
+        assert run("verify", root).stderr == f"topkgen-cpp: error: {err.value}\n", case
 
 
 # ----------------------------------------------------------------------------- driver
