@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from topkgen import cache, paths
+from topkgen import cache, files
 
 from .test_build import TOPKGEN, tree
 
@@ -74,22 +74,22 @@ def _entries(bundle: Path) -> tuple[str, str]:
 
 def test_read_regular_refuses_what_is_not_a_small_regular_file(tmp_path):
     (tmp_path / "ok").write_bytes(b"12345")
-    assert paths.read_regular(tmp_path / "ok", 5) == b"12345"
+    assert files.read_regular(tmp_path / "ok", 5) == b"12345"
     with pytest.raises(OSError) as big:
-        paths.read_regular(tmp_path / "ok", 4)
+        files.read_regular(tmp_path / "ok", 4)
     assert big.value.errno == errno.EFBIG
     (tmp_path / "zero").symlink_to("/dev/zero")
     os.mkfifo(tmp_path / "fifo")
     (tmp_path / "dir").mkdir()
     for name, kind in (("zero", "symbolic link"), ("fifo", "FIFO"), ("dir", "directory")):
         with pytest.raises(OSError, match=kind):
-            paths.read_regular(tmp_path / name, 1 << 20)
+            files.read_regular(tmp_path / name, 1 << 20)
     with pytest.raises(FileNotFoundError):
-        paths.read_regular(tmp_path / "absent", 1)
+        files.read_regular(tmp_path / "absent", 1)
     os.mkfifo(tmp_path / "lock")
     with pytest.raises(OSError, match="FIFO"):  # a lock opened without blocking: no reader needed, no hang
-        paths.open_lock(tmp_path / "lock")
-    os.close(paths.open_lock(tmp_path / "new.lock"))
+        files.open_lock(tmp_path / "lock")
+    os.close(files.open_lock(tmp_path / "new.lock"))
 
 
 @pytest.mark.parametrize("kind", ["dev-zero", "fifo", "directory", "oversized"])

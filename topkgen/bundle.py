@@ -29,7 +29,7 @@ from topkgen import __version__, cache, dispatch_table, manifest_checks, reader
 from topkgen.compile import CompiledKernel, compile_kernel, portable_options, toolchain
 from topkgen.destinations import check_bundle_destination, locked
 from topkgen.errors import InputError
-from topkgen.paths import claim, file_kind, read_to_limit, remove_abandoned
+from topkgen.files import claim, file_kind, read_to_limit, remove_abandoned
 from topkgen.policy import SHARED_BYTES_PER_BLOCK, KernelSpec, Policy, jit_plan, plan, rule_record
 from topkgen.render import params, render
 from topkgen.schema import SchemaViolation, format_path, load_schema, validate

@@ -13,7 +13,7 @@ never an overwrite. TOPKGEN_CACHE_READONLY=1 keeps a job (a pull request from a 
 writing the remote at all.
 
 A damaged or hostile cache directory: every entry is read as a regular file of bounded size,
-opened without following a symlink and without blocking (paths.read_regular); anything else
+opened without following a symlink and without blocking (files.read_regular); anything else
 in its place (a symlink to /dev/zero, a FIFO, a directory, an oversized or unreadable file)
 is a corrupt entry, handled as one whose sha256 is wrong: the kernel is compiled again and
 the local entry repaired. A local cache that cannot be used at all (TOPKGEN_CACHE_DIR names a
@@ -41,8 +41,8 @@ from typing import Any, Iterable, Protocol
 from topkgen import manifest_checks, settings
 from topkgen.dispatch_table import FieldError
 from topkgen.errors import InputError
-from topkgen.paths import (atomic_write, cache_root, cache_url, directory_problem, read_regular,
-                           shared_cache_directory, temporary_beside, unusable_message)
+from topkgen.files import atomic_write, directory_problem, read_regular, temporary_beside
+from topkgen.paths import cache_root, cache_url, shared_cache_directory, unusable_message
 
 CACHE_FORMAT = 1  # part of every key: a new record layout never reads an old one
 LOCAL_DIR = "nvrtc-store"
@@ -271,7 +271,7 @@ def local_store() -> LocalStore:
 
 def require_directories(paths: Iterable[Path], *, what: str = "the compile cache", writable: bool = True) -> None:
     """Each of `paths` usable as a cache directory (created if absent; see
-    paths.directory_problem), else CacheUnusable (exit 2) naming the first that is not."""
+    files.directory_problem), else CacheUnusable (exit 2) naming the first that is not."""
     for path in paths:
         problem = directory_problem(path, writable=writable)
         if problem:

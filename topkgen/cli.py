@@ -730,7 +730,7 @@ def run(bundle_dir: str, arch: str | None, backend: str, k: int, smallest: bool,
 
     from topkgen.destinations import check_output_file
     from topkgen.npyfile import read_npy_stored
-    from topkgen.paths import atomic_write
+    from topkgen.files import atomic_write
     from topkgen.runtime import NoGpuError, TopK, TopKError, dtype_name
 
     if backend == "emulator" and arch is None:  # the runtime would name its own argument, arch=

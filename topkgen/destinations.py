@@ -29,7 +29,8 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from topkgen.errors import InputError
-from topkgen.paths import cache_root, file_kind, open_lock, shared_cache_directory
+from topkgen.files import file_kind, open_lock
+from topkgen.paths import cache_root, shared_cache_directory
 from topkgen.reader import ReadError, printable, read_json
 
 _ARCH_DIR = re.compile(r"sm_[0-9]{2,3}a?")

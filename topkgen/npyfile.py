@@ -18,7 +18,7 @@ import stat
 import numpy as np
 
 from topkgen.errors import InputError
-from topkgen.paths import file_kind
+from topkgen.files import file_kind
 from topkgen.policy import N_MAX
 from topkgen.reader import printable
 from topkgen.split import ROWS_MAX

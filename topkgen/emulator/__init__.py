@@ -33,7 +33,8 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from topkgen.emulator.counters import Counters, PhaseStats, from_phases
-from topkgen.paths import atomic_write, cache_root, cuda_include_dir, read_regular, unusable_message
+from topkgen.files import atomic_write, read_regular
+from topkgen.paths import cache_root, cuda_include_dir, unusable_message
 
 INCLUDE_DIR = Path(__file__).resolve().parent / "include"
 # The alignment sanitizer in trap mode makes a misaligned access trap as it faults on a GPU.
