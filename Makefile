@@ -6,6 +6,7 @@ STAMP  := $(VENV)/.installed
 OUT    ?= out
 JOBS   ?= $(shell nproc 2>/dev/null || echo 2)
 FUZZ_SECONDS ?= 300
+FUZZ_SEED ?= 0
 
 .PHONY: build build-legacy test install cpp bench bench-plan bench-emulator bench-build bench-diff bench-dispatch bench-kernels fuzz gpu-check clean
 
@@ -50,9 +51,10 @@ test: $(STAMP) $(CPP_BIN)
 	TOPKGEN_CACHE_DIR=$(CURDIR)/.cache $(BIN)/python -m pytest -q -n $(JOBS)
 
 # Bounded-time fuzzing of the policy reader, the manifest reader and `run` (the time split
-# between them); a failing or hanging input is left in fuzz-out/.
+# between them); a failing or hanging input is left in fuzz-out/. FUZZ_SEED=N draws other
+# inputs than CI's (hypothesis seeds N+1, N+2, ...).
 fuzz: $(STAMP)
-	TOPKGEN_CACHE_DIR=$(CURDIR)/.cache $(BIN)/python -m tests.fuzz --seconds $(FUZZ_SECONDS)
+	TOPKGEN_CACHE_DIR=$(CURDIR)/.cache $(BIN)/python -m tests.fuzz --seconds $(FUZZ_SECONDS) --seed $(FUZZ_SEED)
 
 bench: bench-plan bench-diff bench-dispatch bench-emulator bench-build bench-kernels
 

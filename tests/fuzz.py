@@ -3,6 +3,7 @@
 
     python -m tests.fuzz --seconds 300            # every target, the time split between them
     python -m tests.fuzz --target run --seconds 60
+    python -m tests.fuzz --target run --seconds 600 --seed 7000000   # other inputs than CI's
 
 Each target runs in its own process (a crash is caught as a failure, not lost) and feeds
 topkgen, in process through its CLI, with inputs drawn from three sources: structured
@@ -435,8 +436,9 @@ class RunTarget(Target):
 
 # ----------------------------------------------------------------------------- driver
 
-def fuzz(target: Target, seconds: float) -> int:
-    """Hypothesis runs of CHUNK examples with a new seed each, until `seconds` are spent."""
+def fuzz(target: Target, seconds: float, first_seed: int = 0) -> int:
+    """Hypothesis runs of CHUNK examples with a new seed each (first_seed + 1, + 2, ...),
+    until `seconds` are spent."""
     start = time.monotonic()
     stop = start + seconds
     failures = 0
@@ -460,21 +462,22 @@ def fuzz(target: Target, seconds: float) -> int:
         spent = time.monotonic() - start
         mean = spent / target.counts["cases"] if target.counts["cases"] else 0.05
         examples = max(1, min(CHUNK, int((stop - time.monotonic()) / mean)))
-        test = seed(run_number)(settings(max_examples=examples, deadline=None, database=None, derandomize=False,
-                                         phases=[Phase.generate, Phase.shrink],
-                                         suppress_health_check=list(HealthCheck), print_blob=False)(
+        test = seed(first_seed + run_number)(settings(max_examples=examples, deadline=None, database=None,
+                                                      derandomize=False, phases=[Phase.generate, Phase.shrink],
+                                                      suppress_health_check=list(HealthCheck), print_blob=False)(
             given(st.data())(one)))
         try:
             test()
         except Exception:  # hypothesis re-raises the shrunk failure
             failures += 1
-            print(f"fuzz {target.name}: FAILURE (seed {run_number}):\n{traceback.format_exc()}", flush=True)
+            print(f"fuzz {target.name}: FAILURE (seed {first_seed + run_number}):\n{traceback.format_exc()}",
+                  flush=True)
             if failures >= 3:
                 break
     (OUT / f"{target.name}-current.bin").unlink(missing_ok=True)
     detail = ", ".join(f"{k} {v}" for k, v in sorted(target.counts.items()) if k != "cases")
-    print(f"fuzz {target.name}: {target.counts['cases']} cases in {seconds:.0f} s ({detail}), {failures} failures",
-          flush=True)
+    print(f"fuzz {target.name}: {target.counts['cases']} cases in {seconds:.0f} s ({detail}), {failures} failures, "
+          f"seeds {first_seed + 1}..{first_seed + run_number}", flush=True)
     return failures
 
 
@@ -483,18 +486,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seconds", type=float, default=float(os.environ.get("FUZZ_SECONDS", 300)),
                         help="total time, split evenly between the targets (default: FUZZ_SECONDS or 300)")
     parser.add_argument("--target", choices=TARGETS, help="one target in this process (default: each in its own)")
+    parser.add_argument("--seed", type=int, default=0,
+                        help="runs use hypothesis seeds SEED + 1, SEED + 2, ... (default 0, what CI runs)")
     args = parser.parse_args(argv)
     if args.target:
         classes: dict[str, Callable[[Path], Target]] = {"policy": PolicyTarget, "manifest": ManifestTarget,
                                                         "run": RunTarget}
         with tempfile.TemporaryDirectory(prefix=f"topkgen-fuzz-{args.target}-") as work:
             target = classes[args.target](Path(work))
-            return 1 if fuzz(target, args.seconds) else 0
+            return 1 if fuzz(target, args.seconds, args.seed) else 0
     share = args.seconds / len(TARGETS)
     failed = []
     for name in TARGETS:
-        proc = subprocess.run([sys.executable, "-m", "tests.fuzz", "--target", name, "--seconds", str(share)],
-                              cwd=ROOT)
+        proc = subprocess.run([sys.executable, "-m", "tests.fuzz", "--target", name, "--seconds", str(share),
+                               "--seed", str(args.seed)], cwd=ROOT)
         if proc.returncode != 0:
             failed.append(f"{name} (exit {proc.returncode}; inputs in {OUT})")
     if failed:
