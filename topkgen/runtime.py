@@ -18,6 +18,7 @@ import math
 import os
 import sys
 from dataclasses import dataclass, replace
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -451,12 +452,14 @@ def _host_array(array: Any, label: str) -> None:
 
 # ----------------------------------------------------------------------------- cuda
 
+@lru_cache(maxsize=1)
 def _cuda_core() -> Any:
-    """cuda.core's objects, wherever this version keeps them: the package itself where it
-    holds them (1.0 removed cuda.core.experimental, the releases before it keep that only to
-    warn, as 0.7 does), else experimental (0.4). `view_dlpack(obj)` views a DLPack array
-    without stream ordering: by the from_dlpack classmethod where there is one (0.5
-    deprecated the constructor), else by the constructor."""
+    """cuda.core's objects, wherever this version keeps them, looked up once (every launch
+    asks for them): the package itself where it holds them (1.0 removed
+    cuda.core.experimental, the releases before it keep that only to warn, as 0.7 does),
+    else experimental (0.4). `view_dlpack(obj)` views a DLPack array without stream
+    ordering: by the from_dlpack classmethod where there is one (0.5 deprecated the
+    constructor), else by the constructor."""
     import types
 
     import cuda.core
