@@ -191,3 +191,24 @@ def test_a_write_that_fails_leaves_the_destination_as_it_was(tmp_path, tiny_shar
                          "File too large\n"}[command]
     assert (proc.returncode, proc.stderr) == ({"merge": 2, "build": 1}[command], expected)
     assert _tree(work) == before and sorted(p.name for p in work.iterdir()) == ["out"]
+
+
+# ----------------------------------------------------------------------------- symbolic-link loops
+
+def test_a_symbolic_link_loop_on_the_way_is_one_message_not_an_internal_error(cli, tmp_path, tiny_shards,
+                                                                               tiny_policy, monkeypatch):  # noqa: F811
+    """Python 3.11's Path.resolve raises RuntimeError on a loop, which reached the user as an
+    internal error (exit 70) from build --out, merge --out, a merge part and TOPKGEN_CACHE_DIR."""
+    monkeypatch.chdir(tmp_path)
+    Path("loop").symlink_to("loop")
+    parts = [str(tiny_shards / "s1"), str(tiny_shards / "s2")]
+    loop_error = "Too many levels of symbolic links"
+    for args, fragment in ((["build", "--policy", tiny_policy, "--out", "loop/out"], "--out loop/out: "),
+                           (["build", "--policy", tiny_policy, "--out", "loop/a/b", "--force"], "--out loop/a/b: "),
+                           (["merge", *parts, "--out", "loop/out"], "--out loop/out: "),
+                           (["merge", "loop/part", "--out", "merged"], "loop/part: cannot read manifest: ")):
+        _one_line_error(cli(*args), fragment + loop_error)
+    monkeypatch.setenv("TOPKGEN_CACHE_DIR", str(tmp_path / "loop" / "cache"))
+    _one_line_error(cli("build", "--policy", tiny_policy, "--out", "out"),
+                    f"TOPKGEN_CACHE_DIR={tmp_path}/loop/cache: cannot use the compile cache: ", loop_error)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["loop"]

@@ -45,6 +45,15 @@ def _show(path: Path) -> str:
     return printable(os.fspath(path))
 
 
+def _resolve(path: Path) -> Path:
+    """`path.resolve()`, with a symbolic-link loop raised as the OSError (ELOOP) every other
+    unusable path is, as Python 3.13 does, not as 3.11's RuntimeError (an internal error)."""
+    try:
+        return path.resolve()
+    except RuntimeError:
+        raise OSError(errno.ELOOP, os.strerror(errno.ELOOP), os.fspath(path)) from None
+
+
 def check_bundle_destination(out: Path, *, force: bool = False, inputs: Iterable[Path] = ()) -> None:
     """Refuse a bundle destination that would lose the user's files or cannot be written.
     `inputs` are the files and directories the command reads (its policy, merge's parts):
@@ -73,7 +82,7 @@ def _check_bundle_destination(out: Path, force: bool, inputs: tuple[Path, ...]) 
         if reason is not None:
             raise DestinationError(f"--out {_show(out)}: {reason}; --force replaces the whole directory, "
                                    f"so name a new directory or an earlier bundle")
-    _check_writable(out.resolve().parent, f"--out {_show(out)}")
+    _check_writable(_resolve(out).parent, f"--out {_show(out)}")
 
 
 def protected(out: Path, inputs: tuple[Path, ...] = ()) -> str | None:
@@ -82,30 +91,39 @@ def protected(out: Path, inputs: tuple[Path, ...] = ()) -> str | None:
     have meant to give up: the current directory or a parent (where the user works), a file
     system's root or the home directory (everything), a git repository (its history), the
     compile caches, local and shared (the build's own stores) or the command's inputs (what it reads)."""
-    resolved = out.resolve()
-    cwd = Path.cwd().resolve()
+    resolved = _resolve(out)
+    cwd = _resolve(Path.cwd())
     if resolved == cwd or resolved in cwd.parents:
         return "is the current directory or one of its parents"
     if resolved == Path(resolved.anchor) or os.path.ismount(resolved):
         return "is the root of a file system (a mount point: name a directory inside it)"
-    with contextlib.suppress(RuntimeError, KeyError):  # no HOME and no passwd entry: nothing to protect
-        home = Path.home().resolve()
+    with contextlib.suppress(RuntimeError, KeyError, OSError):  # no HOME, no passwd entry, a loop: nothing to protect
+        home = _resolve(Path.home())
         if resolved == home or resolved in home.parents:
             return f"{'is' if resolved == home else 'holds'} the home directory {_show(home)}"
     for source in inputs:
-        relation = _relation(resolved, source.resolve())
+        relation = _relation_to(resolved, source)
         if relation:
             return f"{relation} the input {_show(source)}"
-    relation = _relation(resolved, cache_root().resolve())
+    relation = _relation_to(resolved, cache_root())
     if relation:
         return f"{relation} the compile cache {_show(cache_root())} (TOPKGEN_CACHE_DIR)"
     shared = shared_cache_directory()
-    relation = shared and _relation(resolved, shared.resolve())
+    relation = shared and _relation_to(resolved, shared)
     if relation:
         return f"{relation} the shared compile cache {_show(shared)} (TOPKGEN_CACHE_URL)"
     if os.path.lexists(resolved / ".git"):
         return "is a git repository (it holds .git)"
     return None
+
+
+def _relation_to(out: Path, other: Path) -> str | None:
+    """`_relation` of `out` to the path `other` resolved; None when `other` cannot be (a
+    symbolic-link loop): nothing there can be lost, and its reader names the problem."""
+    try:
+        return _relation(out, _resolve(other))
+    except OSError:
+        return None
 
 
 def _relation(out: Path, other: Path) -> str | None:
@@ -124,7 +142,7 @@ def _forced_too_far(out: Path) -> str | None:
     (None when it may): a top-level directory of the file system (/usr, /home, /etc: the
     system's, or other users'; an empty one, or a bundle, such as a container's /out, is
     still fine), or one that holds a git repository (history that exists nowhere else)."""
-    resolved = out.resolve()
+    resolved = _resolve(out)
     if resolved.parent == Path(resolved.anchor):
         return "is a top-level directory of the file system"
     for top, dirs, files in os.walk(out):
@@ -209,10 +227,10 @@ def _check_output_file(path: Path, force: bool, inputs: tuple[Path, ...]) -> Non
         if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
             raise DestinationError(f"{label}: {'points to' if follow else 'is'} {file_kind(mode)}, not a regular "
                                    f"file, and -o replaces regular files only, --force or not")
-    resolved = path.parent.resolve() / path.name  # the name is replaced, not what a link there points to
+    resolved = _resolve(path.parent) / path.name  # the name is replaced, not what a link there points to
     for source in inputs:
         with contextlib.suppress(OSError):
-            if source.is_dir() and source.resolve() in resolved.parents:
+            if source.is_dir() and _resolve(source) in resolved.parents:
                 raise DestinationError(f"{label}: lies inside the input {_show(source)}")
             if path.exists() and os.path.samefile(path, source):
                 raise DestinationError(f"{label}: is the input file {_show(source)}")
@@ -271,7 +289,7 @@ def locked(destination: Path) -> Iterator[None]:
     fail the build at its very end), the lock lives in $XDG_RUNTIME_DIR (else the temporary
     directory)/topkgen-locks-UID, keyed the same, so builders of one destination from that
     cache still serialise. Anything else in a lock's place (a FIFO, a symlink) is refused."""
-    key = hashlib.sha256(os.fsencode(Path(destination).resolve())).hexdigest()[:32]
+    key = hashlib.sha256(os.fsencode(_resolve(Path(destination)))).hexdigest()[:32]
     lock = cache_root() / "locks" / f"{key}.lock"
     try:
         lock.parent.mkdir(parents=True, exist_ok=True)
