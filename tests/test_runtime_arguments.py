@@ -40,6 +40,26 @@ def test_numpy_integers_are_taken_by_every_method(op):
         op(x, True)
 
 
+def test_yes_no_arguments_are_bools_not_whatever_python_finds_truthy(op):
+    """`largest="no"` served the largest and `deterministic="no"` the deterministic kernel:
+    a string, None or a number is refused by name; numpy's bools are taken as bools."""
+    x = make_rows("float32", 2, 4096, seed=3)
+    smallest = op(x, 8, largest=False)
+    assert all(np.array_equal(a, b) for a, b in zip(op(x, 8, largest=np.False_), smallest))
+    assert op.choose("float32", 64, 4096, np.True_) == op.choose("float32", 64, 4096, True)
+    for bad in ("no", None, 0, 1.0):
+        with pytest.raises(TopKError, match=rf"^largest: expected True or False, got {re.escape(repr(bad))}$"):
+            op(x, 8, largest=bad)
+        with pytest.raises(TopKError, match=rf"^deterministic: expected True or False, got {re.escape(repr(bad))}$"):
+            op(x, 8, deterministic=bad)
+        for method in (op.choose, op.explain):
+            with pytest.raises(TopKError, match=r"^deterministic: expected True or False"):
+                method("float32", 8, 4096, bad)
+        for method in (op.plan, op.workspace_bytes):
+            with pytest.raises(TopKError, match=r"^deterministic: expected True or False"):
+                method("float32", 8, 4096, 2, bad)
+
+
 def test_a_batch_of_no_rows_needs_no_workspace(op):
     """A call on 0 rows launches nothing; the methods that size its workspace agree."""
     assert op.workspace_bytes("float32", 16, 262144, 1) > 0  # one row of this length is split

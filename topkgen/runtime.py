@@ -171,6 +171,7 @@ class TopK:
         """The kernel for a shape, and its chunks per row for a batch of `rows` (None: the
         batch is unknown, served unsplit): one lookup in the dispatch table."""
         dtype, k, n, rows = _request(dtype, k, n, rows)
+        deterministic = _flag("deterministic", deterministic)
         jit = not jit_disabled()
         if not jit and not self.in_bundle:
             raise TopKError(f"TOPKGEN_DISABLE_JIT is set and the bundle {self.root} has no kernels for {self.arch}")
@@ -199,6 +200,7 @@ class TopK:
         `topkgen explain` prints for the bundle's policy (an arch the bundle lacks is
         served by JIT, and says so)."""
         dtype, k, n, rows = _request(dtype, k, n, rows)
+        deterministic = _flag("deterministic", deterministic)
         choice = self.choose(dtype, k, n, deterministic, rows)
         answer = explain(self.policy, self.arch, dtype, k, n, deterministic=deterministic, jit=not jit_disabled(),
                          rows=rows)
@@ -226,7 +228,7 @@ class TopK:
         share memory with x or with each other. `dtype` (short spellings too: bf16, fp16)
         says what raw uint16 input holds. Every argument is checked before any launch."""
         view = self._backend.view(x, dtype)
-        k = _integer("k", k)
+        k, largest = _integer("k", k), _flag("largest", largest)
         choice = self.choose(view.dtype, k, view.n, deterministic, view.rows or None)
         kernel = self._kernel(choice)
         entry = self._entries[choice.kernel]
@@ -262,6 +264,14 @@ def _integer(label: str, value: Any) -> int:
         return as_integer(label, value)
     except DispatchError as err:
         raise TopKError(str(err)) from None
+
+
+def _flag(label: str, value: Any) -> bool:
+    """A yes/no argument: a bool (numpy's too), never a value Python merely finds truthy:
+    `largest="no"` or `deterministic=None` would quietly have served the other request."""
+    if isinstance(value, (bool, np.bool_)):
+        return bool(value)
+    raise TopKError(f"{label}: expected True or False, got {value!r}")
 
 
 def _dtype(dtype: Any) -> str:
