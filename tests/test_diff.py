@@ -177,6 +177,29 @@ def test_one_revision_is_compared_with_the_working_tree(repo):
     assert proc.returncode == 2 and "NEW is missing: only a git revision may stand alone" in proc.stderr
 
 
+def test_a_range_is_read_as_git_diff_reads_it(repo, tmp_path):
+    """`A..B` is A against B and `A...B` B against where A and B meet (an empty end is HEAD);
+    both were "not a file, directory or git revision". A shallow clone says why HEAD~1 is not."""
+    git(repo, "checkout", "-q", "-b", "side", "v1")
+    git(repo, "commit", "-q", "--allow-empty", "-m", "a branch from v1 that changes nothing")
+    code, doc = diff_json("main..side", cwd=repo)
+    assert code == 1 and (doc["old"]["label"], doc["new"]["label"]) == ("main", "side")
+    assert [t["rule"] for t in doc["jit_only"]["added"]] == ["reg_exact_k32_n256"]
+    code, doc = diff_json("main...side", cwd=repo)  # side against v1, where it left main: the same
+    v1 = subprocess.run(["git", "rev-parse", "v1"], cwd=repo, capture_output=True, text=True).stdout.strip()
+    assert code == 0 and doc["old"]["label"] == v1
+    assert diff_json("side...main", cwd=repo)[0] == 1 and diff_json("..side", cwd=repo)[0] == 0
+    proc = topkgen("diff", "main...nowhere", cwd=repo)
+    assert (proc.returncode, proc.stderr) == (2, "topkgen: error: nowhere: not a file, directory or git revision "
+                                                 "of repo\n")
+    shallow = tmp_path / "shallow"
+    git(tmp_path, "clone", "-q", "--depth", "1", "-b", "main", f"file://{repo}", str(shallow))
+    proc = topkgen("diff", "HEAD~1", cwd=shallow)
+    assert proc.returncode == 2 and proc.stderr == (
+        "topkgen: error: HEAD~1: not a file, directory or git revision of shallow (a shallow clone: "
+        "`git fetch --deepen=N` or `--unshallow` fetches older commits)\n")
+
+
 def test_policy_option_picks_a_file_inside_each_side(repo):
     proc = topkgen("diff", "HEAD", "HEAD", "--policy", "policies/legacy/exact_n_grid.yaml", cwd=repo)
     assert proc.returncode == 0

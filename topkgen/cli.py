@@ -614,6 +614,7 @@ def _span(bounds: list[int]) -> str:
 @main.command(short_help="Compare kernel sets of policies, bundles or commits.", epilog="""\b
 Examples:
   topkgen diff HEAD~1                      the last commit against the working tree
+  topkgen diff main...HEAD                 what this branch changed since it left main
   topkgen diff main HEAD --build --stat    with registers, spills and cubin sizes
   topkgen diff old/ new/ --format markdown a pull-request comment""")
 @click.argument("old", type=TextArg())
@@ -637,12 +638,15 @@ def diff(old: str, new: str | None, policy_in_repo: str, shapes_file: str | None
     """Compare kernel sets, their rendered sources and dispatch. OLD and NEW: a policy file (or
     a pipe: <(...)), a manifest (compared alone), a bundle directory (its files checked as a loader checks them)
     or a git revision (policy and templates read from git); OLD alone is a revision compared
-    with the working tree. Exit 0 when the same, 1 when they differ, 2 on error."""
+    with the working tree, or a range as git diff takes one (A..B, A...B). Exit 0 when the same, 1 when they differ, 2 on error."""
     from topkgen import diff as differ, diff_report
 
     if stat and fmt == "json":
         raise InputError("--stat: prints the text or markdown summary; the json always holds it under 'summary'")
     shapes = differ.load_shapes(shapes_file) if shapes_file else None
+    ends = differ.revision_range(old) if new is None else None
+    if ends:
+        old, new = ends
     sides = [differ.load_side(old, policy_in_repo=policy_in_repo)]
     if new is None and sides[0].kind != "revision":
         kind = {"manifest": "bundle or manifest", "policy": "policy file"}.get(sides[0].kind, sides[0].kind)

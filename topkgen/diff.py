@@ -154,6 +154,22 @@ def load_side(spec: str, *, policy_in_repo: str = DEFAULT_POLICY_IN_REPO, cwd: P
         raise DiffInputError(f"{spec}: cannot read: {err.strerror}") from None
 
 
+def revision_range(spec: str, cwd: Path | None = None) -> tuple[str, str] | None:
+    """OLD and NEW of a range as `git diff` reads one: `A..B` is A against B, `A...B` is B
+    against the commit where A and B meet (an empty end is HEAD); None when `spec` is no
+    range (or names a file)."""
+    if ".." not in spec or (Path(cwd or ".") / spec).exists():
+        return None
+    old, dots, new = spec.partition("...") if "..." in spec else spec.partition("..")
+    old, new = old or "HEAD", new or "HEAD"
+    if dots == "..":
+        return old, new
+    try:
+        return GitRepo.around(cwd, spec).merge_base(old, new), new
+    except SourceError as err:
+        raise DiffInputError(str(err)) from None
+
+
 def load_worktree_side(*, policy_in_repo: str = DEFAULT_POLICY_IN_REPO, cwd: Path | None = None) -> Side:
     """The working tree of the repository around `cwd`, as `git diff REV` compares with."""
     try:

@@ -165,8 +165,18 @@ class GitRepo:
             raise SourceError(f"{rev}: not a file, directory or git revision")
         found = _git(["rev-parse", "--verify", "--quiet", "--end-of-options", f"{rev}^{{commit}}"], self.root)
         if found.returncode != 0:
-            raise SourceError(f"{rev}: not a file, directory or git revision of {self.root.name}")
+            shallow = _git(["rev-parse", "--is-shallow-repository"], self.root).stdout.strip() == b"true"
+            raise SourceError(f"{rev}: not a file, directory or git revision of {self.root.name}"
+                              + (" (a shallow clone: `git fetch --deepen=N` or `--unshallow` fetches older "
+                                 "commits)" if shallow else ""))
         return found.stdout.decode().strip()
+
+    def merge_base(self, old: str, new: str) -> str:
+        """The commit `git diff OLD...NEW` compares NEW with: where the two histories meet."""
+        base = _git(["merge-base", self.commit(old), self.commit(new)], self.root)
+        if base.returncode != 0:
+            raise SourceError(f"{old}...{new}: the two revisions have no common ancestor")
+        return base.stdout.decode().strip()
 
     def read(self, commit: str, limits: dict[str, int], label: str | None = None) -> dict[str, bytes]:
         """Every regular file at or under each path of `limits` in that commit: path -> content.
