@@ -530,6 +530,12 @@ def test_workload_files_name_the_line_take_dtype_spellings_and_json_errors_are_j
     path.write_text("\n".join(path.read_text().splitlines()[:2]) + "\n")
     proc = topkgen("diff", "HEAD~1", "HEAD", "--shapes", path, cwd=repo)
     assert proc.returncode == 1 and "dispatch: 1 of 2 shapes change" in proc.stdout, proc.stderr
+    # What only the sides can refuse names the line too (it named the file alone).
+    for entry, problem in (("{arch: sm_90, dtype: fp32, k: 5, n: 4}", "k: must be <= n, got k=5 > n=4"),
+                           ("{arch: sm_80, dtype: fp32, k: 5, n: 40}", "arch: 'sm_80' is in neither side's policy")):
+        path.write_text(f"- {{arch: sm_90, dtype: fp32, k: 32, n: 256}}\n\n- {entry}\n")
+        proc = topkgen("diff", "HEAD~1", "HEAD", "--shapes", path, cwd=repo)
+        assert (proc.returncode, proc.stderr) == (2, f"topkgen: error: {path}:3: shape #2: {problem}\n")
     broken = repo / "shapes.json"
     broken.write_text('[{"arch": "sm_90",}]')
     proc = topkgen("diff", "HEAD~1", "HEAD", "--shapes", broken, cwd=repo)

@@ -656,7 +656,7 @@ def diff(old: str, new: str | None, policy_in_repo: str, shapes_file: str | None
                  else differ.load_worktree_side(policy_in_repo=policy_in_repo))
     if build:
         _build_diff_sides(differ, sides, jobs, show_progress=not quiet)
-    report = differ.compare(*sides, shapes, workload=shapes_file)
+    report = differ.compare(*sides, shapes)
     if not quiet:
         if fmt == "json":
             text = json.dumps(diff_report.to_json(report), indent=2) + "\n"

@@ -91,6 +91,7 @@ class Shape:
     n: int
     deterministic: bool = False
     rows: int | None = None  # the batch size; None: unknown, served unsplit
+    where: str | None = field(default=None, compare=False)  # a workload file's: "FILE:LINE: shape #I"
 
     def record(self) -> dict[str, Any]:
         return {"arch": self.arch, "dtype": self.dtype, "k": self.k, "n": self.n, "rows": self.rows,
@@ -321,7 +322,7 @@ def load_shapes(path: str) -> list[Shape]:
         rows = item.get("rows")
         if rows is not None and (not isinstance(rows, int) or isinstance(rows, bool) or rows < 1):
             raise DiffInputError(f"{where}: rows: expected a positive integer, got {rows!r}")
-        shapes.append(Shape(item["arch"], suggest.dtype(item["dtype"]), item["k"], item["n"], det, rows))
+        shapes.append(Shape(item["arch"], suggest.dtype(item["dtype"]), item["k"], item["n"], det, rows, where))
     return shapes
 
 
@@ -371,7 +372,7 @@ def movement(before: dict[str, Any], after: dict[str, Any]) -> str:
 
 # ----------------------------------------------------------------------------- comparing
 
-def compare(old: Side, new: Side, shapes: list[Shape] | None = None, *, workload: str | None = None) -> Report:
+def compare(old: Side, new: Side, shapes: list[Shape] | None = None) -> Report:
     archs = list(dict.fromkeys(old.archs + new.archs))
     counts = {a: (sum(1 for k in old.kernels.values() if k["arch"] == a),
                   sum(1 for k in new.kernels.values() if k["arch"] == a)) for a in archs}
@@ -392,7 +393,7 @@ def compare(old: Side, new: Side, shapes: list[Shape] | None = None, *, workload
     if shapes is None:
         shapes = default_shapes(policy_archs, dtypes)
     dispatch = []
-    for i, shape in enumerate(shapes):
+    for shape in shapes:
         try:
             if shape.arch not in policy_archs:
                 raise DispatchError(f"arch: '{shape.arch}' is in neither side's policy")
@@ -400,8 +401,7 @@ def compare(old: Side, new: Side, shapes: list[Shape] | None = None, *, workload
                 raise DispatchError(f"dtype: '{shape.dtype}' is in neither side's policy")
             before, after = serves(old, shape), serves(new, shape)
         except DispatchError as err:
-            where = f"{workload}: shape #{i + 1}" if workload else f"shape {shape.record()}"
-            raise DiffInputError(f"{where}: {err}") from None
+            raise DiffInputError(f"{shape.where or f'shape {shape.record()}'}: {err}") from None
         if (before["kernel"], before["source"], before.get("chunks")) != (after["kernel"], after["source"],
                                                                          after.get("chunks")):
             dispatch.append({"shape": shape.record(), "old": before, "new": after, "moves": movement(before, after)})
