@@ -55,6 +55,10 @@ CASES = {
     "unknown_rule_in_order": (_variant("  - radix_dynamic\n", "  - radix_dynamic\n  - radix_typo\n"),
                               r"dispatch_order\[7\]: unknown rule 'radix_typo'"),
     "empty_file": ("", r":1:1: the policy file is empty"),
+    # Planned 0 kernels, then build failed on its own manifest (an internal error, exit 70).
+    "no_dtype": (_variant("  aot: [float32, bfloat16]    # compiled into the bundle\n"
+                          "  jit: [float16]              # served by JIT from the same rules\n", "  aot: []\n"),
+                 r":64:8: dtypes\.aot: the policy serves no dtype: list one in dtypes\.aot"),
     "shared_row_bytes_not_a_vector_multiple": (_variant("shared_row_bytes: 98304   #", "shared_row_bytes: 98300   #"),
                                                r"archs\.sm_90\.shared_row_bytes: 98300 is not a multiple of 16"),
     "shared_row_bytes_without_room": (_variant("shared_row_bytes: 98304   #", "shared_row_bytes: 230000   #"),

@@ -443,6 +443,9 @@ def _build(doc: dict, loc: _Locator, source: str, sha: str, text: str) -> Policy
     for i, d in enumerate(jit):
         if d in aot:
             raise loc.error(("dtypes", "jit", i), f"{d} is already an AOT dtype")
+    if not aot and not jit:  # nothing to serve: build failed on its own manifest (an internal error)
+        raise loc.error(("dtypes", "aot"), "the policy serves no dtype: list one in dtypes.aot (compiled into the "
+                                           "bundle) or dtypes.jit (compiled on first use)")
 
     declared: set[str] = set()
     for i, r in enumerate(doc["rules"]):
