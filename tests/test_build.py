@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -102,6 +103,19 @@ def test_jit_kernels_ship_their_rendered_source_and_exact_options(default_bundle
     entry = next(e for e in manifest["jit_kernels"] if e["name"] == "topk_register_n256_k32_det_bf16_sm_100")
     compiled = compile_kernel((out / entry["source"]).read_text(), entry["name"], "sm_100", use_cache=False)
     assert elf_sm(compiled.cubin) == 100 and compiled.symbol == entry["symbol"]
+
+
+def test_the_readme_gives_loaders_each_familys_parameters_in_the_manifests_order(default_bundle):
+    """A loader passes arguments in `params` order; README listed the radix kernels'
+    x_indices, chunk and row_stride after largest, as if appended (x_indices is second)."""
+    base, _ = default_bundle
+    manifest, _ = bundle.load_manifest(base / "out")
+    readme = " ".join((ROOT / "README.md").read_text().split())
+    listed = re.search(r"\(register kernels: (.+?); radix kernels: (.+?\))\)", readme)
+    assert listed, "README no longer lists each family's parameters"
+    for family, names in zip(("register", "radix"), listed.groups()):
+        (order,) = {tuple(p["name"] for p in e["params"]) for e in manifest["kernels"] if e["family"] == family}
+        assert tuple(re.sub(r" \([a-z]+\)", "", names).split(", ")) == order, names
 
 
 def test_two_clean_builds_are_byte_identical(default_bundle, tmp_path):
