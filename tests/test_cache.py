@@ -230,6 +230,15 @@ def test_bad_cache_url_exits_2(tmp_path, cli, monkeypatch):
     assert "TOPKGEN_CACHE_URL=nosuchproto://bucket/x: cannot open this store" in result.stderr
     monkeypatch.setenv("TOPKGEN_CACHE_URL", "bucket/x")
     assert cli("build", "--shard", SHARD, "--out", tmp_path / "out").exit_code == 2
+    # A filesystem whose constructor fails its own way was an internal error (exit 70).
+    monkeypatch.chdir(tmp_path)
+    for url, problem in (("zip://x", "IsADirectoryError: "), ("github://x", "TypeError: ")):
+        monkeypatch.setenv("TOPKGEN_CACHE_URL", url)
+        for args in (("build", "--shard", SHARD, "--out", tmp_path / "out"), ("cache", "verify", "--remote",
+                                                                                "--sample", "1")):
+            result = cli(*args)
+            assert result.exit_code == 2 and result.stderr.startswith(
+                f"topkgen: error: TOPKGEN_CACHE_URL={url}: cannot open this store: {problem}"), result.stderr
     assert not (tmp_path / "out").exists()
 
 

@@ -215,8 +215,12 @@ class RemoteStore:
                                    f"(pip install 'topkgen[remote]', plus s3fs or gcsfs for s3:// or gs://)") from None
         try:
             self.fs, self.root = fsspec.core.url_to_fs(url)
-        except (ImportError, ValueError) as err:
+        except (ImportError, ValueError) as err:  # an unknown protocol, a missing s3fs or gcsfs
             raise CacheConfigError(f"TOPKGEN_CACHE_URL={display_url(url)}: cannot open this store: {err}") from None
+        except Exception as err:  # noqa: BLE001 - a filesystem's constructor raises what it likes (ftp:// connects,
+            # zip:// opens a file, github:// needs arguments): the URL's problem, not a bug in topkgen
+            raise CacheConfigError(f"TOPKGEN_CACHE_URL={display_url(url)}: cannot open this store: "
+                                   f"{type(err).__name__}: {err}") from None
         self.root = self.root.rstrip("/")
         self.label = display_url(url)
 
