@@ -59,6 +59,10 @@ def test_the_readme_policy_plans_builds_explains_and_runs(cli, mine, mine_bundle
     jit = json.loads(cli("explain", "--policy", mine, "--arch", "sm_90", "--dtype", "fp32", "--k", 300, "--n", 5000,
                          "--format", "json").stdout)
     assert (jit["rule"], jit["source"], jit["kernel"]) == ("jit_rest", "jit", "topk_radix_dyn_k1024_fast_f32_sm_90")
+    # What --no-jit leaves unserved names that option (it read "--no kernel serves ...").
+    result = cli("explain", "--policy", mine, "--arch", "sm_90", "--dtype", "fp32", "--k", 300, "--n", 5000, "--no-jit")
+    assert (result.exit_code, result.stderr) == (2, "topkgen: error: --no-jit: no kernel serves arch=sm_90 "
+                                                    "dtype=float32 k=300 n=5000 mode=fast without JIT\n")
     x = make_rows("float32", 6, 700, seed=12)
     np.save(tmp_path / "x.npy", x)
     for k, source in ((64, "aot"), (300, "jit")):  # the bundle's cubin's source, and the JIT-only rule's

@@ -443,7 +443,9 @@ def explain_command(policy_path: str | None, arch: str, dtype: str, k: int, n: i
     try:
         answer = explain(policy, arch, dtype, k, n, deterministic=deterministic, jit=not no_jit, rows=rows)
     except pol.DispatchError as err:
-        raise InputError(f"--{err}") from None
+        message = str(err)  # "k: ..." names its option; "no kernel serves ..." is what --no-jit left
+        named = message.split(":", 1)[0] in ("arch", "dtype", "k", "n", "rows")
+        raise InputError(f"--{message}" if named else f"--no-jit: {message}") from None
     click.echo(json.dumps(answer.record(), indent=2) if fmt == "json" else str(answer))
 
 
