@@ -103,6 +103,19 @@ def test_build_never_replaces_a_directory_that_is_not_a_bundle(cli, tmp_path, ti
                                                   "sm_90/topk_radix_dyn_k64_det_f32_sm_90.cubin"]
 
 
+def test_a_policy_whose_file_name_is_not_utf8_builds_a_bundle_that_loads(cli, tmp_path, tiny_policy, monkeypatch):
+    """The manifest named the policy by its file name, lone surrogate and all, and every loader
+    (rightly) refused that manifest: a bundle nothing could read. The label is escaped now."""
+    monkeypatch.chdir(tmp_path)
+    for raw, label in ((b"tiny\xff.yaml", "tiny\\udcff.yaml"), ("tiny\u202e.yaml".encode(), "tiny\\u202e.yaml")):
+        policy = tmp_path / os.fsdecode(raw)
+        policy.write_bytes(tiny_policy.read_bytes())
+        assert cli("build", "--policy", policy, "--out", "bundle", "--force").exit_code == 0
+        assert json.loads((tmp_path / "bundle" / "manifest.json").read_text())["policy"]["path"] == label
+        result = cli("show", "bundle")
+        assert result.exit_code == 0, result.stderr
+
+
 def test_build_refuses_the_current_directory_and_its_parents(cli, tmp_path, tiny_policy, monkeypatch):
     work = tmp_path / "work"
     work.mkdir()

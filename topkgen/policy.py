@@ -297,8 +297,10 @@ class Policy:
         return resolved.name
 
     def reference(self) -> dict[str, str]:
-        """How the plan, explain and a manifest name the policy that decided."""
-        return {"path": self.display_path, "name": self.name, "sha256": self.sha256}
+        """How the plan, explain and a manifest name the policy that decided: a file name that
+        is not UTF-8 (or holds a control or bidirectional character) escaped, since the
+        manifest reader, rightly, refuses lone surrogates and such characters in the label."""
+        return {"path": reader.printable(self.display_path), "name": self.name, "sha256": self.sha256}
 
 
 def rule_record(rule: Rule) -> dict[str, Any]:
