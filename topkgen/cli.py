@@ -641,7 +641,8 @@ def diff(old: str, new: str | None, policy_in_repo: str, shapes_file: str | None
     """Compare kernel sets, their rendered sources and dispatch. OLD and NEW: a policy file (or
     a pipe: <(...)), a manifest (compared alone), a bundle directory (its files checked as a loader checks them)
     or a git revision (policy and templates read from git); OLD alone is a revision compared
-    with the working tree, or a range as git diff takes one (A..B, A...B). Exit 0 when the same, 1 when they differ, 2 on error."""
+    with the working tree, or a range as git diff takes one (A..B, A...B). Exit 0 when the
+    same, 1 when they differ, 2 on error."""
     from topkgen import diff as differ, diff_report
 
     if stat and fmt == "json":

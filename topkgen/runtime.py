@@ -200,8 +200,7 @@ class TopK:
         `topkgen explain` prints for the bundle's policy (an arch the bundle lacks is
         served by JIT, and says so)."""
         dtype, k, n, rows = _request(dtype, k, n, rows)
-        deterministic = _flag("deterministic", deterministic)
-        choice = self.choose(dtype, k, n, deterministic, rows)
+        choice = self.choose(dtype, k, n, deterministic, rows)  # checks deterministic is a bool
         answer = explain(self.policy, self.arch, dtype, k, n, deterministic=deterministic, jit=not jit_disabled(),
                          rows=rows)
         sel = answer.selection
