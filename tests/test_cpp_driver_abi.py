@@ -1,0 +1,96 @@
+"""The C++ loader's driver entry points against the CUDA 13 headers (the nvidia-cuda-runtime
+wheel's cuda.h and cudaTypedefs.h): no GPU is needed to check that what it asks
+cuGetProcAddress for is what it calls.
+
+loader.hpp declares its own function pointer types (it builds without a CUDA toolkit) and
+asks the driver for each entry point at the ABI of cu::API_VERSION. The driver then hands
+out the newest version of the entry point not newer than that: cudaTypedefs.h names each
+version PFN_<symbol>_v<version>. CUDA 13 gave some of them new signatures (cuCtxSynchronize
+and cuCtxGetDevice take a context from v13000 on), so the version asked for and the types
+declared must agree; this compiles one static_assert per entry point."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from topkgen.paths import cuda_include_dir
+
+from .conftest import ROOT
+from .test_cpp_loader import _loader_flags
+
+LOADER = ROOT / "loaders" / "cpp" / "include" / "topkgen" / "loader.hpp"
+
+
+def _resolved() -> dict[str, str]:
+    """symbol -> Driver member, from the loader's resolve("cuX", d.Member) calls."""
+    found = dict(re.findall(r'resolve\("(cu\w+)", d\.(\w+)\)', LOADER.read_text()))
+    assert len(found) >= 10, "loader.hpp: the resolve(...) calls were not found"
+    return found
+
+
+def _api_version() -> int:
+    (version,) = re.findall(r"constexpr int API_VERSION = (\d+);", LOADER.read_text())
+    return int(version)
+
+
+def _versions(typedefs: str, symbol: str) -> list[int]:
+    """The ABI versions cudaTypedefs.h declares for an entry point (not the _ptsz/_ptds ones)."""
+    return sorted(int(v) for v in re.findall(rf"\bPFN_{symbol}_v(\d+)\)", typedefs))
+
+
+def test_each_entry_point_is_called_with_the_types_of_the_version_it_asks_for(tmp_path):
+    include = cuda_include_dir()
+    typedefs = (include / "cudaTypedefs.h").read_text()
+    api = _api_version()
+    checks, chosen = [], {}
+    for symbol, member in _resolved().items():
+        versions = [v for v in _versions(typedefs, symbol) if v <= api]
+        assert versions, f"{symbol}: no ABI version at or below API_VERSION {api} in cudaTypedefs.h"
+        chosen[symbol] = versions[-1]
+        checks.append(f"static_assert(std::is_same_v<abi_t<PFN_{symbol}_v{versions[-1]}>, "
+                      f"abi_t<decltype(topkgen::cu::Driver::{member})>>, "
+                      f"\"{symbol} v{versions[-1]}: loader.hpp declares Driver::{member} with other types\");")
+    # The entry points CUDA 13 changed: the loader must ask for their old ABI.
+    assert chosen["cuCtxSynchronize"] == 2000 and chosen["cuCtxGetDevice"] == 2000
+    assert chosen["cuMemAlloc"] == 3020  # size_t bytes, 64-bit device pointers
+    source = tmp_path / "abi.cpp"
+    source.write_text("""#include <cuda.h>
+#include <cudaTypedefs.h>
+#include <type_traits>
+#include "topkgen/loader.hpp"
+
+// Types as the ABI sees them: an enum (CUresult, CUfunction_attribute...) as the int the
+// loader declares in its place, pointers to them likewise.
+template <class T> struct abi { using type = std::conditional_t<std::is_enum_v<T>, int, T>; };
+template <class T> struct abi<const T> { using type = const typename abi<T>::type; };
+template <class T> struct abi<T*> { using type = typename abi<T>::type*; };
+template <class R, class... A> struct abi<R (*)(A...)> {
+  using type = typename abi<R>::type (*)(typename abi<A>::type...);
+};
+template <class T> using abi_t = typename abi<T>::type;
+
+""" + "\n".join(checks) + "\nint main() { return 0; }\n")
+    proc = subprocess.run(["g++", *_loader_flags(), "-isystem", str(include), "-fsyntax-only", str(source)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr[-4000:]
+
+
+def test_the_check_fails_for_an_entry_point_of_the_cuda_13_abi(tmp_path):
+    """The same check, with the loader asking for CUDA 13's ABI: cuCtxSynchronize then takes
+    a context the loader's declaration does not pass, and the compile fails."""
+    include = cuda_include_dir()
+    typedefs = (include / "cudaTypedefs.h").read_text()
+    if 13000 not in _versions(typedefs, "cuCtxSynchronize"):
+        pytest.skip("these headers predate CUDA 13")
+    source = tmp_path / "abi13.cpp"
+    source.write_text('#include <cuda.h>\n#include <cudaTypedefs.h>\n#include <type_traits>\n'
+                      '#include "topkgen/loader.hpp"\n'
+                      "static_assert(std::is_same_v<PFN_cuCtxSynchronize_v13000, "
+                      "decltype(topkgen::cu::Driver::CtxSynchronize)>, \"differs\");\n")
+    proc = subprocess.run(["g++", *_loader_flags(), "-isystem", str(include), "-fsyntax-only", str(source)],
+                          capture_output=True, text=True)
+    assert proc.returncode != 0 and "differs" in proc.stderr
