@@ -80,3 +80,81 @@ def test_a_dlpack_view_gives_pointer_shape_and_type():
     with pytest.raises(TopKError, match=r"^x: expected a device array \(__cuda_array_interface__ or DLPack\), "
                                         r"got DLPackOnly$"):
         runtime._device_array(DLPackOnly(x), "x")
+
+
+def _driver_absent() -> tuple[type, str]:
+    """What a driver call raises on this machine (no libcuda): the answer of a call whose
+    arguments cuda-bindings accepted. Skips where a driver exists (the GPU tests run there)."""
+    from cuda.bindings import driver
+
+    if runtime.gpu_unavailable() is None:
+        pytest.skip("a CUDA driver is present: the GPU tests make these calls for real")
+    try:
+        driver.cuInit(0)
+    except Exception as err:
+        return type(err), str(err)
+    pytest.skip("cuInit answers here: the driver library loads")
+
+
+def test_the_shared_memory_opt_in_binds_its_arguments_for_every_handle_type():
+    """allow_dynamic_shared with each handle a cuda.core release hands out (1.x: Kernel.handle
+    is a CUkernel; 0.4: a CUkernel, or a CUfunction from the module API on a pre-12 driver; an
+    address as int) reaches the driver: cuda-bindings converted every argument, which it does
+    before it loads libcuda (a wrong type is refused there, as the last call shows)."""
+    from cuda.bindings import driver
+
+    absent = _driver_absent()
+    handles = [driver.CUkernel(0x7F00_1234), driver.CUfunction(0x7F00_1234), 0x7F00_1234]
+    kernel = _package().Kernel
+    if hasattr(kernel, "from_handle"):  # 1.x: a real Kernel around a foreign CUkernel address
+        handle = runtime._kernel_handle(kernel.from_handle(0x7F00_1234))
+        assert isinstance(handle, (driver.CUkernel, int)) and int(handle) == 0x7F00_1234
+        handles.append(handle)
+    for handle in handles:
+        with pytest.raises(Exception) as info:
+            runtime.allow_dynamic_shared(handle, 200_000, 0)
+        assert (type(info.value), str(info.value)) == absent, type(handle)
+    attribute = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    with pytest.raises(TypeError):  # a device that is no integer: refused before the driver is sought
+        driver.cuKernelSetAttribute(attribute, 200_000, driver.CUkernel(0x7F00_1234), "0")
+
+
+def _param_holder():
+    """cuda.core's packer of launch arguments (what launch() hands cuLaunchKernelEx)."""
+    for name in ("cuda.core._kernel_arg_handler", "cuda.core.experimental._kernel_arg_handler"):
+        try:
+            return importlib.import_module(name).ParamHolder
+        except ImportError:
+            continue
+    pytest.fail("cuda.core has no _kernel_arg_handler.ParamHolder in this version: check how launch() packs "
+                "arguments (runtime.arguments passes pointers as int, the rest as numpy scalars)")
+
+
+def test_launch_arguments_are_packed_with_the_kernels_c_types():
+    """Both launches of a split radix kernel: runtime.arguments' list packed by the installed
+    cuda.core (as launch() packs it), read back at each parameter's C type."""
+    import ctypes
+
+    from topkgen import policy
+    from topkgen.render import params
+    from topkgen.split import ChunkPlan, stages
+
+    spec = next(s for s in policy.all_kernels(policy.load(), "sm_90")
+                if "chunk" in [p["name"] for p in params(s)] and s.dtype == "float32")
+    plan = ChunkPlan(3, 262144, 1000, 8, 4)
+    pointers = {"x": 0x7F00_0000_1000, "values": 0x7F00_0000_2000, "indices": 0x7F00_0000_3000,
+                "candidate_indices": 0x7F00_0000_4000, "candidate_values": 0x7F00_0000_8000}
+    ctypes_of = {"int": ctypes.c_int32, "long long": ctypes.c_int64}
+    ParamHolder = _param_holder()
+    for stage in stages(3, 262144, 1000, True, plan):
+        args = runtime.arguments(params(spec), stage, pointers, 0)
+        holder = ParamHolder(args)
+        slots = (ctypes.c_void_p * len(args)).from_address(holder.ptr)
+        for slot, param in zip(slots, params(spec)):
+            name, ctype = param["name"], param["ctype"]
+            if ctype.endswith("*"):
+                buffer = stage.buffers[name]
+                expect = 0 if buffer is None else pointers[buffer]
+                assert ctypes.c_uint64.from_address(slot).value == expect, name
+            else:
+                assert ctypes_of[ctype].from_address(slot).value == stage.scalars[name], name

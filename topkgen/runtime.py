@@ -496,6 +496,27 @@ def _kernel_handle(kernel: Any) -> Any:
     return kernel.handle if hasattr(kernel, "handle") else kernel._handle
 
 
+def allow_dynamic_shared(handle: Any, nbytes: int, device_id: int) -> None:
+    """Set a kernel's dynamic shared memory limit to `nbytes` (needed once static plus
+    dynamic shared memory pass 48 KiB) on one device. cuda.core loads cubins as libraries
+    (cuLibraryLoadData: 0.4 does where the driver is CUDA 12 or newer, 1.x always), so its
+    handles are CUkernels, which take cuKernelSetAttribute with a device; a module's
+    CUfunction (0.4 on an older driver) takes cuFuncSetAttribute. A handle that is neither
+    is the address of a CUkernel."""
+    from cuda.bindings import driver
+
+    attribute = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
+    if isinstance(handle, driver.CUfunction):
+        (err,) = driver.cuFuncSetAttribute(handle, attribute, nbytes)
+    else:
+        if not isinstance(handle, driver.CUkernel):
+            handle = driver.CUkernel(int(handle))
+        (err,) = driver.cuKernelSetAttribute(attribute, nbytes, handle, device_id)
+    if err != driver.CUresult.CUDA_SUCCESS:
+        raise TopKError(f"this GPU cannot give a kernel {nbytes} bytes of dynamic shared memory ({err.name}); "
+                        f"lower the policy's shared_row_bytes for this arch and rebuild")
+
+
 class _CudaBackend(_Backend):
     """Device arrays through __cuda_array_interface__ or DLPack, kernels through cuda.core."""
 
@@ -602,22 +623,7 @@ class _CudaBackend(_Backend):
         return int(buffer.handle), lambda: buffer.close(cuda_stream)
 
     def _allow_dynamic_shared(self, kernel: Any, nbytes: int) -> None:
-        """Set the kernel's dynamic shared memory limit to `nbytes` (needed once static plus
-        dynamic shared memory pass 48 KiB). cuda.core loads cubins as libraries: its handles
-        are CUkernels (an int where a release hands out the address)."""
-        from cuda.bindings import driver
-
-        attribute = driver.CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
-        handle = _kernel_handle(kernel)
-        if isinstance(handle, driver.CUfunction):  # a module's function (cuModuleGetFunction)
-            (err,) = driver.cuFuncSetAttribute(handle, attribute, nbytes)
-        else:
-            if not isinstance(handle, driver.CUkernel):
-                handle = driver.CUkernel(int(handle))
-            (err,) = driver.cuKernelSetAttribute(attribute, nbytes, handle, self.device.device_id)
-        if err != driver.CUresult.CUDA_SUCCESS:
-            raise TopKError(f"this GPU cannot give a kernel {nbytes} bytes of dynamic shared memory ({err.name}); "
-                            f"lower the policy's shared_row_bytes for this arch and rebuild")
+        allow_dynamic_shared(_kernel_handle(kernel), nbytes, self.device.device_id)
 
     def _stream(self, stream: Any, array: Any) -> Any:
         Stream = _cuda_core().Stream
