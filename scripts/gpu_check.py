@@ -1,7 +1,8 @@
 """`make gpu-check`: the device checks, as one prepared script for the accelerator machine.
 
 1. build the default bundle for the GPU's arch;
-2. run the GPU tests (tests/test_gpu.py);
+2. run the GPU tests (tests/test_gpu.py), after the checks of the cuda-core, cuda-bindings
+   and torch APIs the backend uses (API_TESTS: the versions there are not CI's);
 3. launch every AOT kernel through the C++ loader (build/cpp/topkgen-cpp, `make cpp`) and
    through the Python runtime on the same input, and compare the outputs;
 4. run compute-sanitizer (memcheck, racecheck) on one kernel of each family;
@@ -73,6 +74,7 @@ NCU_METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
 SANITIZER_REFUSED = "Device not supported"  # what compute-sanitizer says on machines that refuse it
 T = TypeVar("T")
 SAMPLES = "gpu_check_samples.json"
+API_TESTS = ("tests/test_cuda_core_api.py", "tests/test_torch_api.py")
 
 
 @dataclass(frozen=True)
@@ -291,8 +293,8 @@ def main(argv: list[str] | None = None) -> int:
     failed = False
     if "tests" not in args.skip:
         step("GPU tests")
-        failed |= run([sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "tests/test_gpu.py"],
-                      early) != 0
+        failed |= run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *API_TESTS,
+                       "tests/test_gpu.py"], early) != 0
     if "cpp" not in args.skip:
         step("C++ loader against the Python runtime: every AOT kernel")
         failed |= run_stage(args, "cpp", arch, early)
@@ -730,9 +732,23 @@ def relative_error(samples: list[float]) -> float:
 
 
 def sm_clock_mhz(torch) -> float | None:
+    """The SM clock now, through NVML: torch's (nvidia-ml-py, which torch 2.11 does not
+    require), else cuda-bindings' own NVML module (13.x wheels carry one); None without
+    either, and the log says once that throttled batches are then kept."""
     try:
         return float(torch.cuda.clock_rate())
-    except Exception:  # no NVML: no throttle detection
+    except Exception as err:
+        torch_err = err
+    try:
+        from cuda.bindings import nvml
+
+        nvml.init_v2()
+        return float(nvml.device_get_clock_info(nvml.device_get_handle_by_index_v2(0), nvml.ClockType.SM))
+    except Exception as err:
+        if not getattr(sm_clock_mhz, "told", False):
+            sm_clock_mhz.told = True
+            print(f"no SM clock (torch: {torch_err}; cuda.bindings.nvml: {err}): throttled batches are not dropped",
+                  flush=True)
         return None
 
 
