@@ -96,7 +96,10 @@ def test_the_sm_clock_is_read_through_torch_or_cuda_bindings_nvml(gc, capsys):
         assert callable(nvml.init_v2) and callable(nvml.device_get_handle_by_index_v2)
         assert callable(nvml.device_get_clock_info) and int(nvml.ClockType.SM) == 1  # nvml.h: NVML_CLOCK_SM
     if runtime.gpu_unavailable() is None:
-        assert gc.sm_clock_mhz(torch) > 0
+        clock = gc.sm_clock_mhz(torch)
+        if clock is None:  # a measurement without throttle detection, not a failure
+            pytest.skip(f"a GPU, but no NVML here: {capsys.readouterr().out.strip()}")
+        assert clock > 0
         return
     assert gc.sm_clock_mhz(torch) is None and gc.sm_clock_mhz(torch) is None
     (line,) = capsys.readouterr().out.splitlines()
