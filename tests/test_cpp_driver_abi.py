@@ -20,7 +20,10 @@ import pytest
 from topkgen.paths import cuda_include_dir
 
 from .conftest import ROOT
-from .test_cpp_loader import _loader_flags
+
+pytest.importorskip("nlohmann_json")  # loader.hpp's JSON headers (a dev dependency, as for `make cpp`)
+
+from .test_cpp_loader import _loader_flags  # noqa: E402
 
 LOADER = ROOT / "loaders" / "cpp" / "include" / "topkgen" / "loader.hpp"
 
