@@ -217,10 +217,11 @@ def test_a_build_killed_while_writing_leaves_a_staging_directory_that_the_next_b
     run(*args, cache=base / "cache")
     before = tree(out)
     _kill_during_the_final_write(args, out, {**os.environ, "TOPKGEN_CACHE_DIR": str(base / "cache")})
-    assert [p.name.split("-")[0] for p in tmp_path.iterdir() if p.name != "out"] == [".out.tmp"]
+    # and its lock file, empty, which the next build takes and removes too
+    assert sorted(p.name.split("-")[0] for p in tmp_path.iterdir() if p.name != "out") == [".out.lock", ".out.tmp"]
     assert tree(out) == before
-    # Concurrent writers' (builds with another cache take another lock): one whose pid is
-    # alive, and one whose pid is not alive here (another pid namespace) but holds its flock.
+    # Live writers' (an older topkgen's, or one that skips the lock): one whose pid is alive,
+    # and one whose pid is not alive here (another pid namespace) but holds its flock.
     alive = tmp_path / f".out.tmp-{os.getpid()}-0123abcd"
     gone = subprocess.Popen(["true"])
     gone.wait()
@@ -252,6 +253,68 @@ def test_concurrent_builds_into_one_directory(default_bundle, tmp_path):
     arch = manifest["archs"][0]
     assert sorted(p.name for p in out.iterdir()) == sorted(["manifest.json", arch, "jit"])
     assert sorted(p.name for p in (out / "jit").iterdir()) == [arch]
+
+
+# A build that stops inside the destination's lock, just before it stages its bundle, until
+# its stdin closes.
+_STOP_BEFORE_STAGING = """\
+import sys
+from topkgen import bundle
+stage = bundle._write_atomically
+def stopped(*args):
+    print("locked", flush=True)
+    sys.stdin.read()
+    stage(*args)
+bundle._write_atomically = stopped
+from topkgen.launch import main
+sys.argv[0] = "topkgen"
+main()
+"""
+
+
+def _waits_on_a_flock(pid: int) -> bool:
+    """/proc/locks lists a process blocked in flock() as `N: -> FLOCK ADVISORY WRITE <pid> ...`."""
+    return any(line.split()[1:3] == ["->", "FLOCK"] and line.split()[5] == str(pid)
+               for line in Path("/proc/locks").read_text().splitlines())
+
+
+def test_builds_into_one_directory_with_different_caches_wait_for_each_other(tmp_path):
+    """The destination's lock lived in the compile cache: two builds of one --out with
+    different caches (TOPKGEN_CACHE_DIR per CI job, say) took different locks and staged and
+    swapped at once. The lock lives beside the destination now: the second waits until the
+    first has swapped its bundle in, then swaps its own; nothing else is left beside it."""
+    from .test_user_files import TINY_POLICY
+
+    policy = tmp_path / "tiny.yaml"
+    policy.write_text(TINY_POLICY)
+    out = tmp_path / "dest" / "out"
+    args = ["build", "--policy", str(policy), "--out", str(out)]
+    first = subprocess.Popen([sys.executable, "-c", _STOP_BEFORE_STAGING, *args], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ)
+    second = None
+    try:
+        assert "locked\n" in iter(first.stdout.readline, ""), first.communicate()[1]  # after its progress lines
+        second = subprocess.Popen([*TOPKGEN, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env={**os.environ, "TOPKGEN_CACHE_DIR": str(tmp_path / "another-cache")})
+        deadline = time.monotonic() + 120
+        while second.poll() is None and not _waits_on_a_flock(second.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert second.poll() is None, f"it wrote {out} while another build held it: {second.communicate()}"
+        assert _waits_on_a_flock(second.pid)
+        assert not out.exists()
+        first.stdin.close()
+        assert first.wait(timeout=60) == 0, first.communicate()[1]
+        done = second.communicate(timeout=60)
+        assert second.returncode == 0, done[1]
+        assert "0 local hits, 0 remote hits, 2 compiled" in done[0]  # its own cache: it did the work itself
+    finally:
+        for proc in (first, second):
+            if proc is not None:
+                proc.kill()
+                proc.wait()
+    manifest, root = bundle.load_manifest(out)
+    assert len(bundle.read_files(root, manifest)) == 2
+    assert [p.name for p in out.parent.iterdir()] == ["out"]  # no staging directory, no lock file
 
 
 def test_compile_error_names_the_kernel_and_shows_the_log():

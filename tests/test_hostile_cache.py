@@ -9,7 +9,6 @@ to /dev/zero took 24 GB and a FIFO hung the build."""
 from __future__ import annotations
 
 import errno
-import hashlib
 import json
 import os
 import resource
@@ -276,10 +275,10 @@ def _read_only_mount(directory: Path) -> tuple[str, ...]:
 
 @pytest.mark.parametrize("how", ["permission-bits", "read-only-mount"])
 def test_a_cache_this_user_can_only_read_still_serves_build_merge_and_import(tiny_bundle_for_run, tmp_path, how):
-    """A read-only cache (a shared copy, a read-only mount: every folder, locks/ too) is no
+    """A read-only cache (a shared copy, a read-only mount: every folder) is no
     error: verify reads it; a build and a merge of what it holds compile nothing, write
     nothing there and take their lock in a private temporary directory (they failed at the
-    very end, unable to create the lock); an import of what it holds has nothing to write."""
+    very end, unable to create a lock there); an import of what it holds has nothing to write."""
     bundle, policy = tiny_bundle_for_run[0], tiny_bundle_for_run[0].parent / "tiny.yaml"
     cache_dir = tmp_path / "cache"
     shutil.copytree(bundle.parent / "cache", cache_dir, symlinks=True)
@@ -287,7 +286,6 @@ def test_a_cache_this_user_can_only_read_still_serves_build_merge_and_import(tin
         part = topkgen("build", "--policy", policy, "--shard", f"{i}/2", "--out", tmp_path / f"s{i}",
                        cache_dir=cache_dir)
         assert part.returncode == 0, part.stderr
-    (cache_dir / "locks").mkdir(exist_ok=True)
     folders = [cache_dir, *(p for p in cache_dir.rglob("*") if p.is_dir())] if how == "permission-bits" else []
     prefix = _without_dac_override() if how == "permission-bits" else _read_only_mount(cache_dir)
     before = tree(cache_dir)
@@ -315,43 +313,21 @@ def test_a_cache_this_user_can_only_read_still_serves_build_merge_and_import(tin
         for folder in folders:
             folder.chmod(0o755)
     assert tree(cache_dir) == before
-    assert [p.suffix for p in (tmp_path / "tmp" / f"topkgen-locks-{os.getuid()}").iterdir()] == [".lock"] * 2
+    assert list((tmp_path / "tmp").iterdir()) == []
 
 
 def test_a_lock_file_another_user_made_is_shared_for_reading(cache_copy, tmp_path):
-    """A lock file in the cache that this user cannot write (another user's, made with umask
-    022) is opened for reading, which flock allows: both users still serialise on it. It was
-    an error, then a private lock the other user never sees."""
+    """A lock file beside --out that this user cannot write (another user's, left by a
+    SIGKILLed build and made with umask 022) is opened for reading, which flock allows: both
+    users still serialise on it. It is empty, so it is removed on the way out."""
     prefix = _without_dac_override()
     out = tmp_path / "out"
-    key = hashlib.sha256(os.fsencode(out.resolve())).hexdigest()[:32]
-    lock = cache_copy / "locks" / f"{key}.lock"
-    lock.parent.mkdir(exist_ok=True)
+    lock = tmp_path / ".out.lock"
     lock.write_bytes(b"")
     lock.chmod(0o444)
-    (tmp_path / "tmp").mkdir()
-    proc = topkgen("build", *SHARD, "--out", out, cache_dir=cache_copy, prefix=prefix,
-                   env={"TMPDIR": str(tmp_path / "tmp")}, timeout=60)
+    proc = topkgen("build", *SHARD, "--out", out, cache_dir=cache_copy, prefix=prefix, timeout=60)
     assert proc.returncode == 0, proc.stderr
-    assert list((tmp_path / "tmp").iterdir()) == []  # no private lock directory: the shared lock served
-
-
-def test_a_private_lock_directory_another_user_could_write_is_refused(cache_copy, tmp_path):
-    """The fallback lock directory sits in a shared temporary directory: one planted there
-    by another user, or open to others, would let them hold or swap the lock."""
-    prefix = _without_dac_override()
-    (tmp_path / "tmp" / f"topkgen-locks-{os.getuid()}").mkdir(parents=True, mode=0o777)
-    (tmp_path / "tmp" / f"topkgen-locks-{os.getuid()}").chmod(0o777)
-    (cache_copy / "locks").mkdir(exist_ok=True)
-    (cache_copy / "locks").chmod(0o555)
-    try:
-        proc = topkgen("build", *SHARD, "--out", tmp_path / "out", cache_dir=cache_copy, prefix=prefix,
-                       env={"TMPDIR": str(tmp_path / "tmp")}, timeout=60)
-    finally:
-        (cache_copy / "locks").chmod(0o755)
-    one_line_error(proc, "cannot create the lock", "Permission denied, nor in",
-                   "not a directory of this user's alone")
-    assert not (tmp_path / "out").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache", "out"]
 
 
 # ----------------------------------------------------------------------------- a full disk
@@ -526,12 +502,10 @@ def test_verify_never_compiles_a_cached_source_that_includes_another_file(tmp_pa
 
 
 def test_a_lock_that_is_not_a_regular_file_is_one_message_not_a_hang(cache_copy, tmp_path):
-    """build serialises writers of one --out with a lock in the cache; a FIFO planted there
+    """build serialises writers of one --out with a lock file beside it; a FIFO planted there
     would block open() for ever."""
     out = tmp_path / "out"
-    key = hashlib.sha256(os.fsencode(out.resolve())).hexdigest()[:32]
-    (cache_copy / "locks").mkdir(exist_ok=True)
-    os.mkfifo(cache_copy / "locks" / f"{key}.lock")
+    os.mkfifo(tmp_path / ".out.lock")
     proc = topkgen("build", *SHARD, "--out", out, cache_dir=cache_copy, timeout=60)
-    one_line_error(proc, "cannot create the lock", "not a regular file but a FIFO")
+    one_line_error(proc, f"--out {out}: cannot lock {tmp_path / '.out.lock'}", "not a regular file but a FIFO")
     assert not out.exists()

@@ -236,8 +236,8 @@ def manifest_bytes(manifest: dict) -> bytes:
 
 def _write_atomically(out: Path, manifest: dict, files: dict[str, bytes]) -> None:
     out.parent.mkdir(parents=True, exist_ok=True)
-    # the staging directories that builds of `out` killed mid-write left (a concurrent writer's,
-    # one with another cache whose destination lock is another file, is never touched)
+    # the staging directories that builds of `out` killed mid-write left (a live writer's, one
+    # in another pid namespace whose pid means nothing here, is never touched)
     remove_abandoned(out.parent, re.escape(f".{out.name}{_STAGING_INFIX}") + r"([0-9]+)-[0-9a-f]{8}")
     staging = out.parent / f".{out.name}{_STAGING_INFIX}{os.getpid()}-{os.urandom(4).hex()}"
     staging.mkdir()

@@ -9,9 +9,8 @@ its parents, a file system's root, the home directory, a git repository, the com
 (local and a file:// shared one) and the command's own inputs; nor does --force reach a top-level directory of the file
 system or a tree holding a git repository (`_forced_too_far`). `topkgen run -o FILE`
 replaces FILE only when it is the output of an earlier run (or with --force), and never a
-device, FIFO or socket, an input, or a file inside the bundle it reads. Locks live in the
-cache directory (a per-user temporary one when the cache is read-only), keyed by the
-destination, so nothing is left beside it.
+device, FIFO or socket, an input, or a file inside the bundle it reads. Writers of one
+destination serialise on a lock file beside it (`locked`), which its holder removes.
 """
 
 from __future__ import annotations
@@ -19,7 +18,6 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
-import hashlib
 import os
 import re
 import stat
@@ -263,52 +261,46 @@ def _check_writable(directory: Path, label: str) -> None:
         raise DestinationError(f"{label}: cannot write in {_show(probe)}: {err.strerror}") from None
 
 
-def _private_lock(directory: Path, name: str) -> int:
-    """The lock `name` in `directory`, which must be this user's alone: it is created if
-    absent, then opened without following a link and checked on the open descriptor, and
-    the lock is opened relative to that descriptor, so no directory swapped in meanwhile
-    can hold or redirect it."""
-    with contextlib.suppress(FileExistsError):
-        os.mkdir(directory, 0o700)
-    dir_fd = os.open(directory, os.O_RDONLY | os.O_DIRECTORY | os.O_NOFOLLOW | os.O_CLOEXEC)
-    try:
-        info = os.fstat(dir_fd)
-        if info.st_uid != os.getuid() or info.st_mode & 0o022:
-            raise OSError(errno.EPERM, "not a directory of this user's alone", str(directory))
-        return open_lock(name, dir_fd=dir_fd)
-    finally:
-        os.close(dir_fd)
-
-
 @contextlib.contextmanager
 def locked(destination: Path) -> Iterator[None]:
-    """Serialise writers of one destination. The lock file lives in the cache directory,
-    keyed by the destination, so nothing is left beside it; one there that this user cannot
-    write (another user's, or on a read-only mount) is opened for reading, which flock
-    allows. Where none can be created (a read-only cache still serves its hits, and must not
-    fail the build at its very end), the lock lives in $XDG_RUNTIME_DIR (else the temporary
-    directory)/topkgen-locks-UID, keyed the same, so builders of one destination from that
-    cache still serialise. Anything else in a lock's place (a FIFO, a symlink) is refused."""
-    key = hashlib.sha256(os.fsencode(_resolve(Path(destination)))).hexdigest()[:32]
-    lock = cache_root() / "locks" / f"{key}.lock"
+    """Serialise the writers of one destination, whatever compile cache each uses: an
+    exclusive flock on `.<name>.lock` beside it (the same directory, so every process and
+    user that can write the destination shares it; a lock keyed in the cache serialised
+    only builds that shared a cache). A second writer waits for the first, then checks the
+    destination again and swaps its own complete bundle in. The holder removes the file on
+    the way out, so nothing is left beside the destination unless a SIGKILL ended the holder
+    (an empty file then, which the next writer takes and removes). A FIFO or symlink planted
+    there is refused, not waited on."""
+    destination = Path(destination)
+    lock = destination.parent / f".{destination.name}.lock"
     try:
-        lock.parent.mkdir(parents=True, exist_ok=True)
-        fd = open_lock(lock)  # a FIFO or symlink planted there is refused, not waited on
+        destination.parent.mkdir(parents=True, exist_ok=True)
+        fd = _hold(lock)
     except OSError as err:
-        problem = f"cannot create the lock {_show(lock)}: {err.strerror}"
-        if err.errno not in (errno.EROFS, errno.EACCES, errno.EPERM):
-            raise DestinationError(f"{problem} (set TOPKGEN_CACHE_DIR to a writable directory)") from None
-        private = Path(os.environ.get("XDG_RUNTIME_DIR") or tempfile.gettempdir()) / f"topkgen-locks-{os.getuid()}"
-        try:
-            fd = _private_lock(private, f"{key}.lock")
-        except OSError as again:
-            raise DestinationError(f"{problem}, nor in {_show(private)}: {again.strerror} "
-                                   f"(set TOPKGEN_CACHE_DIR to a writable directory)") from None
+        raise DestinationError(f"--out {_show(destination)}: cannot lock {_show(lock)}: {err.strerror}") from None
     try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        try:
-            yield
-        finally:
-            fcntl.flock(fd, fcntl.LOCK_UN)
+        yield
     finally:
+        with contextlib.suppress(OSError):
+            if os.fstat(fd).st_size == 0:  # only ever an empty lock file, never a file of the user's
+                os.unlink(lock)  # still held: a writer waiting on it finds it gone and opens a new one
+        os.close(fd)  # releases the flock
+
+
+def _hold(lock: Path) -> int:
+    """A descriptor of `lock` holding its flock, once the name still names the file locked:
+    a holder removes it before releasing it, so a waiter may wake on a file that is gone."""
+    while True:
+        fd = open_lock(lock)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            held, named = os.fstat(fd), os.lstat(lock)
+        except FileNotFoundError:
+            os.close(fd)
+            continue
+        except BaseException:  # a Ctrl-C while waiting, too
+            os.close(fd)
+            raise
+        if (held.st_dev, held.st_ino) == (named.st_dev, named.st_ino):
+            return fd
         os.close(fd)
