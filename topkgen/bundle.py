@@ -20,12 +20,11 @@ import re
 import shutil
 import stat
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-from topkgen import __version__, cache, dispatch_table, manifest_checks, reader
+from topkgen import __version__, cache, dispatch_table, manifest_checks, reader, workers
 from topkgen.compile import CompiledKernel, compile_kernel, portable_options, toolchain
 from topkgen.destinations import check_bundle_destination, locked
 from topkgen.errors import InputError
@@ -124,19 +123,20 @@ Progress = Callable[[KernelSpec, CompiledKernel, float], None]
 
 def compile_specs(specs: list[KernelSpec], jobs: int = 1, progress: Progress | None = None,
                   source_of: Callable[[KernelSpec], str] = render) -> list[tuple[str, CompiledKernel]]:
-    """Render and compile kernels in parallel (NVRTC runs without the GIL). `source_of`
-    renders from other templates than the installed ones (topkgen diff --build)."""
+    """Render and compile kernels in parallel (NVRTC runs without the GIL), in threads that
+    a Ctrl-C does not wait for (topkgen.workers). `source_of` renders from other templates
+    than the installed ones (topkgen diff --build)."""
 
-    def one(spec: KernelSpec) -> tuple[str, CompiledKernel]:
+    def one(spec: KernelSpec) -> tuple[str, CompiledKernel, float]:
         start = time.perf_counter()
         source = source_of(spec)
-        compiled = compile_kernel(source, spec.name, spec.arch)
-        if progress:
-            progress(spec, compiled, time.perf_counter() - start)
-        return source, compiled
+        return source, compile_kernel(source, spec.name, spec.arch), time.perf_counter() - start
 
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        return list(pool.map(one, specs))
+    def finished(spec: KernelSpec, result: tuple[str, CompiledKernel, float]) -> None:
+        if progress:
+            progress(spec, result[1], result[2])
+
+    return [(source, compiled) for source, compiled, _ in workers.run_all(one, specs, jobs, finished)]
 
 
 @dataclass(frozen=True)

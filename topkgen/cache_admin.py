@@ -14,12 +14,11 @@ import math
 import os
 import random
 import re
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from topkgen import bundle, cache
+from topkgen import bundle, cache, workers
 from topkgen import toolchain as tc
 from topkgen.errors import InputError
 
@@ -143,14 +142,13 @@ def verify(percent: float, *, remote: bool = False, seed: int | None = None, job
     seed = seed if seed is not None else int.from_bytes(os.urandom(4), "big")
     sample = sorted(random.Random(seed).sample(keys, math.ceil(len(keys) * percent / 100)))
     result = VerifyResult(store.label, len(keys), len(sample), seed)
-    with ThreadPoolExecutor(max_workers=max(1, jobs)) as pool:
-        for verdict in pool.map(lambda key: _verify_one(store, key), sample):
-            if verdict == "identical":
-                result.identical += 1
-            elif verdict == "skipped":
-                result.skipped += 1
-            else:
-                result.problems.append(verdict)
+    for verdict in workers.run_all(lambda key: _verify_one(store, key), sample, jobs):  # a Ctrl-C waits for none
+        if verdict == "identical":
+            result.identical += 1
+        elif verdict == "skipped":
+            result.skipped += 1
+        else:
+            result.problems.append(verdict)
     return result
 
 

@@ -1,0 +1,80 @@
+"""Work spread over threads that a Ctrl-C does not wait for.
+
+An NVRTC compile cannot be interrupted, and concurrent.futures joins its workers both when
+its executor's `with` block ends and when the interpreter exits: a Ctrl-C during a build
+waited for every compile under way (seconds at -j 2) before the prompt came back. Here the
+workers are daemon threads, which nothing joins: once the caller stops listening, no new
+item starts, and those under way are abandoned; topkgen.launch then ends the process at
+once (`busy`). What they would write cannot be half-written by that: the compile cache
+writes each entry to a temporary file and links it into place (cache.LocalStore.create).
+
+The caller waits in short polls, not in one blocking wait: NVRTC swaps in a SIGINT/SIGTERM
+handler of its own for each compile and restores Python's with SA_RESTART, after which a
+blocked wait does not wake for a Ctrl-C (Python raises it only once it runs again).
+"""
+
+from __future__ import annotations
+
+import queue
+import threading
+from typing import Callable, Sequence, TypeVar
+
+T = TypeVar("T")
+R = TypeVar("R")
+_POLL_SECONDS = 0.05
+_working: set[int] = set()  # the threads running an item now
+
+
+def busy() -> bool:
+    """Whether any item is under way (in a run that was abandoned, when the caller is done)."""
+    return bool(_working)
+
+
+def run_all(work: Callable[[T], R], items: Sequence[T], jobs: int,
+            finished: Callable[[T, R], None] | None = None) -> list[R]:
+    """`[work(item) for item in items]`, `jobs` items at a time; `finished` is told of each
+    item as it finishes, on the caller's thread (so nothing is printed once it has stopped).
+    The first exception `work` raises is raised here. When the caller stops early (that
+    exception, a Ctrl-C, a SIGTERM), no further item is started and none is waited for."""
+    todo: queue.SimpleQueue[tuple[int, T]] = queue.SimpleQueue()
+    for entry in enumerate(items):
+        todo.put(entry)
+    done: queue.SimpleQueue[tuple[int, bool, object]] = queue.SimpleQueue()
+
+    def worker() -> None:
+        while True:
+            try:
+                index, item = todo.get_nowait()
+            except queue.Empty:
+                return
+            _working.add(threading.get_ident())
+            try:
+                done.put((index, True, work(item)))
+            except BaseException as err:  # noqa: BLE001 - handed to the caller's thread, raised there
+                done.put((index, False, err))
+            finally:
+                _working.discard(threading.get_ident())
+
+    for _ in range(min(max(1, jobs), len(items))):
+        threading.Thread(target=worker, name="topkgen-worker", daemon=True).start()
+    results: list[R | None] = [None] * len(items)
+    try:
+        for _ in items:
+            while True:
+                try:
+                    index, ok, value = done.get(timeout=_POLL_SECONDS)
+                    break
+                except queue.Empty:
+                    continue  # back in Python now and then, where a Ctrl-C is raised (see the module's doc)
+            if not ok:
+                raise value  # type: ignore[misc]
+            results[index] = value  # type: ignore[assignment]
+            if finished is not None:
+                finished(items[index], value)  # type: ignore[arg-type]
+    finally:
+        while True:  # what has not started never will
+            try:
+                todo.get_nowait()
+            except queue.Empty:
+                break
+    return results  # type: ignore[return-value]
