@@ -129,6 +129,29 @@ def test_ctrl_c_during_a_build_does_not_wait_for_the_compiles_under_way(tmp_path
     assert seconds < one_compile / 4, (seconds, one_compile)
 
 
+def test_ctrl_c_with_a_stderr_whose_reader_left_is_still_130(tmp_path):
+    """The CLI's handler wrote the Ctrl-C line itself, and a stderr nobody reads (`topkgen
+    build ... 2>&1 | head -1`, the reader gone) turned that write into a BrokenPipeError:
+    exit 1, "a build failed". One function, launch.report_stop, now writes it for the CLI and
+    for a Ctrl-C during start-up alike, and the status says it when the line cannot."""
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    env = {**ENV, "TOPKGEN_CACHE_DIR": str(tmp_path / "cache")}
+    env.pop("TOPKGEN_CACHE_URL", None)
+    proc = subprocess.Popen([*TOPKGEN, "build", "--arch", "sm_90", "-j", "1", "--out", str(tmp_path / "out")],
+                            stdout=subprocess.PIPE, stderr=write_end, text=True, env=env,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    os.close(write_end)
+    try:
+        assert proc.stdout.readline().startswith("[ 1/29] ")
+        proc.send_signal(signal.SIGINT)
+        assert proc.wait(timeout=120) == 130
+    finally:
+        proc.kill()
+        proc.communicate()
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["cache"]
+
+
 def test_ctrl_c_during_diff_build_is_exit_130_not_a_result(tmp_path):
     cache = tmp_path / "cache"
 

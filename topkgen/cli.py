@@ -24,7 +24,7 @@ from click.shell_completion import CompletionItem
 
 from topkgen import console, errors, settings, standard_output, suggest
 from topkgen import policy as pol
-from topkgen.launch import stop_report  # launch says it of a Ctrl-C during the imports
+from topkgen.launch import report_stop  # also says it of a Ctrl-C during the imports
 from topkgen.reader import printable
 from topkgen.split import ROWS_MAX
 
@@ -147,9 +147,7 @@ def _interruptions() -> Iterator[None]:
     try:
         yield
     except KeyboardInterrupt as err:  # a SIGTERM too (launch.Terminated)
-        line, status = stop_report(err)
-        console.echo(f"{chr(10) if console.isatty(sys.stderr) else ''}{line}", err=True)
-        raise click.exceptions.Exit(status) from None
+        raise click.exceptions.Exit(report_stop(err)) from None
     except BrokenPipeError:
         standard_output.silence()
         raise click.exceptions.Exit(EXIT_BROKEN_PIPE) from None

@@ -3,7 +3,7 @@
 It exists for the first tenth of a second: a Ctrl-C that lands while the CLI and its
 libraries are still being imported comes before the CLI's own handler (`cli._interruptions`),
 and Python would print its traceback. So this module imports nothing heavy itself, and turns
-such a Ctrl-C into the CLI's one line and exit 130.
+such a Ctrl-C into the same one line and exit 130 as that handler does (`report_stop`).
 
 It also makes SIGTERM (a cancelled CI job, `kill`, a container stopping) unwind as a Ctrl-C
 does, rather than end the process where it stands: the staging directory of a bundle being
@@ -32,9 +32,19 @@ def _terminate(signum: int, frame: object) -> None:
     raise Terminated
 
 
-def stop_report(err: KeyboardInterrupt) -> tuple[str, int]:
-    """The line and exit status of a command that a Ctrl-C or a SIGTERM ended."""
-    return (TERMINATED, EXIT_TERMINATED) if isinstance(err, Terminated) else (INTERRUPTED, EXIT_INTERRUPTED)
+def report_stop(err: KeyboardInterrupt) -> int:
+    """Say on stderr, in one line, that a Ctrl-C or a SIGTERM ended the command, and return
+    its exit status: the one place that does, for the CLI's handler (cli._interruptions) and
+    for a Ctrl-C that lands before it exists. stderr may be closed (2>&-: None) or a pipe
+    nobody reads: the status still says it (the CLI's own line once became a BrokenPipeError
+    there, and the exit 1 of a failed build)."""
+    line, status = (TERMINATED, EXIT_TERMINATED) if isinstance(err, Terminated) else (INTERRUPTED, EXIT_INTERRUPTED)
+    try:
+        sys.stderr.write(("\n" if sys.stderr.isatty() else "") + line + "\n")
+        sys.stderr.flush()
+    except (AttributeError, OSError, ValueError):
+        pass
+    return status
 
 
 def main() -> None:
@@ -43,13 +53,8 @@ def main() -> None:
         from topkgen.cli import main as cli
 
         cli(prog_name="topkgen")
-    except KeyboardInterrupt as err:
-        line, status = stop_report(err)
-        try:  # stderr may be closed (2>&-: None) or a pipe nobody reads: the status still says it
-            sys.stderr.write(("\n" if sys.stderr.isatty() else "") + line + "\n")
-        except (AttributeError, OSError, ValueError):
-            pass
-        raise SystemExit(status) from None
+    except KeyboardInterrupt as err:  # during the imports, before the CLI's handler exists
+        raise SystemExit(report_stop(err)) from None
     except SystemExit as done:
         if done.code is None or isinstance(done.code, int):
             _leave_abandoned_work(done.code or 0)
