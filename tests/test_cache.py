@@ -369,6 +369,26 @@ def test_import_refuses_a_cubin_copied_over_another_kernels(tmp_path, full_bundl
     assert not (tmp_path / "cache").exists()
 
 
+@pytest.mark.parametrize("field", ["registers", "stack_bytes"])
+def test_import_refuses_resources_its_cubin_contradicts(tmp_path, full_bundle, field):
+    """An entry's resources are served to builds as ptxas's own (budgets are held against
+    them, manifests ship them); import took the manifest's on trust. The register count and
+    stack frame are what a cubin records (.nv.info), and are checked; the rest (spills, static
+    shared memory, barriers) a cubin does not record, as `cache import --help` says."""
+    bad = tmp_path / "bad"
+    shutil.copytree(full_bundle, bad)
+    manifest = json.loads((bad / "manifest.json").read_text())
+    kernel = manifest["kernels"][5]
+    true_value = kernel["resources"][field]
+    kernel["resources"][field] = true_value + 8  # within every budget check: only the cubin tells
+    (bad / "manifest.json").write_text(json.dumps(manifest))
+    proc = topkgen("cache", "import", bad, env={"TOPKGEN_CACHE_DIR": str(tmp_path / "cache")}, check=False)
+    assert (proc.returncode, proc.stderr) == (2, f"topkgen: error: {bad}: kernel {kernel['name']}: resources.{field} "
+                                                 f"is {true_value + 8}, but {kernel['cubin']} records {true_value}\n")
+    assert not (tmp_path / "cache").exists()
+    assert "spill counts, static shared memory and barriers" in " ".join(topkgen("cache", "import", "--help", env={}).stdout.split())
+
+
 def _import(bundle: str, cache_dir: str, barrier, queue) -> None:
     from topkgen import cache_admin
 

@@ -18,7 +18,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from topkgen import bundle, cache, workers
+from topkgen import bundle, cache, manifest_checks, workers
 from topkgen import toolchain as tc
 from topkgen.errors import InputError
 
@@ -96,6 +96,7 @@ def import_bundle(path: Path) -> ImportResult:
         if key != entry["cache_key"]:
             raise CacheInputError(f"{path}: kernel {entry['name']}: cache_key is not the key of its source under "
                                   f"the bundle's toolchain (tampered or from another topkgen)")
+        _check_resources(path, entry, cubin)
         fields = {"name": spec.name, "arch": spec.arch, "symbol": entry["symbol"], "resources": entry["resources"],
                   "toolchain": manifest["toolchain"]}
         chosen.append((key, fields, cubin, source))
@@ -118,6 +119,21 @@ def import_bundle(path: Path) -> ImportResult:
         toolchain_matches=tc.digest(manifest["toolchain"]) == tc.digest(toolchain()),
         remote=remote.label if remote is not None and not cache.remote_readonly() else None,
         remote_written=written)
+
+
+def _check_resources(path: Path, entry: dict, cubin: bytes) -> None:
+    """A cache entry's resources are served to builds as ptxas's own (budgets are checked
+    against them, manifests ship them): the register count and stack frame are checked
+    against what the cubin records. The spill counts, static shared memory and barriers
+    cannot be read back from a cubin, so import trusts the manifest for those."""
+    counts = manifest_checks.elf_function_counts(cubin, entry["symbol"])
+    if counts is None:
+        raise CacheInputError(f"{path}: kernel {entry['name']}: {entry['cubin']} records no register count and "
+                              f"stack frame for '{entry['symbol']}'")
+    for name, value in counts.items():
+        if entry["resources"][name] != value:
+            raise CacheInputError(f"{path}: kernel {entry['name']}: resources.{name} is {entry['resources'][name]}, "
+                                  f"but {entry['cubin']} records {value}")
 
 
 @dataclass

@@ -861,7 +861,9 @@ def cache_group() -> None:
 @click.argument("bundle_dir", metavar="BUNDLE", type=PathArg(file_okay=False))
 def cache_import(bundle_dir: str) -> None:
     """Fill the compile cache from a bundle (a release, a base revision's build), so that
-    builds of the same kernels compile nothing."""
+    builds of the same kernels compile nothing. Each cubin's sha256, cache key, register
+    count and stack frame are checked; its spill counts, static shared memory and barriers
+    are not in the cubin, so they are taken from the bundle's manifest as they are."""
     from pathlib import Path
 
     standard_output.report_only()

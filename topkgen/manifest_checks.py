@@ -23,7 +23,7 @@ SPLIT_PARAMS = ("x_indices", "chunk", "row_stride")
 GRID_MAX = 2**31 - 1  # CTAs of one launch (grid.x): a split's stage 1 runs rows x chunks
 
 EM_CUDA = 190
-SHT_SYMTAB, STT_FUNC, SHN_UNDEF = 2, 2, 0
+SHT_SYMTAB, SHT_NOBITS, STT_FUNC, SHN_UNDEF = 2, 8, 2, 0
 ELF64_SHDR, ELF64_SYM = 64, 24  # bytes of a section header, of a symbol
 
 
@@ -202,6 +202,54 @@ def elf_defines_function(data: bytes, symbol: str) -> bool | None:
             if st_info & 0xF == STT_FUNC and st_shndx != SHN_UNDEF and strtab[st_name:st_name + len(name)] == name:
                 return True
     return False
+
+
+# .nv.info records (format u8, attribute u8, then u16 size and that many bytes for EIFMT_SVAL)
+# that ptxas writes per function as (u32 symbol index, u32 value): what `ptxas -v` reports.
+EIFMT_SVAL = 4
+CUBIN_COUNTS = {0x2F: "registers", 0x11: "stack_bytes"}  # EIATTR_REGCOUNT, EIATTR_FRAME_SIZE
+
+
+def elf_function_counts(data: bytes, symbol: str) -> dict[str, int] | None:
+    """The registers and stack frame bytes a cubin's .nv.info section records for the
+    function `symbol` (the part of a manifest's `resources` that a cubin can prove; spills,
+    shared memory and barriers it records in no form as plain), or None when the file is no
+    little-endian ELF64 file with a symbol table and a .nv.info section that can be read.
+    Every offset is checked before it is read (the file may be forged)."""
+    size = len(data)
+    if size < 64 or data[4] != 2 or data[5] != 1:
+        return None
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
+    if shentsize < ELF64_SHDR or shoff > size or shnum > (size - shoff) // shentsize or shstrndx >= shnum:
+        return None
+    headers = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    if any(offset > size or length > size - offset for _, kind, _, _, offset, length, *_ in headers if kind != SHT_NOBITS):
+        return None  # a section (not SHT_NOBITS) that lies outside the file
+
+    def contents(header: tuple) -> bytes:
+        return data[header[4]:header[4] + header[5]]
+
+    names = contents(headers[shstrndx])
+    info = next((h for h in headers if names[h[0]:h[0] + 9] == b".nv.info\0"), None)
+    symtab = next((h for h in headers if h[1] == SHT_SYMTAB), None)
+    if info is None or symtab is None or symtab[6] >= shnum or symtab[9] != ELF64_SYM:
+        return None
+    strtab, table, wanted = contents(headers[symtab[6]]), contents(symtab), symbol.encode() + b"\0"
+    index = next((i for i in range(len(table) // ELF64_SYM)
+                  if strtab[struct.unpack_from("<I", table, i * ELF64_SYM)[0]:][:len(wanted)] == wanted), None)
+    if index is None:
+        return None
+    counts, records, at = {}, contents(info), 0
+    while at + 4 <= len(records):
+        fmt, attr = records[at], records[at + 1]
+        length = struct.unpack_from("<H", records, at + 2)[0] if fmt == EIFMT_SVAL else 0
+        if attr in CUBIN_COUNTS and length == 8 and at + 12 <= len(records):
+            function, value = struct.unpack_from("<II", records, at + 4)
+            if function == index:
+                counts[CUBIN_COUNTS[attr]] = value
+        at += 4 + length
+    return counts if len(counts) == len(CUBIN_COUNTS) else None
 
 
 def check_file(entry: Entry, data: bytes) -> None:
