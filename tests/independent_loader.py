@@ -3,7 +3,7 @@ an outside author would write one: the standard library only, no topkgen import,
 known about the policy. test_independent_loader.py holds it against topkgen.policy.select.
 
 Dispatch, per the schema: take dispatch[arch][dtype][mode] and the one row whose k, n and
-rows ranges hold k, n and rows (rows unknown: 2147483647, launched unsplit); its kernel
+rows ranges hold k, n and rows (rows unknown or 0: 2147483647, launched unsplit); its kernel
 serves with its chunks when the loader can JIT, its aot_fallback with its aot_chunks when
 it cannot (null: nothing serves). A split of C chunks per row needs a workspace of
 align_up(rows x C x k x 8, 256) + rows x C x k x sizeof(dtype) bytes, candidate values from
@@ -31,10 +31,10 @@ class IndependentLoader:
     def pick(self, arch: str, dtype: str, k: int, n: int, deterministic: bool, jit: bool,
              rows: int | None = None) -> tuple[str, int] | None:
         """(the kernel's name, chunks per row), or None where nothing serves the request."""
-        if not (1 <= k <= 1024 and k <= n <= 2147483647) or not (rows is None or 1 <= rows <= ROWS_MAX):
+        if not (1 <= k <= 1024 and k <= n <= 2147483647) or not (rows is None or 0 <= rows <= ROWS_MAX):
             raise Refused(f"k={k} n={n} rows={rows} is outside the domain")
         table = self.manifest["dispatch"][arch][dtype]["deterministic" if deterministic else "fast"]
-        r = ROWS_MAX if rows is None else rows
+        r = rows or ROWS_MAX  # unknown (None) or empty (0): the unsplit row
         hits = [row for row in table if row["k"][0] <= k <= row["k"][1] and row["n"][0] <= n <= row["n"][1]
                 and row["rows"][0] <= r <= row["rows"][1]]
         if len(hits) != 1:
@@ -42,7 +42,7 @@ class IndependentLoader:
         kernel, chunks = (hits[0]["kernel"], hits[0]["chunks"]) if jit else (hits[0]["aot_fallback"], hits[0]["aot_chunks"])
         if kernel is None:
             return None
-        return kernel, 1 if rows is None else chunks
+        return kernel, chunks if rows else 1
 
     @staticmethod
     def workspace(dtype: str, k: int, n: int, rows: int, chunks: int) -> dict[str, int]:

@@ -81,7 +81,7 @@ def boundary_shapes(policy: pol.Policy) -> list[tuple]:
         for dtype in policy.dtypes:
             ks, ns, rs = dispatch_table.boundary_grid(policy, arch, dtype)
             shapes += [(arch, dtype, k, n, det, jit, rows) for k in ks for n in sorted({*ns, k}) if n >= k
-                       for rows in [None, *dispatch_table.rows_for(policy, arch, n, rs)]
+                       for rows in [None, 0, *dispatch_table.rows_for(policy, arch, n, rs)]
                        for det in (False, True) for jit in (True, False)]
     return shapes
 
@@ -93,7 +93,7 @@ def random_shapes(policy: pol.Policy, count: int, seed: int = 9) -> list[tuple]:
         k = rng.randint(1, pol.K_MAX)
         n = rng.choice([rng.randint(k, max(k, 4200)), min(pol.N_MAX, int(k * 2 ** rng.uniform(0, 31))),
                         rng.randint(max(k, 100_000), 600_000)])
-        rows = rng.choice([None, rng.randint(1, 128), rng.randint(1, pol.ROWS_MAX)])
+        rows = rng.choice([None, 0, rng.randint(1, 128), rng.randint(1, pol.ROWS_MAX)])
         shape = (rng.choice(list(policy.archs)), rng.choice(policy.dtypes), k, n, rng.random() < 0.5)
         shapes += [(*shape, True, rows), (*shape, False, rows)]
     return shapes
@@ -857,13 +857,13 @@ int main(int, char** argv) {
 
 
 def test_cpp_select_reads_rows_as_select_does(cpp, built_bundle, default_policy):
-    """A ROWS of 0 or below is refused with select's reason (0 once read as "not given", so the
-    unsplit kernel came back); a line whose K, N or ROWS is not a whole 64-bit integer, or
-    whose JIT is not 0 or 1, is a malformed line."""
+    """A ROWS of 0, an empty batch, is served unsplit with no workspace (as select serves it;
+    plan once refused it), one below 0 refused with select's reason; a line whose K, N or ROWS
+    is not a whole 64-bit integer, or whose JIT is not 0 or 1, is a malformed line."""
     shapes = [("sm_90", "float32", 8, 1000, False, True, rows) for rows in (0, -5, 4)]
     got = cpp_select(cpp, built_bundle, shapes)
     assert got == [python_select(default_policy, s) for s in shapes]
-    assert got[:2] == ["error: rows: must be >= 1, got 0", "error: rows: must be >= 1, got -5"]
+    assert got[:2] == ["topk_register_ladder_k16_det_f32_sm_90 1 0 0", "error: rows: must be >= 0, got -5"]
     for line in ("sm_90 float32 8 1000 fast 1 abc", "sm_90 float32 8 1000 fast 1 4x", "sm_90 float32 8 1000 fast 1 4 5",
                  # were served: JIT 2 as JIT on, "1000fast" as n=1000 and fast, "+8" as 8
                  "sm_90 float32 8 1000 fast 2", "sm_90 float32 8 1000fast 1", "sm_90 float32 +8 1000 fast 1",
@@ -899,7 +899,7 @@ def test_launch_without_a_driver_says_so(cpp, built_bundle, tmp_path):
     ("3x", "1", "launch: expected ARCH DTYPE K N ROWS MODE JIT as whole numbers and names, got "
                 "'sm_90 float32 10 300 3x fast 0'"),  # was read as 3
     ("99999999999", "1", "rows: must be <= 2147483647, got 99999999999"),  # was "error: stoi"
-    ("0", "1", "rows: must be >= 1, got 0"),
+    ("-1", "1", "rows: must be >= 0, got -1"),
     ("3", "2", "launch: LARGEST must be 0 or 1, got '2'"),
 ])
 def test_launch_reads_its_arguments_whole_before_the_driver(cpp, built_bundle, tmp_path, rows, largest, message):
@@ -908,6 +908,16 @@ def test_launch_reads_its_arguments_whole_before_the_driver(cpp, built_bundle, t
     proc = subprocess.run([cpp, "launch", built_bundle, "sm_90", "float32", "10", "300", rows, "fast", "0", largest, x,
                            tmp_path / "v.bin", tmp_path / "i.bin"], capture_output=True, text=True)
     assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", f"topkgen-cpp: error: {message}\n")
+
+
+def test_launch_of_an_empty_batch_writes_empty_outputs_without_the_driver(cpp, built_bundle, tmp_path):
+    """ROWS 0 is a valid call that launches nothing, in topkgen-cpp as in TopK: no driver."""
+    x = tmp_path / "x.bin"
+    x.write_bytes(b"")
+    proc = subprocess.run([cpp, "launch", built_bundle, "sm_90", "float32", "256", "131072", "0", "fast", "0", "1", x,
+                           tmp_path / "v.bin", tmp_path / "i.bin"], capture_output=True, text=True)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (0, "topk_radix_dyn_k256_fast_f32_sm_90 1\n", "")
+    assert (tmp_path / "v.bin").read_bytes() == (tmp_path / "i.bin").read_bytes() == b""
 
 
 def test_gpu_check_launches_every_aot_kernel_through_both_loaders(cpp, built_bundle, gpu_check, monkeypatch):

@@ -31,7 +31,7 @@ def test_a_loader_from_the_schema_alone_agrees_with_select(built_bundle, default
                 for n in sorted({*ns, k}):
                     if n < k:
                         continue
-                    for rows in [None, *dispatch_table.rows_for(default_policy, arch, n, rs)]:
+                    for rows in [None, 0, *dispatch_table.rows_for(default_policy, arch, n, rs)]:
                         for det in (False, True):
                             for jit in (True, False):
                                 try:

@@ -66,6 +66,8 @@ def test_a_batch_of_no_rows_needs_no_workspace(op):
     assert op.workspace_bytes("float32", 16, 262144, 0) == 0
     assert op.plan("float32", 16, 262144, 0) is None
     assert op.choose("float32", 16, 262144, rows=0) == op.choose("float32", 16, 262144)
+    explained = op.explain("float32", 16, 262144, rows=0)  # once "(no batch size given)", rows null
+    assert explained.record()["request"]["rows"] == 0 and explained.split_words() == "none: an empty batch launches nothing"
     values, indices = op(np.zeros((0, 262144), np.float32), 16)
     assert values.shape == indices.shape == (0, 16)
     with pytest.raises(TopKError, match=r"^rows: must be >= 0, got -1$"):

@@ -246,5 +246,23 @@ def test_explain_shows_the_split_plan(cli):
     jsonschema.validate(record, load_schema("explain.schema.json"))
     assert record["request"]["rows"] == 1 and record["split"]["chunks"] == 32
     assert record["split"]["stage2_kernel"] == record["kernel"]
-    bad = cli(*args, "--rows", "0")
+    bad = cli(*args, "--rows", "-1")
     assert bad.exit_code == 2 and "--rows" in bad.stderr
+
+
+def test_an_empty_batch_is_explained_as_served_unsplit_everywhere(cli, default_policy):
+    """rows=0 has one answer in select, the CLI and the runtime: an empty batch launches
+    nothing, so it is served unsplit with no workspace (once the CLI refused it, TopK.explain
+    printed "no batch size given" and recorded null, and the C++ loader refused it)."""
+    args = ("explain", "--arch", "sm_90", "--dtype", "float32", "--k", "256", "--n", "131072", "--rows", "0")
+    text = cli(*args)
+    assert text.exit_code == 0, text.stderr
+    assert "rows=0 mode=fast" in text.stdout and "split:  none: an empty batch launches nothing" in text.stdout
+    assert "not split: rows=0, an empty batch launches nothing" in text.stdout
+    record = __import__("json").loads(cli(*args, "--format", "json").stdout)
+    jsonschema.validate(record, load_schema("explain.schema.json"))
+    assert record["request"]["rows"] == 0 and record["split"] is None
+    sel = pol.select(default_policy, "sm_90", "float32", 256, 131072, rows=0)
+    assert sel.split is None and sel.kernel == pol.select(default_policy, "sm_90", "float32", 256, 131072).kernel
+    with pytest.raises(pol.DispatchError, match=r"^rows: must be >= 0, got -1$"):
+        pol.select(default_policy, "sm_90", "float32", 256, 131072, rows=-1)

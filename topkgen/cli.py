@@ -424,9 +424,9 @@ Examples:
 @click.option("--dtype", type=DtypeType(), required=True, help=DTYPE_HELP)
 @K_OPTION
 @click.option("--n", "n", type=click.IntRange(1, pol.N_MAX), required=True, help="Row length (at least k).")
-@click.option("--rows", "rows", type=click.IntRange(1, ROWS_MAX), default=None,
+@click.option("--rows", "rows", type=click.IntRange(0, ROWS_MAX), default=None,
               help="Batch size: small batches of long rows may be split across CTAs, and this shows the chunk "
-                   "plan. Without it: one CTA per row.")
+                   "plan (0, an empty batch, launches nothing). Without it: one CTA per row.")
 @click.option("--deterministic", is_flag=True, help="Ask for the deterministic mode (ties by lower index).")
 @click.option("--no-jit", is_flag=True, help="Only AOT kernels may serve the shape.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,

@@ -312,8 +312,9 @@ class ArchTable:
 
     def lookup(self, dtype: str, k: int, n: int, deterministic: bool, jit: bool, rows: int | None = None) -> Choice:
         """The kernel for a shape, with the messages `select` gives for shapes it refuses.
-        rows=None (the batch size unknown) is served unsplit: the row for rows = ROWS_MAX names
-        the kernel, which serves any batch one CTA per row."""
+        rows=None (the batch size unknown) and rows=0 (an empty batch, which launches nothing)
+        are served unsplit: the row for rows = ROWS_MAX names the kernel, which serves any
+        batch one CTA per row."""
         found = self._lists.get((dtype, bool(deterministic)))
         if found is None:
             raise DispatchError(f"dtype: '{dtype}' is not in the bundle (known: {', '.join(sorted(self.dtypes))})")
@@ -323,12 +324,12 @@ class ArchTable:
         if not jit and dtype in self._jit_only:
             raise DispatchError(f"dtype: '{dtype}' has no AOT kernels and JIT is disabled")
         index, choices = found
-        with_jit, without_jit = choices[index.find(k, n, ROWS_MAX if rows is None else rows)]
+        with_jit, without_jit = choices[index.find(k, n, rows or ROWS_MAX)]
         choice = with_jit if jit else without_jit
         if choice is None:
             mode = "deterministic" if deterministic else "fast"
             raise DispatchError(f"no kernel serves arch={self.arch} dtype={dtype} k={k} n={n} mode={mode} without JIT")
-        return Choice(choice.kernel, choice.source) if rows is None else choice
+        return choice if rows else Choice(choice.kernel, choice.source)
 
 
 def serving_table(manifest: dict, policy: Policy, arch: str) -> tuple[ArchTable, bool]:

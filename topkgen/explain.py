@@ -59,6 +59,8 @@ class Explanation:
         """The chunk plan in words: what the split line prints."""
         plan = self.selection.split
         if plan is None:
+            if self.rows == 0:
+                return "none: an empty batch launches nothing"
             return "none: one CTA per row" if self.rows is not None else "none: one CTA per row (no batch size given)"
         return (f"{plan.chunks} chunks per row of {plan.chunk} elements (the last {plan.last_chunk}), "
                 f"{plan.rows * plan.chunks} CTAs; then {self.kernel.name} merges {plan.candidates} candidates "

@@ -758,8 +758,14 @@ def select(policy: Policy, arch: str, dtype: str, k: int, n: int, deterministic:
 
 
 def check_rows(rows: int) -> None:
-    """Refuse a batch size outside 1 <= rows <= ROWS_MAX, with the message every loader gives."""
-    _check_counts(("rows", rows, ROWS_MAX))
+    """Refuse a batch size outside 0 <= rows <= ROWS_MAX, with the message every loader gives.
+    0 is a request too: an empty batch launches nothing, so it is served unsplit, as an
+    unknown batch is, and needs no workspace."""
+    rows = as_integer("rows", rows)
+    if rows < 0:
+        raise DispatchError(f"rows: must be >= 0, got {rows}")
+    if rows > ROWS_MAX:
+        raise DispatchError(f"rows: must be <= {ROWS_MAX}, got {rows}")
 
 
 def resident_elements(spec: KernelSpec) -> int:
@@ -779,7 +785,7 @@ def _split(policy: Policy, arch: str, spec: KernelSpec, rows: int | None, n: int
     """The chunk plan of a request, or None: the arch's split rule, then the kernel's own
     limits (it must take chunks, and its n window must hold every chunk and the merge)."""
     tuning = policy.archs[arch].split
-    if rows is None or tuning is None or not split_capable(spec):
+    if not rows or tuning is None or not split_capable(spec):  # unknown or empty batch: unsplit
         return None
     chunks = tuning.chunks(rows, n, spec.k, resident_elements(spec))
     if chunks < 2:
@@ -791,6 +797,8 @@ def _split(policy: Policy, arch: str, spec: KernelSpec, rows: int | None, n: int
 
 
 def _split_reason(tuning: SplitTuning | None, spec: KernelSpec, rows: int, n: int, split: ChunkPlan | None) -> str:
+    if rows == 0:
+        return "not split: rows=0, an empty batch launches nothing"
     if tuning is None:
         return "not split: the arch has no split section"
     if not split_capable(spec):

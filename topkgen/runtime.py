@@ -184,7 +184,7 @@ class TopK:
     def plan(self, dtype: str, k: int, n: int, rows: int, deterministic: bool = False) -> ChunkPlan | None:
         """How a batch of `rows` rows is split (None: it is not), so that a caller can size
         the workspace it passes (`workspace_bytes`). A batch of 0 rows launches nothing, as a
-        call on one does: it is not split."""
+        call on one does: it is not split (the C++ loader's plan says the same)."""
         dtype, k, n, rows = _request(dtype, k, n, rows)
         choice = self.choose(dtype, k, n, deterministic, rows)
         return ChunkPlan(rows, n, k, choice.chunks, DTYPE_SIZES[dtype]) if choice.chunks > 1 else None
@@ -228,7 +228,7 @@ class TopK:
         says what raw uint16 input holds. Every argument is checked before any launch."""
         view = self._backend.view(x, dtype)
         k, largest = _integer("k", k), _flag("largest", largest)
-        choice = self.choose(view.dtype, k, view.n, deterministic, view.rows or None)
+        choice = self.choose(view.dtype, k, view.n, deterministic, view.rows)
         kernel = self._kernel(choice)
         entry = self._entries[choice.kernel]
         plan = ChunkPlan(view.rows, view.n, k, choice.chunks, DTYPE_SIZES[view.dtype]) if choice.chunks > 1 else None
@@ -284,16 +284,10 @@ def _dtype(dtype: Any) -> str:
 def _request(dtype: str, k: Any, n: Any, rows: Any) -> tuple[str, int, int, int | None]:
     """A request's arguments as `choose`, `plan`, `workspace_bytes` and `explain` all take
     them: the dtype's short spellings expanded, k, n and rows as ints whatever integral type
-    they came as (what `__call__` takes too), rows 0 as None (an empty batch launches
-    nothing, so nothing is split). The ranges are the dispatch table's to check, with the
-    messages every loader gives."""
+    they came as (what `__call__` takes too). The ranges are the dispatch table's to check,
+    with the messages every loader gives (rows 0, an empty batch, is served unsplit)."""
     dtype, k, n = _dtype(dtype), _integer("k", k), _integer("n", n)
-    if rows is None:
-        return dtype, k, n, None
-    rows = _integer("rows", rows)
-    if rows < 0:
-        raise TopKError(f"rows: must be >= 0, got {rows}")
-    return dtype, k, n, rows or None
+    return dtype, k, n, None if rows is None else _integer("rows", rows)
 
 
 class _View:

@@ -10,6 +10,7 @@
 //                               top-k of ROWS x N elements read from IN on the GPU (split
 //                               when the bundle says so), outputs written raw to VALUES and
 //                               INDICES (int64); prints the kernel and its chunks per row
+//                               (ROWS 0: empty outputs, nothing launched)
 //
 // DIR: a bundle's directory or its manifest file, as topkgen reads it.
 // Errors: "topkgen-cpp: error: MESSAGE" on stderr, exit 2 (a missing driver and a failed
@@ -54,7 +55,7 @@ bool parse_shape(const std::string& line, Shape& s) {
   if (f[5] != "0" && f[5] != "1") return false;
   s.deterministic = f[4] == "deterministic";
   s.jit = f[5] == "1";
-  s.has_rows = f.size() == 7;  // 0 and negative counts are refused by Bundle::plan, with the reason
+  s.has_rows = f.size() == 7;  // negative counts are refused by Bundle::plan, with the reason
   return !s.has_rows || whole_integer(f[6], s.rows);
 }
 
@@ -147,6 +148,11 @@ int launch(const std::vector<std::string>& a) {
   const std::string x = slurp(a[9]);
   const std::size_t expected = static_cast<std::size_t>(rows) * static_cast<std::size_t>(s.n) * elem;
   if (x.size() != expected) throw topkgen::Error(a[9] + ": expected " + std::to_string(expected) + " bytes");
+  if (rows == 0) {  // an empty batch launches nothing: empty outputs, no driver needed
+    spill(a[10], ""), spill(a[11], "");
+    std::cout << plan.kernel->name << " " << plan.chunks << "\n";
+    return 0;
+  }
   const auto& d = topkgen::cu::Driver::get();
   topkgen::cu::current_arch();  // a current context
   topkgen::cu::DevicePtr dx = 0, dv = 0, di = 0, dw = 0;

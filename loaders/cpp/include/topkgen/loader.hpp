@@ -1357,7 +1357,8 @@ class Bundle {
   }
 
   // How a batch of `rows` rows is served: the kernel, its chunks per row and, for a split,
-  // the workspace that run() needs (topkgen.split's arithmetic).
+  // the workspace that run() needs (topkgen.split's arithmetic). rows = 0, an empty batch,
+  // is served unsplit with no workspace: run() launches nothing for it.
   Plan plan(const std::string& arch, const std::string& dtype, std::int64_t k, std::int64_t n, std::int64_t rows,
             bool deterministic, bool jit_available) const {
     auto [kernel, chunks] = lookup(arch, dtype, k, n, rows, deterministic, jit_available);
@@ -1500,16 +1501,16 @@ class Bundle {
     const detail::List& list = by_dtype->second.at(mode);
     if (!jit_available && list.all_jit && by_dtype->second.at(deterministic ? "fast" : "deterministic").all_jit)
       throw Error("dtype: '" + dtype + "' has no AOT kernels and JIT is disabled");
-    const detail::Row& row = list.find(k, n, rows);
-    if (jit_available) return {row.kernel, row.chunks};
+    const detail::Row& row = list.find(k, n, rows == 0 ? ROWS_MAX : rows);  // an empty batch: served unsplit
+    if (jit_available) return {row.kernel, rows == 0 ? 1 : row.chunks};
     if (row.fallback == nullptr)
       throw Error("no kernel serves arch=" + arch + " dtype=" + dtype + " k=" + std::to_string(k) + " n=" +
                   std::to_string(n) + " mode=" + mode + " without JIT");
-    return {row.fallback, row.fallback_chunks};
+    return {row.fallback, rows == 0 ? 1 : row.fallback_chunks};
   }
 
   static void check_rows(std::int64_t rows) {
-    if (rows <= 0) throw Error("rows: must be >= 1, got " + std::to_string(rows));
+    if (rows < 0) throw Error("rows: must be >= 0, got " + std::to_string(rows));
     if (rows > ROWS_MAX) throw Error("rows: must be <= " + std::to_string(ROWS_MAX) + ", got " + std::to_string(rows));
   }
 
