@@ -313,7 +313,7 @@ def test_an_arch_a_bundle_lacks_keeps_its_jit_only_tiers(bundles, tmp_path):
     assert {t["rule"] for t in manifest["jit_only"]} < {t["rule"] for t in full["jit_only"]}  # the case in question
     code, doc = diff_json(bundles / "full", tmp_path / "sm90")
     assert code == 1 and doc["summary"]["counts"]["sm_100"] == {"old": 29, "new": 0}
-    assert doc["summary"]["jit_only"] == {"added": 0, "removed": 0}
+    assert doc["summary"]["jit_only"] == {"added": 0, "removed": 0, "changed": 0}
 
 
 def test_manifest_and_bundle_sides_compare_resources(bundles, tmp_path):
@@ -437,6 +437,29 @@ def test_a_build_failure_is_trouble_not_a_difference(repo):
 
 
 # ----------------------------------------------------------------------------- the report
+
+def test_a_jit_only_tier_whose_reason_changed_differs(tmp_path):
+    """The reason of a JIT-only tier is written into the manifest (jit_only, and plan and
+    explain print it): a change to it alone is a difference, in every format (it was "same",
+    exit 0)."""
+    old_reason = 'reason: "single-shape register kernel; kept out of the bundle'
+    assert DEFAULT_TEXT.count(old_reason) == 1
+    new = tmp_path / "new.yaml"
+    new.write_text(DEFAULT_TEXT.replace(old_reason, 'reason: "measured again: single-shape register kernel; kept out of the bundle'))
+    code, doc = diff_json(DEFAULT_POLICY, new)
+    assert code == 1 and doc["summary"]["jit_only"] == {"added": 0, "removed": 0, "changed": 1}
+    (tier,) = doc["jit_only"]["changed"]
+    assert tier["rule"] == "reg_exact_k32_n256" and set(tier["changes"]) == {"reason"}
+    assert tier["changes"]["reason"]["new"].startswith("measured again: single-shape")
+    text = topkgen("diff", DEFAULT_POLICY, new)
+    assert text.returncode == 1 and "JIT-only tiers: 0 added, 0 removed, 1 changed" in text.stdout
+    assert '  ~ reg_exact_k32_n256: reason "single-shape register kernel;' in text.stdout
+    assert '-> "measured again: single-shape register kernel;' in text.stdout
+    md = topkgen("diff", DEFAULT_POLICY, new, "--format", "markdown")
+    assert md.returncode == 1 and "<summary>JIT-only tiers changed: 1</summary>" in md.stdout
+    assert '| `reg_exact_k32_n256` | reason "single-shape register kernel; kept out' in md.stdout
+    assert topkgen("diff", DEFAULT_POLICY, DEFAULT_POLICY).returncode == 0
+
 
 def test_legacy_against_default_in_markdown_is_review_sized():
     proc = topkgen("diff", LEGACY_POLICY, DEFAULT_POLICY, "--format", "markdown")

@@ -111,13 +111,14 @@ class Report:
     over_budget: list[dict]  # {name, arch, old: [problem] | None, new: [problem] | None}
     tiers_added: list[dict]
     tiers_removed: list[dict]
+    tiers_changed: list[dict]  # tiers of both sides whose record differs: {rule, changes: {field: {old, new}}}
     dispatch: list[dict]     # {shape, old, new, moves}
     shapes_checked: int
 
     @property
     def differs(self) -> bool:
         return bool(self.added or self.removed or self.changed or self.jit_changed or self.tiers_added
-                    or self.tiers_removed
+                    or self.tiers_removed or self.tiers_changed
                     or self.dispatch or any(a != b for a, b in self.counts.values()))
 
     def summary(self) -> dict[str, Any]:
@@ -132,7 +133,8 @@ class Report:
                         "changed_in": {a: sum(1 for c in self.changed if a in c["aspects"]) for a in ASPECTS},
                         "jit_changed_in_source": len(self.jit_changed)},
             "over_budget": {"old": over("old"), "new": over("new")},
-            "jit_only": {"added": len(self.tiers_added), "removed": len(self.tiers_removed)},
+            "jit_only": {"added": len(self.tiers_added), "removed": len(self.tiers_removed),
+                         "changed": len(self.tiers_changed)},
             "dispatch": {"shapes_checked": self.shapes_checked, "changed": len(self.dispatch),
                          "moves": {m: sum(1 for d in self.dispatch if d["moves"] == m) for m in MOVES}},
         }
@@ -388,6 +390,8 @@ def compare(old: Side, new: Side, shapes: list[Shape] | None = None) -> Report:
                    if name in old.jit_kernels and old.jit_kernels[name]["source_sha256"] != kernel["source_sha256"]]
     tiers_added = [new.jit_tiers[r] for r in new.jit_tiers if r not in old.jit_tiers]
     tiers_removed = [old.jit_tiers[r] for r in old.jit_tiers if r not in new.jit_tiers]
+    tiers_changed = [c for c in (_tier_change(old.jit_tiers[r], tier) for r, tier in new.jit_tiers.items()
+                                 if r in old.jit_tiers) if c is not None]
 
     policy_archs = list(dict.fromkeys([*old.policy.archs, *new.policy.archs]))
     dtypes = list(dict.fromkeys([*old.policy.dtypes, *new.policy.dtypes]))
@@ -407,7 +411,15 @@ def compare(old: Side, new: Side, shapes: list[Shape] | None = None) -> Report:
                                                                          after.get("chunks")):
             dispatch.append({"shape": shape.record(), "old": before, "new": after, "moves": movement(before, after)})
     return Report(old, new, counts, added, removed, changed, jit_changed, _over_budget(old, new), tiers_added,
-                  tiers_removed, dispatch, len(shapes))
+                  tiers_removed, tiers_changed, dispatch, len(shapes))
+
+
+def _tier_change(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any] | None:
+    """A JIT-only tier both sides keep, with the fields of its record that differ (None: same):
+    its reason too, which the manifest carries to every reader of `plan` and `explain`."""
+    changes = {key: {"old": old.get(key), "new": new.get(key)} for key in dict.fromkeys([*old, *new])
+               if old.get(key) != new.get(key)}
+    return {"rule": new["rule"], "changes": changes} if changes else None
 
 
 def _flatten(record: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -11,7 +11,7 @@ from typing import Any, Callable
 
 from topkgen.diff import Report, Side, field_aspect, field_label
 
-SCHEMA_VERSION = 4  # schemas/diff.schema.json
+SCHEMA_VERSION = 5  # schemas/diff.schema.json
 MARKDOWN_LIMIT = 60_000
 LABEL_CHARS = 120      # a side's label or origin as the header shows it
 SHAPES_PER_ROW = 12    # shapes a markdown dispatch row lists before "+N more"
@@ -37,7 +37,7 @@ def to_json(report: Report) -> dict[str, Any]:
         "kernels": {"added": [k["name"] for k in report.added], "removed": [k["name"] for k in report.removed],
                     "changed": report.changed, "jit_changed": report.jit_changed,
                     "over_budget": report.over_budget},
-        "jit_only": {"added": report.tiers_added, "removed": report.tiers_removed},
+        "jit_only": {"added": report.tiers_added, "removed": report.tiers_removed, "changed": report.tiers_changed},
         "dispatch": {"shapes_checked": report.shapes_checked, "changed": report.dispatch},
     }
 
@@ -70,6 +70,19 @@ def change_text(change: dict[str, Any]) -> str:
             parts.append(f"{field_label(path)} {old} -> {new} ({new - old:+d})")
         else:
             parts.append(f"{field_label(path)} {_value(old)} -> {_value(new)}")
+    return ", ".join(parts)
+
+
+def tier_change_text(change: dict[str, Any]) -> str:
+    """`reason 'old words' -> 'new words', k [32] -> [16]`: a reason whole (up to 400
+    characters), since a reviewer reads the words, and other fields as a kernel's are."""
+    parts = []
+    for key, delta in change["changes"].items():
+        if key == "reason":
+            parts.append(f"reason {_clip(json.dumps(delta['old'], ensure_ascii=False), 400)} -> "
+                         f"{_clip(json.dumps(delta['new'], ensure_ascii=False), 400)}")
+        else:
+            parts.append(f"{key} {_value(delta['old'])} -> {_value(delta['new'])}")
     return ", ".join(parts)
 
 
@@ -120,7 +133,8 @@ def _summary_lines(report: Report) -> dict[str, str]:
         def count(n: int | None) -> str:
             return "not built" if n is None else str(n)
         lines["over budget"] = f"old {count(budget['old'])}, new {count(budget['new'])}"
-    lines["JIT-only tiers"] = f"{s['jit_only']['added']} added, {s['jit_only']['removed']} removed"
+    tiers = s["jit_only"]
+    lines["JIT-only tiers"] = f"{tiers['added']} added, {tiers['removed']} removed, {tiers['changed']} changed"
     d = s["dispatch"]
     moves = ", ".join(f"{n} {m}" for m, n in d["moves"].items() if n)
     lines["dispatch"] = f"{d['changed']} of {d['shapes_checked']} shapes change" + (f": {moves}" if moves else "")
@@ -154,6 +168,8 @@ def to_text(report: Report, style: Style = _plain, *, summary_only: bool = False
     section("JIT-only tiers added", [style(f"  + {t['rule']}: {t['reason']}", fg="green") for t in report.tiers_added])
     section("JIT-only tiers removed",
             [style(f"  - {t['rule']}: {t['reason']}", fg="red") for t in report.tiers_removed])
+    section("JIT-only tiers changed",
+            [f"  {style('~ ' + t['rule'], fg='yellow')}: {tier_change_text(t)}" for t in report.tiers_changed])
     section("dispatch changes, shapes grouped by move",
             [f"  {g['where']}: {_choice_text(g['old'])} -> {_choice_text(g['new'])}  "
              f"{style('[' + g['moves'] + ']', fg='magenta')}  {len(g['shapes'])} shape(s): {', '.join(g['shapes'])}"
@@ -205,6 +221,8 @@ def _markdown_sections(report: Report) -> list[tuple[str, list[str], list[str]]]
          [f"- {_code(t['rule'])}: {_md(_clip(str(t['reason']), 400))}" for t in report.tiers_added]),
         (f"JIT-only tiers removed: {len(report.tiers_removed)}", [],
          [f"- {_code(t['rule'])}: {_md(_clip(str(t['reason']), 400))}" for t in report.tiers_removed]),
+        (f"JIT-only tiers changed: {len(report.tiers_changed)}", ["| tier | change |", "|---|---|"],
+         [f"| {_code(t['rule'])} | {_md(_clip(tier_change_text(t), 800))} |" for t in report.tiers_changed]),
         (f"Dispatch: {len(report.dispatch)} shapes change, in {len(groups)} groups",
          ["| shapes | old | new | move | which |", "|---|---|---|---|---|"],
          [f"| {_md(g['where'])} | {_md(_choice_text(g['old']))} | {_md(_choice_text(g['new']))} | {_md(g['moves'])} "
