@@ -461,6 +461,28 @@ def test_a_jit_only_tier_whose_reason_changed_differs(tmp_path):
     assert topkgen("diff", DEFAULT_POLICY, DEFAULT_POLICY).returncode == 0
 
 
+def test_markdown_keeps_a_reason_s_markup_mentions_and_references_inert(tmp_path):
+    """A reason is free text: in a pull-request comment `@alice` would notify her, `#1` cite
+    an issue, and **x**, [a](url), backticks, ~x~, _x_, | and <b> would render as markup.
+    Each special is escaped; @ and # are followed by a zero-width space (GitHub links mentions
+    and references in the rendered text, whatever the source escaped)."""
+    from topkgen.diff_report import _md
+
+    for special in "\\*[]()!|`~#":
+        assert _md(f"a{special}b") == f"a\\{special}{'&#8203;' if special == '#' else ''}b"
+    assert _md("@alice") == "@&#8203;alice" and _md("<b>&") == "&lt;b&gt;&amp;"
+    assert _md("two\nlines\r\n| x") == "two lines \\| x"  # a line break would end the table row
+    assert _md("_x_ sm_90 a__b") == "\\_x\\_ sm_90 a\\_\\_b"  # within a word `_` is no emphasis
+    old_reason = 'reason: "single-shape register kernel; kept out of the bundle'
+    new = tmp_path / "new.yaml"
+    new.write_text(DEFAULT_TEXT.replace(old_reason, 'reason: "cc @alice, see #1: **x** [a](https://x.invalid) `c` '
+                                                    '~s~ _i_ a|b <b> \\\\ ! kept out of the bundle'))
+    md = topkgen("diff", DEFAULT_POLICY, new, "--format", "markdown").stdout
+    assert ("cc @&#8203;alice, see \\#&#8203;1: \\*\\*x\\*\\* \\[a\\]\\(https://x.invalid\\) \\`c\\` \\~s\\~ "
+            "\\_i\\_ a\\|b &lt;b&gt; \\\\\\\\ \\! kept out") in md  # the backslash as JSON writes it, each escaped
+    assert "@alice" not in md and "#1" not in md and "**x**" not in md and "<b>" not in md
+
+
 def test_legacy_against_default_in_markdown_is_review_sized():
     proc = topkgen("diff", LEGACY_POLICY, DEFAULT_POLICY, "--format", "markdown")
     assert proc.returncode == 1

@@ -7,6 +7,7 @@ the sides, folding details into <details> blocks and counting what it leaves out
 from __future__ import annotations
 
 import json
+import re
 from typing import Any, Callable
 
 from topkgen.diff import Report, Side, field_aspect, field_label
@@ -179,9 +180,20 @@ def to_text(report: Report, style: Style = _plain, *, summary_only: bool = False
 
 # ----------------------------------------------------------------------------- markdown
 
+# Markdown's specials behind a backslash (CommonMark escapes any ASCII punctuation), so a
+# reason renders as the words it holds; `<` and `>` are HTML entities already, and `_` only
+# where it could start or end emphasis (not within a word: sm_90 stays as it reads). GitHub
+# links `@name` and `#1` in the rendered text, whatever escaped them in the source: a
+# zero-width space after `@` and `#` keeps a reason from notifying anyone or citing an issue.
+MARKDOWN_ESCAPES = str.maketrans({**{c: "\\" + c for c in "\\*[]()!|`~"}, "#": "\\#&#8203;", "@": "@&#8203;"})
+EMPHASIS_UNDERSCORE = re.compile(r"(?<![^\W_])_|_(?![^\W_])")
+
+
 def _md(text: str) -> str:
-    """Free text (rule reasons, labels) as inert markdown inside a table cell or list."""
-    return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("|", "\\|")
+    """Free text (rule reasons, labels) as inert markdown inside a table cell or list, on
+    one line (a line break would end the row)."""
+    text = " ".join(text.splitlines()).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").translate(MARKDOWN_ESCAPES)
+    return EMPHASIS_UNDERSCORE.sub(r"\\_", text)
 
 
 def _code(text: str) -> str:
