@@ -264,6 +264,25 @@ def test_an_empty_path_is_refused_by_name(cli, tmp_path, monkeypatch, args, name
     assert list(tmp_path.iterdir()) == []
 
 
+def test_run_o_dash_is_refused_not_a_file_named_dash(cli, tmp_path, monkeypatch, tiny_bundle):  # noqa: F811
+    """`-o -` reads as standard output, as in most tools; run wrote a file named '-' here.
+    Refused in one line naming -o before anything is read; a file named '-' is -o ./-."""
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner(mix_stderr=False).invoke(cli_module.main, ["run", "--bundle", "b", "--k", "1", "x.npy", "-o", "-"])
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr.splitlines()[-1] == (
+        "Error: Invalid value for '-o' / '--output': run does not write to standard output: name a .npz file "
+        "(-o top8.npz; a file called '-' is -o ./-), or leave -o out to print the rows")
+    assert list(tmp_path.iterdir()) == []
+    import numpy as np
+
+    np.save(tmp_path / "x.npy", np.arange(200, dtype=np.float32).reshape(2, 100))
+    named = cli("run", "--bundle", tiny_bundle, "--backend", "emulator", "--arch", "sm_90", "--k", "3", "x.npy",
+                "-o", "./-")
+    assert named.exit_code == 0, named.stderr
+    assert np.load(tmp_path / "-")["indices"].tolist() == [[99, 98, 97], [99, 98, 97]]
+
+
 def test_summaries_read_as_sentences(cli, tmp_path, monkeypatch, tiny_bundle):  # noqa: F811
     """A trial as a new user found 'wrote mine//manifest.json', '1 kernels', a bundle called a
     manifest, and the emulator asking for `arch:` where the CLI's option is --arch."""

@@ -282,6 +282,18 @@ class PathArg(_NotEmpty, click.Path):
     """A path that may not be empty."""
 
 
+class NpzOutputArg(PathArg):
+    """run's -o: a .npz file. "-" means standard output to most tools, and a file named "-"
+    appeared in the current directory; the arrays are binary, so it is refused, with the ways
+    to say either thing."""
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if value == "-":
+            self.fail("run does not write to standard output: name a .npz file (-o top8.npz; a file called '-' "
+                      "is -o ./-), or leave -o out to print the rows", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 class TextArg(_NotEmpty, click.types.StringParamType):
     """A word that may not be empty: diff's OLD and NEW (a path or a git revision)."""
 
@@ -720,8 +732,9 @@ which 16-bit type those hold); the values are saved the same way.""")
 @click.option("--dtype", type=DtypeType(("bfloat16", "float16")), default=None,
               help="What raw uint16 input holds: bfloat16 (default) or float16 (bf16, fp16 too).")
 @click.argument("input_path", metavar="IN.npy", type=PathArg(dir_okay=False))
-@click.option("-o", "--output", "output_path", default=None, type=PathArg(dir_okay=False), metavar="OUT.npz",
-              help="Save arrays 'values' and 'indices' here. Without it, each row's top-k is printed.")
+@click.option("-o", "--output", "output_path", default=None, type=NpzOutputArg(dir_okay=False), metavar="OUT.npz",
+              help="Save arrays 'values' and 'indices' here (a file: not '-'). Without it, each row's top-k is "
+                   "printed.")
 @click.option("--force", is_flag=True, help="Replace -o even when it is not the output of an earlier run.")
 def run(bundle_dir: str, arch: str | None, backend: str, k: int, smallest: bool, deterministic: bool,
         dtype: str | None, input_path: str, output_path: str | None, force: bool) -> None:
