@@ -15,6 +15,7 @@ import json
 import os
 import random
 import resource
+import select
 import shutil
 import subprocess
 import sys
@@ -870,7 +871,32 @@ def test_cpp_select_reads_rows_as_select_does(cpp, built_bundle, default_policy)
                  "sm_90 float32 8 1000 fast 1 9223372036854775808"):
         proc = subprocess.run([cpp, "select", built_bundle], input=line + "\n", capture_output=True, text=True)
         assert (proc.returncode, proc.stdout) == (2, ""), line
-        assert proc.stderr == f"topkgen-cpp: error: stdin: expected 'ARCH DTYPE K N MODE JIT [ROWS]', got '{line}'\n"
+        assert proc.stderr == f"topkgen-cpp: error: stdin:1: expected 'ARCH DTYPE K N MODE JIT [ROWS]', got '{line}'\n"
+
+
+def test_cpp_select_answers_line_by_line_and_names_a_bad_line(cpp, built_bundle, default_policy):
+    """select read all of stdin first: a bad line dropped the answers to every line before it
+    and the error named no line. Each answer now comes (flushed) before the next line is read,
+    and the error names stdin:LINE, blank lines counted, as topkgen's workload files do."""
+    good = ("sm_90", "float32", 8, 1000, False, True)
+    proc = subprocess.run([cpp, "select", built_bundle], capture_output=True, text=True,
+                          input="sm_90 float32 8 1000 fast 1\n\nsm_90 float32 8 1000 fast 1 4\nsm_90 float32 8\n"
+                                "sm_90 float32 8 1000 fast 1\n")
+    assert proc.returncode == 2
+    assert proc.stdout.splitlines() == [python_select(default_policy, good), python_select(default_policy, (*good, 4))]
+    assert proc.stderr == "topkgen-cpp: error: stdin:4: expected 'ARCH DTYPE K N MODE JIT [ROWS]', got 'sm_90 float32 8'\n"
+    # Answered while stdin is still open: a caller on a pipe reads each answer before writing the next line.
+    with subprocess.Popen([cpp, "select", built_bundle], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True) as live:
+        try:
+            for rows in (None, 4):
+                live.stdin.write("sm_90 float32 8 1000 fast 1" + ("" if rows is None else f" {rows}") + "\n")
+                live.stdin.flush()
+                ready, _, _ = select.select([live.stdout], [], [], 30)
+                assert ready, "no answer while stdin is open"
+                assert live.stdout.readline() == python_select(default_policy, (*good, rows)) + "\n"
+        finally:
+            live.stdin.close()
+        assert live.wait(timeout=30) == 0 and live.stdout.read() == ""
 
 
 def _driver_loads() -> bool:

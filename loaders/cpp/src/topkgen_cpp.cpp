@@ -2,8 +2,9 @@
 //
 //   topkgen-cpp verify DIR      load DIR (every check), print a summary
 //   topkgen-cpp select DIR      per stdin line "ARCH DTYPE K N MODE JIT [ROWS]" (JIT 0 or 1,
-//                               the numbers whole 64-bit integers; any other line stops it)
-//                               print "KERNEL" (no ROWS: the batch size unknown) or
+//                               the numbers whole 64-bit integers; any other line stops it,
+//                               an error naming stdin:LINE) print, line by line and flushed,
+//                               "KERNEL" (no ROWS: the batch size unknown) or
 //                               "KERNEL CHUNKS WORKSPACE_BYTES VALUES_OFFSET", or "error: MESSAGE"
 //   topkgen-cpp bench DIR       time select over the stdin shapes: median ns per lookup
 //   topkgen-cpp launch DIR ARCH DTYPE K N ROWS MODE JIT LARGEST IN VALUES INDICES
@@ -59,15 +60,25 @@ bool parse_shape(const std::string& line, Shape& s) {
   return !s.has_rows || whole_integer(f[6], s.rows);
 }
 
-std::vector<Shape> read_shapes() {
-  std::vector<Shape> shapes;
+// The next shape on stdin (empty lines skipped), false at its end; a malformed line is an
+// error naming stdin:LINE, as topkgen's workload files name theirs.
+bool next_shape(Shape& s, std::size_t& line_no) {
   std::string line;
   while (std::getline(std::cin, line)) {
+    ++line_no;
     if (line.empty()) continue;
-    Shape s;
-    if (!parse_shape(line, s)) throw topkgen::Error("stdin: expected 'ARCH DTYPE K N MODE JIT [ROWS]', got '" + line + "'");
-    shapes.push_back(s);
+    if (!parse_shape(line, s))
+      throw topkgen::Error("stdin:" + std::to_string(line_no) + ": expected 'ARCH DTYPE K N MODE JIT [ROWS]', got '" +
+                           line + "'");
+    return true;
   }
+  return false;
+}
+
+std::vector<Shape> read_shapes() {
+  std::vector<Shape> shapes;
+  std::size_t line_no = 0;
+  for (Shape s; next_shape(s, line_no); s = Shape()) shapes.push_back(s);
   return shapes;
 }
 
@@ -80,10 +91,13 @@ int verify(const std::string& dir) {
   return 0;
 }
 
+// Answers each line as it is read, flushed: a caller on a pipe gets an answer per request,
+// and a malformed line stops it after the answers to every line before it.
 int select(const std::string& dir) {
   topkgen::Bundle bundle(dir);
-  std::string out;
-  for (const Shape& s : read_shapes()) {
+  std::size_t line_no = 0;
+  for (Shape s; next_shape(s, line_no); s = Shape()) {
+    std::string out;
     try {
       if (!s.has_rows) {
         out += bundle.select(s.arch, s.dtype, s.k, s.n, s.deterministic, s.jit).name;
@@ -95,9 +109,8 @@ int select(const std::string& dir) {
     } catch (const topkgen::Error& err) {
       out += std::string("error: ") + err.what();
     }
-    out += '\n';
+    std::cout << out << '\n' << std::flush;
   }
-  std::cout << out;
   return 0;
 }
 
