@@ -283,6 +283,32 @@ def test_run_o_dash_is_refused_not_a_file_named_dash(cli, tmp_path, monkeypatch,
     assert np.load(tmp_path / "-")["indices"].tolist() == [[99, 98, 97], [99, 98, 97]]
 
 
+def test_a_bundle_may_be_named_by_its_manifest(cli, tmp_path, monkeypatch, tiny_bundle):  # noqa: F811
+    """show, run --bundle, cache import and merge said "Directory 'out/manifest.json' is a
+    file." where TopK and the C++ loader take the manifest for its bundle: they do too, and -o
+    is still refused inside that bundle. Another file is refused naming what to give."""
+    import numpy as np
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TOPKGEN_CACHE_DIR", str(tmp_path / "cache"))
+    shutil.copytree(tiny_bundle, tmp_path / "out")
+    assert cli("show", "out/manifest.json").stdout == cli("show", "out").stdout
+    assert cli("cache", "import", "out/manifest.json").exit_code == 0
+    np.save(tmp_path / "x.npy", np.arange(200, dtype=np.float32).reshape(2, 100))
+    args = ("run", "--bundle", "out/manifest.json", "--backend", "emulator", "--arch", "sm_90", "--k", "3", "x.npy")
+    ran = cli(*args)
+    assert ran.exit_code == 0 and "[99]" in ran.stdout, ran.stderr
+    inside = cli(*args, "-o", "out/top.npz")
+    assert inside.exit_code == 2 and not (tmp_path / "out" / "top.npz").exists()
+    cubin = next((tmp_path / "out").rglob("*.cubin")).relative_to(tmp_path)
+    for command in (("show", cubin), ("cache", "import", cubin), ("merge", cubin, "--out", "m"),
+                    ("run", "--bundle", cubin, "--k", "1", "x.npy")):
+        result = cli(*command)
+        assert (result.exit_code, result.stdout) == (2, ""), command
+        assert result.stderr.splitlines()[-1].endswith(
+            f"{cubin} is a file: give the bundle directory (the one holding manifest.json)"), result.stderr
+
+
 def test_summaries_read_as_sentences(cli, tmp_path, monkeypatch, tiny_bundle):  # noqa: F811
     """A trial as a new user found 'wrote mine//manifest.json', '1 kernels', a bundle called a
     manifest, and the emulator asking for `arch:` where the CLI's option is --arch."""

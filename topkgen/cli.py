@@ -17,6 +17,7 @@ import os
 import sys
 import traceback
 from functools import lru_cache
+from pathlib import Path
 from typing import Any, Iterator
 
 import click
@@ -282,6 +283,24 @@ class PathArg(_NotEmpty, click.Path):
     """A path that may not be empty."""
 
 
+class BundleArg(PathArg):
+    """A bundle to read (show, run --bundle, cache import, merge's parts): its directory, or
+    its manifest.json, read as the directory holding it, as TopK and the C++ loader take
+    either; click said "Directory 'out/manifest.json' is a file." Another file is refused
+    naming what to give."""
+
+    def __init__(self) -> None:
+        super().__init__(file_okay=False)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        path = Path(value) if isinstance(value, str) and value else None
+        if path is not None and path.is_file():
+            if path.name != "manifest.json":
+                self.fail(f"{value} is a file: give the bundle directory (the one holding manifest.json)", param, ctx)
+            value = str(path.parent)
+        return super().convert(value, param, ctx)
+
+
 class NpzOutputArg(PathArg):
     """run's -o: a .npz file. "-" means standard output to most tools, and a file named "-"
     appeared in the current directory; the arrays are binary, so it is refused, with the ways
@@ -486,8 +505,6 @@ def build(policy_path: str | None, archs: tuple[str, ...], out_dir: str, jobs: i
           shard_text: str | None, force: bool) -> None:
     """Render and compile every planned kernel with NVRTC into a cubin bundle and its
     manifest, through the compile cache. A failed build leaves --out as it was."""
-    from pathlib import Path
-
     standard_output.report_only()
 
     from topkgen import bundle, cache, compile as nvrtc_compile, shards
@@ -540,7 +557,7 @@ def _cache_warnings(stats: Any) -> None:
 # ----------------------------------------------------------------------------- show
 
 @main.command(short_help="List what a bundle holds.")
-@click.argument("bundle_dir", metavar="BUNDLE", type=PathArg(file_okay=False))
+@click.argument("bundle_dir", metavar="BUNDLE", type=BundleArg())
 @click.option("--arch", "archs", type=ArchType(many=True), multiple=True, callback=_flatten, metavar="ARCH",
               help="Architecture(s) to show; repeat or comma-separate them. Default: all in the bundle.")
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
@@ -720,7 +737,7 @@ Examples:
 The emulator backend runs the same kernels on the CPU, without a GPU. bfloat16 input is
 read as numpy saves ml_dtypes.bfloat16 (2-byte records), or as raw uint16 bits (--dtype says
 which 16-bit type those hold); the values are saved the same way.""")
-@click.option("--bundle", "bundle_dir", required=True, type=PathArg(file_okay=False), metavar="DIR",
+@click.option("--bundle", "bundle_dir", required=True, type=BundleArg(), metavar="DIR",
               help="Bundle directory (from topkgen build).")
 @click.option("--arch", type=ArchType(), default=None, metavar="ARCH",
               help="Target arch, one of the bundle's policy (default: the GPU's; required for the emulator).")
@@ -743,8 +760,6 @@ def run(bundle_dir: str, arch: str | None, backend: str, k: int, smallest: bool,
 
     if output_path is not None:  # the product is -o; without it, the rows printed are
         standard_output.report_only()
-    from pathlib import Path
-
     import numpy as np
 
     from topkgen.destinations import check_output_file
@@ -843,7 +858,7 @@ def _run_on_gpu(op: Any, x: Any, k: int, smallest: bool, deterministic: bool, dt
 # ----------------------------------------------------------------------------- merge, cache
 
 @main.command(short_help="Join the bundles of build --shard into one.")
-@click.argument("parts", nargs=-1, required=True, type=PathArg(file_okay=False))
+@click.argument("parts", nargs=-1, required=True, type=BundleArg())
 @click.option("--out", "out_dir", required=True, type=PathArg(file_okay=False), metavar="DIR",
               help="The full bundle to write. Must be new, empty or a bundle (else --force), and not a part.")
 @click.option("--force", is_flag=True, help="Replace --out even when it is a directory that is not a bundle.")
@@ -851,8 +866,6 @@ def merge(parts: tuple[str, ...], out_dir: str, force: bool) -> None:
     """Join the bundles of `build --shard I/N` into the full bundle. Refuses (exit 2) unless
     the parts share policy, generator, toolchain and plan, cover it exactly once, and every
     cubin verifies."""
-    from pathlib import Path
-
     standard_output.report_only()
 
     from topkgen import bundle, shards
@@ -871,14 +884,12 @@ def cache_group() -> None:
 
 
 @cache_group.command("import", short_help="Fill the compile cache from a bundle.")
-@click.argument("bundle_dir", metavar="BUNDLE", type=PathArg(file_okay=False))
+@click.argument("bundle_dir", metavar="BUNDLE", type=BundleArg())
 def cache_import(bundle_dir: str) -> None:
     """Fill the compile cache from a bundle (a release, a base revision's build), so that
     builds of the same kernels compile nothing. Each cubin's sha256, cache key, register
     count and stack frame are checked; its spill counts, static shared memory and barriers
     are not in the cubin, so they are taken from the bundle's manifest as they are."""
-    from pathlib import Path
-
     standard_output.report_only()
 
     from topkgen import cache, cache_admin
