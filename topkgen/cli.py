@@ -294,11 +294,20 @@ class BundleArg(PathArg):
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         path = Path(value) if isinstance(value, str) and value else None
-        if path is not None and path.is_file():
+        if path is not None and _is_file(path):
             if path.name != "manifest.json":
                 self.fail(f"{value} is a file: give the bundle directory (the one holding manifest.json)", param, ctx)
             value = str(path.parent)
         return super().convert(value, param, ctx)
+
+
+def _is_file(path: Path) -> bool:
+    """Whether `path` is a file; False where the OS cannot say (a name too long): the
+    command then refuses it by name, as for any path."""
+    try:
+        return path.is_file()
+    except OSError:
+        return False
 
 
 class NpzOutputArg(PathArg):
