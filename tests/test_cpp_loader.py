@@ -771,7 +771,7 @@ def test_the_loader_under_sanitizers_serves_and_refuses_cleanly(cpp_sanitized, b
                (-2**63, 2**63 - 1, 0), (1025, 1025, 1), (1, 10**6, 3), (512, 10**7, 2**20)]]
     assert cpp_select(cpp_sanitized, built_bundle, shapes) == [python_select(default_policy, s) for s in shapes]
     proc = run("select", built_bundle, stdin="sm_90 float32 8 9223372036854775808 fast 1\n")
-    assert proc.returncode == 2 and proc.stderr.startswith("topkgen-cpp: error: stdin: ") and proc.stderr.count("\n") == 1
+    assert proc.returncode == 2 and proc.stderr.startswith("topkgen-cpp: error: stdin:1: ") and proc.stderr.count("\n") == 1
     for case, mutate in HOSTILE.items():
         root, _ = _tampered_copy(built_bundle, tmp_path / case.replace(" ", "-"), mutate)
         with pytest.raises(bundle.ManifestError) as err:

@@ -104,10 +104,13 @@ def test_lookups_refuse_what_select_refuses(default_policy):
     for k, n in ((0, 5), (1025, 5000), (5, 0), (5, 2**31), (9, 8), (True, 8), (3, 2.0)):
         assert _looked_up(table, "float32", k, n, False, True) == _expected(default_policy, "sm_90", "float32", k, n,
                                                                            False, True)
-    for rows in (0, -3, ROWS_MAX + 1, True, 2.0):
+    for rows in (-3, ROWS_MAX + 1, True, 2.0):
         refused = _looked_up(table, "float32", 5, 200_000, False, True, rows)
         assert refused == _expected(default_policy, "sm_90", "float32", 5, 200_000, False, True, rows)
         assert refused.startswith("error: rows: must be")
+    empty = _looked_up(table, "float32", 5, 200_000, False, True, 0)  # an empty batch: served unsplit, as by select
+    assert empty == _expected(default_policy, "sm_90", "float32", 5, 200_000, False, True, 0)
+    assert table.lookup("float32", 5, 200_000, False, True, 0) == table.lookup("float32", 5, 200_000, False, True)
     assert _looked_up(table, "float16", 5, 50, False, False) == \
         "error: dtype: 'float16' has no AOT kernels and JIT is disabled"
     assert _looked_up(table, "int8", 5, 50, False, True) == \
