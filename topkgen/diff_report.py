@@ -75,8 +75,9 @@ def change_text(change: dict[str, Any]) -> str:
 
 
 def tier_change_text(change: dict[str, Any]) -> str:
-    """`reason 'old words' -> 'new words', k [32] -> [16]`: a reason whole (up to 400
-    characters), since a reviewer reads the words, and other fields as a kernel's are."""
+    """`reason "old words" -> "new words", k [32] -> [16]`: a reason quoted as JSON writes it
+    (one line) and whole up to 400 characters, since a reviewer reads the words; other
+    fields as a kernel's are."""
     parts = []
     for key, delta in change["changes"].items():
         if key == "reason":
