@@ -283,6 +283,24 @@ def test_run_o_dash_is_refused_not_a_file_named_dash(cli, tmp_path, monkeypatch,
     assert np.load(tmp_path / "-")["indices"].tolist() == [[99, 98, 97], [99, 98, 97]]
 
 
+@pytest.mark.parametrize("command", [["build"], ["merge", "part"]], ids=["build", "merge"])
+def test_out_dash_is_refused_not_a_directory_named_dash(tmp_path, monkeypatch, tiny_policy, command):  # noqa: F811
+    """`build --out -` made a directory named '-' (where most tools would write to standard
+    output); refused before compiling, as run's -o -, and --out ./- still says that directory."""
+    monkeypatch.chdir(tmp_path)
+    result = CliRunner(mix_stderr=False).invoke(cli_module.main, [*command, "--out", "-"])
+    assert (result.exit_code, result.stdout) == (2, "")
+    assert result.stderr.splitlines()[-1] == (
+        f"Error: Invalid value for '--out': {command[0]} writes a bundle directory, not standard output: name a "
+        "directory (--out bundle; a directory called '-' is --out ./-)")
+    assert list(tmp_path.iterdir()) == []
+    if command == ["build"]:
+        named = CliRunner(mix_stderr=False).invoke(cli_module.main, ["build", "--policy", str(tiny_policy),
+                                                                    "--out", "./-"])
+        assert named.exit_code == 0, named.stderr
+        assert (tmp_path / "-" / "manifest.json").is_file()
+
+
 def test_a_bundle_may_be_named_by_its_manifest(cli, tmp_path, monkeypatch, tiny_bundle):  # noqa: F811
     """show, run --bundle, cache import and merge said "Directory 'out/manifest.json' is a
     file." where TopK and the C++ loader take the manifest for its bundle: they do too, and -o

@@ -310,16 +310,29 @@ def _is_file(path: Path) -> bool:
         return False
 
 
-class NpzOutputArg(PathArg):
-    """run's -o: a .npz file. "-" means standard output to most tools, and a file named "-"
-    appeared in the current directory; the arrays are binary, so it is refused, with the ways
+class OutputArg(PathArg):
+    """Where a command writes (run's -o, build's and merge's --out). "-" means standard output
+    to most tools, and a file or directory named "-" appeared in the current directory; what
+    we write is binary or a directory, so "-" is refused with `refusal`, which names the ways
     to say either thing."""
+
+    def __init__(self, refusal: str, **kwargs: Any) -> None:
+        super().__init__(**kwargs)
+        self.refusal = refusal
 
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
         if value == "-":
-            self.fail("run does not write to standard output: name a .npz file (-o top8.npz; a file called '-' "
-                      "is -o ./-), or leave -o out to print the rows", param, ctx)
+            self.fail(self.refusal, param, ctx)
         return super().convert(value, param, ctx)
+
+
+_NPZ_OUT = OutputArg("run does not write to standard output: name a .npz file (-o top8.npz; a file called '-' "
+                     "is -o ./-), or leave -o out to print the rows", dir_okay=False)
+
+
+def _bundle_out(command: str) -> OutputArg:
+    return OutputArg(f"{command} writes a bundle directory, not standard output: name a directory (--out bundle; "
+                     "a directory called '-' is --out ./-)", file_okay=False)
 
 
 class TextArg(_NotEmpty, click.types.StringParamType):
@@ -501,7 +514,7 @@ The compile cache is TOPKGEN_CACHE_DIR (local), then TOPKGEN_CACHE_URL (any fssp
 by CI jobs; TOPKGEN_CACHE_READONLY=1 reads it without writing).""")
 @POLICY_OPTION
 @ARCH_OPTION
-@click.option("--out", "out_dir", type=PathArg(file_okay=False), default="out", show_default=True, metavar="DIR",
+@click.option("--out", "out_dir", type=_bundle_out("build"), default="out", show_default=True, metavar="DIR",
               help="Bundle directory: <arch>/<kernel>.cubin, jit/<arch>/<kernel>.cu and manifest.json. Must be "
                    "new, empty or a bundle (else --force); checked before compiling.")
 @click.option("-j", "--jobs", type=click.IntRange(1, 256), default=console.available_cpus,
@@ -758,7 +771,7 @@ which 16-bit type those hold); the values are saved the same way.""")
 @click.option("--dtype", type=DtypeType(("bfloat16", "float16")), default=None,
               help="What raw uint16 input holds: bfloat16 (default) or float16 (bf16, fp16 too).")
 @click.argument("input_path", metavar="IN.npy", type=PathArg(dir_okay=False))
-@click.option("-o", "--output", "output_path", default=None, type=NpzOutputArg(dir_okay=False), metavar="OUT.npz",
+@click.option("-o", "--output", "output_path", default=None, type=_NPZ_OUT, metavar="OUT.npz",
               help="Save arrays 'values' and 'indices' here (a file: not '-'). Without it, each row's top-k is "
                    "printed.")
 @click.option("--force", is_flag=True, help="Replace -o even when it is not the output of an earlier run.")
@@ -868,7 +881,7 @@ def _run_on_gpu(op: Any, x: Any, k: int, smallest: bool, deterministic: bool, dt
 
 @main.command(short_help="Join the bundles of build --shard into one.")
 @click.argument("parts", nargs=-1, required=True, type=BundleArg())
-@click.option("--out", "out_dir", required=True, type=PathArg(file_okay=False), metavar="DIR",
+@click.option("--out", "out_dir", required=True, type=_bundle_out("merge"), metavar="DIR",
               help="The full bundle to write. Must be new, empty or a bundle (else --force), and not a part.")
 @click.option("--force", is_flag=True, help="Replace --out even when it is a directory that is not a bundle.")
 def merge(parts: tuple[str, ...], out_dir: str, force: bool) -> None:
