@@ -317,6 +317,46 @@ def test_builds_into_one_directory_with_different_caches_wait_for_each_other(tmp
     assert [p.name for p in out.parent.iterdir()] == ["out"]  # no staging directory, no lock file
 
 
+def test_ctrl_c_while_waiting_for_the_destinations_lock_stops_the_build_at_once(tmp_path):
+    """A build that compiled (NVRTC's first compile leaves Python's SIGINT and SIGTERM
+    handlers with SA_RESTART) and then waits for another build's lock on --out took a
+    Ctrl-C only once the other build let go: flock() was restarted after the signal. It
+    stops at once now (130, one line), and the other build goes on to write its bundle."""
+    from .test_user_files import TINY_POLICY
+
+    policy = tmp_path / "tiny.yaml"
+    policy.write_text(TINY_POLICY)
+    out = tmp_path / "out"
+    args = ["build", "--policy", str(policy), "--out", str(out)]
+    first = subprocess.Popen([sys.executable, "-c", _STOP_BEFORE_STAGING, *args], stdin=subprocess.PIPE,
+                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=os.environ)
+    second = None
+    try:
+        assert "locked\n" in iter(first.stdout.readline, ""), first.communicate()[1]
+        second = subprocess.Popen([*TOPKGEN, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                  env={**os.environ, "TOPKGEN_CACHE_DIR": str(tmp_path / "another-cache")},
+                                  preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+        deadline = time.monotonic() + 120
+        while second.poll() is None and not _waits_on_a_flock(second.pid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert _waits_on_a_flock(second.pid), second.communicate()
+        second.send_signal(signal.SIGINT)
+        try:
+            stderr = second.communicate(timeout=10)[1]
+        except subprocess.TimeoutExpired:
+            pytest.fail("the build went on waiting for the lock after a Ctrl-C")
+        assert (second.returncode, stderr) == (130, "topkgen: interrupted\n")
+        first.stdin.close()
+        assert first.wait(timeout=60) == 0, first.communicate()[1]
+    finally:
+        for proc in (first, second):
+            if proc is not None:
+                proc.kill()
+                proc.wait()
+    assert bundle.load_manifest(out)[0]["policy"]["name"] == "tiny"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["another-cache", "out", "tiny.yaml"]
+
+
 def test_compile_error_names_the_kernel_and_shows_the_log():
     with pytest.raises(CompileError, match=r"kernel topk_broken \(sm_90\) failed to compile:\n.*undeclared"):
         compile_kernel('extern "C" __global__ void topk_broken() { undeclared_thing = 1; }', "topk_broken", "sm_90",

@@ -8,14 +8,18 @@ item starts, and those under way are abandoned; topkgen.launch then ends the pro
 once (`busy`). What they would write cannot be half-written by that: the compile cache
 writes each entry to a temporary file and links it into place (cache.LocalStore.create).
 
-The caller waits in short polls, not in one blocking wait: NVRTC swaps in a SIGINT/SIGTERM
-handler of its own for each compile and restores Python's with SA_RESTART, after which a
-blocked wait does not wake for a Ctrl-C (Python raises it only once it runs again).
+The caller waits in short polls, not in one blocking wait: the first NVRTC compile of a
+process leaves Python's SIGINT and SIGTERM handlers installed with SA_RESTART, after which a
+blocked call is restarted after a Ctrl-C instead of raising it (Python raises it only once it
+runs again). Once the run is over the caller puts Python's handlers back as Python installs
+them (`_python_handles_signals_again`), so that what it blocks on next (the destination's
+lock, while another build writes there) wakes for a Ctrl-C too.
 """
 
 from __future__ import annotations
 
 import queue
+import signal
 import threading
 from typing import Callable, Sequence, TypeVar
 
@@ -77,4 +81,16 @@ def run_all(work: Callable[[T], R], items: Sequence[T], jobs: int,
                 todo.get_nowait()
             except queue.Empty:
                 break
+        _python_handles_signals_again()
     return results  # type: ignore[return-value]
+
+
+def _python_handles_signals_again() -> None:
+    """Install Python's own SIGINT and SIGTERM handlers again, without the SA_RESTART an
+    NVRTC compile left them with (see the module's doc); only the main thread may."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        handler = signal.getsignal(signum)
+        if callable(handler):  # SIG_DFL and SIG_IGN run no handler, so nothing restarts
+            signal.signal(signum, handler)
