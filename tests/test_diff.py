@@ -192,6 +192,13 @@ def test_a_range_is_read_as_git_diff_reads_it(repo, tmp_path):
     proc = topkgen("diff", "main...nowhere", cwd=repo)
     assert (proc.returncode, proc.stderr) == (2, "topkgen: error: nowhere: not a file, directory or git revision "
                                                  "of repo\n")
+    # A path with `..` in it is no range: it is named as given (it read as HEAD against
+    # '/missing/topk.yaml', or, outside a repository, as a revision 'HEAD' that is not there).
+    for cwd, where in ((repo / "policies", "git revision of repo"), (tmp_path, "and not inside a git repository")):
+        proc = topkgen("diff", "../missing/topk.yaml", cwd=cwd)
+        assert proc.returncode == 2 and proc.stderr.startswith("topkgen: error: ../missing/topk.yaml: not a file"), \
+            proc.stderr
+        assert proc.stderr.endswith(f"{where}\n"), proc.stderr
     shallow = tmp_path / "shallow"
     git(tmp_path, "clone", "-q", "--depth", "1", "-b", "main", f"file://{repo}", str(shallow))
     proc = topkgen("diff", "HEAD~1", cwd=shallow)
