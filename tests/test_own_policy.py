@@ -234,6 +234,9 @@ def test_every_json_document_has_schema_version_and_validates_against_its_schema
         schema = load_schema(name)
         version = schema["properties"]["schema_version"]["const"]
         assert doc["schema_version"] == version, name
+        # the schema names its version in $id and title too (diff's said 4 when its const was 5)
+        assert schema["$id"].endswith(f"-{version}.json") and schema["title"].endswith(f"schema_version {version}"), \
+            (name, schema["$id"], schema["title"])
         assert _no_format_version(doc), name
         jsonschema.validate(doc, schema)
     explained = documents["explain.schema.json"]
