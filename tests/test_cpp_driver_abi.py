@@ -44,29 +44,13 @@ def _versions(typedefs: str, symbol: str) -> list[int]:
     return sorted(int(v) for v in re.findall(rf"\bPFN_{symbol}_v(\d+)\)", typedefs))
 
 
-def test_each_entry_point_is_called_with_the_types_of_the_version_it_asks_for(tmp_path):
-    include = cuda_include_dir()
-    typedefs = (include / "cudaTypedefs.h").read_text()
-    api = _api_version()
-    checks, chosen = [], {}
-    for symbol, member in _resolved().items():
-        versions = [v for v in _versions(typedefs, symbol) if v <= api]
-        assert versions, f"{symbol}: no ABI version at or below API_VERSION {api} in cudaTypedefs.h"
-        chosen[symbol] = versions[-1]
-        checks.append(f"static_assert(std::is_same_v<abi_t<PFN_{symbol}_v{versions[-1]}>, "
-                      f"abi_t<decltype(topkgen::cu::Driver::{member})>>, "
-                      f"\"{symbol} v{versions[-1]}: loader.hpp declares Driver::{member} with other types\");")
-    # The entry points CUDA 13 changed: the loader must ask for their old ABI.
-    assert chosen["cuCtxSynchronize"] == 2000 and chosen["cuCtxGetDevice"] == 2000
-    assert chosen["cuMemAlloc"] == 3020  # size_t bytes, 64-bit device pointers
-    source = tmp_path / "abi.cpp"
-    source.write_text("""#include <cuda.h>
+# Types as the ABI sees them: an enum (CUresult, CUfunction_attribute...) as the int the
+# loader declares in its place, pointers to them likewise.
+ABI_PRELUDE = """#include <cuda.h>
 #include <cudaTypedefs.h>
 #include <type_traits>
 #include "topkgen/loader.hpp"
 
-// Types as the ABI sees them: an enum (CUresult, CUfunction_attribute...) as the int the
-// loader declares in its place, pointers to them likewise.
 template <class T> struct abi { using type = std::conditional_t<std::is_enum_v<T>, int, T>; };
 template <class T> struct abi<const T> { using type = const typename abi<T>::type; };
 template <class T> struct abi<T*> { using type = typename abi<T>::type*; };
@@ -75,24 +59,46 @@ template <class R, class... A> struct abi<R (*)(A...)> {
 };
 template <class T> using abi_t = typename abi<T>::type;
 
-""" + "\n".join(checks) + "\nint main() { return 0; }\n")
-    proc = subprocess.run(["g++", *_loader_flags(), "-isystem", str(include), "-fsyntax-only", str(source)],
-                          capture_output=True, text=True)
+"""
+
+
+def _same_abi(symbol: str, version: int, member: str) -> str:
+    return (f"static_assert(std::is_same_v<abi_t<PFN_{symbol}_v{version}>, "
+            f"abi_t<decltype(topkgen::cu::Driver::{member})>>, "
+            f"\"{symbol} v{version}: loader.hpp declares Driver::{member} with other types\");")
+
+
+def _compile(tmp_path, checks: list[str]) -> subprocess.CompletedProcess:
+    """g++ -fsyntax-only of the static_asserts `checks` against the CUDA headers and loader.hpp."""
+    source = tmp_path / "abi.cpp"
+    source.write_text(ABI_PRELUDE + "\n".join(checks) + "\nint main() { return 0; }\n")
+    return subprocess.run(["g++", *_loader_flags(), "-isystem", str(cuda_include_dir()), "-fsyntax-only",
+                           str(source)], capture_output=True, text=True)
+
+
+def test_each_entry_point_is_called_with_the_types_of_the_version_it_asks_for(tmp_path):
+    typedefs = (cuda_include_dir() / "cudaTypedefs.h").read_text()
+    api = _api_version()
+    checks, chosen = [], {}
+    for symbol, member in _resolved().items():
+        versions = [v for v in _versions(typedefs, symbol) if v <= api]
+        assert versions, f"{symbol}: no ABI version at or below API_VERSION {api} in cudaTypedefs.h"
+        chosen[symbol] = versions[-1]
+        checks.append(_same_abi(symbol, versions[-1], member))
+    # The entry points CUDA 13 changed: the loader must ask for their old ABI.
+    assert chosen["cuCtxSynchronize"] == 2000 and chosen["cuCtxGetDevice"] == 2000
+    assert chosen["cuMemAlloc"] == 3020  # size_t bytes, 64-bit device pointers
+    proc = _compile(tmp_path, checks)
     assert proc.returncode == 0, proc.stderr[-4000:]
 
 
 def test_the_check_fails_for_an_entry_point_of_the_cuda_13_abi(tmp_path):
     """The same check, with the loader asking for CUDA 13's ABI: cuCtxSynchronize then takes
-    a context the loader's declaration does not pass, and the compile fails."""
-    include = cuda_include_dir()
-    typedefs = (include / "cudaTypedefs.h").read_text()
-    if 13000 not in _versions(typedefs, "cuCtxSynchronize"):
+    a context the loader's declaration does not pass, and the compile fails. (Compared
+    without abi_t, even v2000 failed, on CUresult against int: a control that could not
+    tell the versions apart.)"""
+    if 13000 not in _versions((cuda_include_dir() / "cudaTypedefs.h").read_text(), "cuCtxSynchronize"):
         pytest.skip("these headers predate CUDA 13")
-    source = tmp_path / "abi13.cpp"
-    source.write_text('#include <cuda.h>\n#include <cudaTypedefs.h>\n#include <type_traits>\n'
-                      '#include "topkgen/loader.hpp"\n'
-                      "static_assert(std::is_same_v<PFN_cuCtxSynchronize_v13000, "
-                      "decltype(topkgen::cu::Driver::CtxSynchronize)>, \"differs\");\n")
-    proc = subprocess.run(["g++", *_loader_flags(), "-isystem", str(include), "-fsyntax-only", str(source)],
-                          capture_output=True, text=True)
-    assert proc.returncode != 0 and "differs" in proc.stderr
+    assert _compile(tmp_path, [_same_abi("cuCtxSynchronize", 2000, "CtxSynchronize")]).returncode == 0
+    proc = _compile(tmp_path, [_same_abi("cuCtxSynchronize", 13000, "CtxSynchronize")])
+    assert proc.returncode != 0 and "cuCtxSynchronize v13000: loader.hpp declares Driver::CtxSynchronize" in proc.stderr
