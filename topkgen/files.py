@@ -153,19 +153,19 @@ def file_kind(mode: int) -> str:
     return _FILE_KINDS.get(stat.S_IFMT(mode), "of an unknown kind")
 
 
-def open_lock(path: Path | str, *, dir_fd: int | None = None) -> int:
-    """A descriptor, for flock, of the lock file `path` (relative to `dir_fd` when given),
-    created if absent: opened as read_regular opens, so a FIFO or a symlink planted there is
-    an OSError, not a hang. One this user cannot write (another user's, or on a read-only
-    mount) is opened for reading: flock needs no more, and its writers still serialise."""
+def open_lock(path: Path | str) -> int:
+    """A descriptor, for flock, of the lock file `path`, created if absent: opened as
+    read_regular opens, so a FIFO or a symlink planted there is an OSError, not a hang. One
+    this user cannot write (another user's, made with umask 022) is opened for reading:
+    flock needs no more, and its writers still serialise."""
     flags = os.O_NOFOLLOW | os.O_NONBLOCK | os.O_CLOEXEC
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | flags, 0o666, dir_fd=dir_fd)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | flags, 0o666)
     except OSError as err:
         if err.errno not in (errno.EACCES, errno.EPERM, errno.EROFS):
             raise
         try:
-            fd = os.open(path, os.O_RDONLY | flags, dir_fd=dir_fd)
+            fd = os.open(path, os.O_RDONLY | flags)
         except FileNotFoundError:
             raise err from None
     try:
