@@ -175,18 +175,29 @@ def elf_sm(data: bytes) -> int | None:
     return (flags >> 8) & 0xFF if data[8] >= 8 else flags & 0xFF
 
 
-def elf_defines_function(data: bytes, symbol: str) -> bool | None:
-    """Whether a little-endian ELF64 file's symbol tables (SHT_SYMTAB) define `symbol` as a
-    function (STT_FUNC, in a section); None when the file is not such an ELF file or a table
-    lies outside it. Every offset is checked before it is read (the file may be forged)."""
+def _section_headers(data: bytes) -> tuple[list[tuple], int] | None:
+    """A little-endian ELF64 file's section headers (Elf64_Shdr's ten fields each) and the
+    index of its section names' header (e_shstrndx); None when the file is no such file or
+    the headers lie outside it. The sections themselves are left to the caller to check."""
     size = len(data)
     if size < 64 or data[4] != 2 or data[5] != 1:  # ELFCLASS64, ELFDATA2LSB
         return None
     shoff, = struct.unpack_from("<Q", data, 0x28)
-    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
     if shentsize < ELF64_SHDR or shoff > size or shnum > (size - shoff) // shentsize:
         return None
-    headers = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    return [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)], shstrndx
+
+
+def elf_defines_function(data: bytes, symbol: str) -> bool | None:
+    """Whether a little-endian ELF64 file's symbol tables (SHT_SYMTAB) define `symbol` as a
+    function (STT_FUNC, in a section); None when the file is not such an ELF file or a table
+    lies outside it. Every offset is checked before it is read (the file may be forged)."""
+    found = _section_headers(data)
+    if found is None:
+        return None
+    headers, size = found[0], len(data)
+    shnum = len(headers)
     name = symbol.encode() + b"\0"
     for _, sh_type, _, _, offset, length, link, _, _, entsize in headers:
         if sh_type != SHT_SYMTAB:
@@ -216,16 +227,14 @@ def elf_function_counts(data: bytes, symbol: str) -> dict[str, int] | None:
     shared memory and barriers it records in no form as plain), or None when the file is no
     little-endian ELF64 file with a symbol table and a .nv.info section that can be read.
     Every offset is checked before it is read (the file may be forged)."""
-    size = len(data)
-    if size < 64 or data[4] != 2 or data[5] != 1:
+    found = _section_headers(data)
+    if found is None:
         return None
-    shoff, = struct.unpack_from("<Q", data, 0x28)
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
-    if shentsize < ELF64_SHDR or shoff > size or shnum > (size - shoff) // shentsize or shstrndx >= shnum:
-        return None
-    headers = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
-    if any(offset > size or length > size - offset for _, kind, _, _, offset, length, *_ in headers if kind != SHT_NOBITS):
-        return None  # a section (not SHT_NOBITS) that lies outside the file
+    (headers, shstrndx), size = found, len(data)
+    shnum = len(headers)
+    if shstrndx >= shnum or any(offset > size or length > size - offset
+                                for _, kind, _, _, offset, length, *_ in headers if kind != SHT_NOBITS):
+        return None  # no section names, or a section (not SHT_NOBITS) that lies outside the file
 
     def contents(header: tuple) -> bytes:
         return data[header[4]:header[4] + header[5]]
