@@ -129,6 +129,36 @@ def test_ctrl_c_during_a_build_does_not_wait_for_the_compiles_under_way(tmp_path
     assert seconds < one_compile / 4, (seconds, one_compile)
 
 
+_CTRL_C_AFTER_A_JIT_COMPILE = """\
+import os, signal, sys, threading, time
+from topkgen.compile import compile_kernel
+compile_kernel('extern "C" __global__ void topk_probe() {}', "topk_probe", "sm_90", use_cache=False)
+read_end, write_end = os.pipe()
+threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
+threading.Timer(5.0, os.write, (write_end, b"x")).start()  # ends the wait if the Ctrl-C did not
+start = time.monotonic()
+try:
+    os.read(read_end, 1)
+    print("not interrupted")
+except KeyboardInterrupt:
+    print(f"interrupted after {time.monotonic() - start:.1f} s")
+sys.stdout.flush()
+os._exit(0)
+"""
+
+
+def test_a_program_that_jit_compiled_still_takes_a_ctrl_c_in_a_blocking_call():
+    """NVRTC's first compile leaves Python's SIGINT handler installed with SA_RESTART: in a
+    program that JIT-compiled a kernel (TopK does on the main thread), a Ctrl-C during any
+    later blocking call (here a read of a pipe) was raised only once the call returned on
+    its own. compile_kernel puts Python's handler back, so it is raised at once."""
+    proc = subprocess.run([sys.executable, "-c", _CTRL_C_AFTER_A_JIT_COMPILE], capture_output=True, text=True,
+                          env=ENV, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("interrupted after "), proc.stdout
+    assert float(proc.stdout.split()[2]) < 2.0, proc.stdout
+
+
 def test_ctrl_c_with_a_stderr_whose_reader_left_is_still_130(tmp_path):
     """The CLI's handler wrote the Ctrl-C line itself, and a stderr nobody reads (`topkgen
     build ... 2>&1 | head -1`, the reader gone) turned that write into a BrokenPipeError:

@@ -15,7 +15,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from topkgen import cache, toolchain as tc
+from topkgen import cache, toolchain as tc, workers
 from topkgen.paths import cuda_include_dir
 
 
@@ -110,6 +110,7 @@ def compile_kernel(source: str, name: str, arch: str, *, use_cache: bool = True)
         else:
             miss = found
     symbol, cubin, log = _nvrtc(source, name, arch)
+    workers.python_handles_signals_again()  # NVRTC left them restarting blocked calls
     resources = parse_resources(log, symbol, name)
     outcome = miss
     if use_cache:

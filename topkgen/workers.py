@@ -12,8 +12,9 @@ The caller waits in short polls, not in one blocking wait: the first NVRTC compi
 process leaves Python's SIGINT and SIGTERM handlers installed with SA_RESTART, after which a
 blocked call is restarted after a Ctrl-C instead of raising it (Python raises it only once it
 runs again). Once the run is over the caller puts Python's handlers back as Python installs
-them (`_python_handles_signals_again`), so that what it blocks on next (the destination's
-lock, while another build writes there) wakes for a Ctrl-C too.
+them (`python_handles_signals_again`), so that what it blocks on next (the destination's
+lock, while another build writes there) wakes for a Ctrl-C too; topkgen.compile does the
+same after a compile on the main thread, for a program that JIT-compiles through TopK.
 """
 
 from __future__ import annotations
@@ -46,18 +47,20 @@ def run_all(work: Callable[[T], R], items: Sequence[T], jobs: int,
     done: queue.SimpleQueue[tuple[int, bool, object]] = queue.SimpleQueue()
 
     def worker() -> None:
+        me = threading.get_ident()
         while True:
+            _working.add(me)  # before taking an item: a caller that sees busy() false started none
             try:
                 index, item = todo.get_nowait()
             except queue.Empty:
+                _working.discard(me)
                 return
-            _working.add(threading.get_ident())
             try:
                 done.put((index, True, work(item)))
             except BaseException as err:  # noqa: BLE001 - handed to the caller's thread, raised there
                 done.put((index, False, err))
             finally:
-                _working.discard(threading.get_ident())
+                _working.discard(me)
 
     for _ in range(min(max(1, jobs), len(items))):
         threading.Thread(target=worker, name="topkgen-worker", daemon=True).start()
@@ -81,11 +84,11 @@ def run_all(work: Callable[[T], R], items: Sequence[T], jobs: int,
                 todo.get_nowait()
             except queue.Empty:
                 break
-        _python_handles_signals_again()
+        python_handles_signals_again()
     return results  # type: ignore[return-value]
 
 
-def _python_handles_signals_again() -> None:
+def python_handles_signals_again() -> None:
     """Install Python's own SIGINT and SIGTERM handlers again, without the SA_RESTART an
     NVRTC compile left them with (see the module's doc); only the main thread may."""
     if threading.current_thread() is not threading.main_thread():
