@@ -126,6 +126,26 @@ def test_two_clean_builds_are_byte_identical(default_bundle, tmp_path):
     assert tree(tmp_path / "out") == tree(base / "out")
 
 
+def test_a_bundle_built_through_the_library_does_not_depend_on_the_order_of_its_archs(tmp_path):
+    """bundle.build wrote the archs, and their kernels, in the order it was given them (only
+    the CLI put them in the policy's order); an arch named twice was built once, and one
+    that is not in the policy is refused by name."""
+    from .test_user_files import TINY_POLICY
+
+    two_archs = TINY_POLICY.replace("archs:\n", "archs:\n  sm_100:\n    capability: [10, 0]\n    threads: 256\n"
+                                    "    warps_per_block: 4\n    vector_tail: {policy: fixed, max_iterations: 4}\n")
+    (tmp_path / "two.yaml").write_text(two_archs)
+    policy = pol.load(tmp_path / "two.yaml")
+    assert list(policy.archs) == ["sm_100", "sm_90"]
+    for name, archs in (("given", ["sm_90", "sm_100", "sm_90"]), ("policy", ["sm_100", "sm_90"])):
+        result = bundle.build(policy, archs, tmp_path / name, jobs=2)
+        assert result.manifest["archs"] == ["sm_100", "sm_90"]
+    assert tree(tmp_path / "given") == tree(tmp_path / "policy")
+    with pytest.raises(pol.DispatchError, match="arch: 'sm_80' is not in the policy"):
+        bundle.build(policy, ["sm_90", "sm_80"], tmp_path / "never")
+    assert not (tmp_path / "never").exists()
+
+
 def test_warm_rebuild_compiles_nothing_and_a_corrupt_entry_is_recompiled(default_bundle):
     base, _ = default_bundle
     before = tree(base / "out")

@@ -29,7 +29,7 @@ from topkgen.compile import CompiledKernel, compile_kernel, portable_options, to
 from topkgen.destinations import check_bundle_destination, locked
 from topkgen.errors import InputError
 from topkgen.files import claim, file_kind, read_to_limit, remove_abandoned
-from topkgen.policy import SHARED_BYTES_PER_BLOCK, KernelSpec, Policy, jit_plan, plan, rule_record
+from topkgen.policy import SHARED_BYTES_PER_BLOCK, KernelSpec, Policy, in_policy_order, jit_plan, plan, rule_record
 from topkgen.render import params, render
 from topkgen.schema import SchemaViolation, format_path, load_schema, validate
 
@@ -189,7 +189,7 @@ def build(policy: Policy, archs: list[str], out: Path, *, jobs: int = 1, allow_o
     inputs = (Path(policy.path),) if Path(policy.path).is_file() else ()
     check_bundle_destination(out, force=force, inputs=inputs)
     cache.remote_store()  # a TOPKGEN_CACHE_URL that cannot be opened fails before any compile
-    archs = list(dict.fromkeys(archs))
+    archs = in_policy_order(policy, archs)
     specs = [spec for arch in archs for spec in plan(policy, arch)]
     shard_record = None
     if shard is not None:

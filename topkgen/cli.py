@@ -532,8 +532,7 @@ def build(policy_path: str | None, archs: tuple[str, ...], out_dir: str, jobs: i
     from topkgen import bundle, cache, compile as nvrtc_compile, shards
 
     policy = pol.load(policy_path)
-    # In the policy's order, however they were named: --arch sm_100,sm_90 is the same bundle, byte for byte.
-    chosen = [arch for arch in policy.archs if arch in _archs(policy, archs)]
+    chosen = pol.in_policy_order(policy, _archs(policy, archs))
     specs = [s for a in chosen for s in pol.plan(policy, a)]
     shard = shards.parse(shard_text, len(specs)) if shard_text is not None else None
     total = len(shards.share(specs, *shard)) if shard else len(specs)

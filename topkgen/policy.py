@@ -695,6 +695,15 @@ def _check_kernel_names(policy: Policy, loc: _Locator) -> None:
 
 # ----------------------------------------------------------------------------- dispatch
 
+def in_policy_order(policy: Policy, archs: Iterable[str]) -> list[str]:
+    """`archs`, each once, in the policy's order: a bundle of sm_100 and sm_90 is the same,
+    byte for byte, however its archs were named."""
+    named = list(archs)
+    for arch in named:
+        _check_arch(policy, arch)
+    return [arch for arch in policy.archs if arch in named]
+
+
 def _check_arch(policy: Policy, arch: str) -> None:
     if arch not in policy.archs:
         raise DispatchError(f"arch: '{arch}' is not in the policy (known: {', '.join(policy.archs)})")
