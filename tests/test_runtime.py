@@ -118,6 +118,28 @@ def test_bad_arrays_get_clear_errors(built_bundle):
         TopK(built_bundle, backend="emulator")
 
 
+_EMPTY_BATCHES = """\
+import sys
+import numpy as np
+from topkgen.runtime import TopK
+op = TopK(sys.argv[1], arch="sm_100", backend="emulator")
+for n, k in ((5000, 100), (2048, 16)):  # a kernel of the bundle, and one JIT-compiled (policy)
+    values, indices = op(np.zeros((0, n), np.float32), k)
+    assert values.shape == indices.shape == (0, k), (values.shape, indices.shape)
+"""
+
+
+def test_an_empty_batch_loads_and_compiles_no_kernel(built_bundle, tmp_path):
+    """A call with no rows launches nothing, yet it loaded the kernel it would have launched
+    (compiling it, where JIT serves the shape): seconds spent, and a compile that can fail,
+    for a call that does nothing (the C++ loader never touched the driver for one)."""
+    cache = tmp_path / "cache"
+    proc = subprocess.run([sys.executable, "-c", _EMPTY_BATCHES, str(built_bundle)], capture_output=True, text=True,
+                          env={**os.environ, "TOPKGEN_CACHE_DIR": str(cache)})
+    assert proc.returncode == 0, proc.stderr
+    assert not cache.exists() or list(cache.rglob("*.so")) == [], sorted(cache.rglob("*"))
+
+
 def _jit_in_child(bundle: str, cache: str, queue) -> None:
     os.environ["TOPKGEN_CACHE_DIR"] = cache
     op = TopK(bundle, arch="sm_90", backend="emulator")

@@ -109,7 +109,7 @@ class _Work:
     """What a call launches: the kernel, its launch configuration and parameters, and the
     stages (none for an empty batch); `plan` when the rows are split."""
 
-    kernel: Any
+    kernel: Any  # None for an empty batch
     name: str
     launch: Launch
     params: list[dict[str, str]]
@@ -229,7 +229,7 @@ class TopK:
         view = self._backend.view(x, dtype)
         k, largest = _integer("k", k), _flag("largest", largest)
         choice = self.choose(view.dtype, k, view.n, deterministic, view.rows)
-        kernel = self._kernel(choice)
+        kernel = self._kernel(choice) if view.rows else None  # an empty batch loads and compiles nothing
         entry = self._entries[choice.kernel]
         plan = ChunkPlan(view.rows, view.n, k, choice.chunks, DTYPE_SIZES[view.dtype]) if choice.chunks > 1 else None
         work = _Work(kernel, choice.kernel, Launch.of(entry), entry["params"],
