@@ -485,9 +485,28 @@ def test_markdown_keeps_a_reason_s_markup_mentions_and_references_inert(tmp_path
     new.write_text(DEFAULT_TEXT.replace(old_reason, 'reason: "cc @alice, see #1: **x** [a](https://x.invalid) `c` '
                                                     '~s~ _i_ a|b <b> \\\\ ! kept out of the bundle'))
     md = topkgen("diff", DEFAULT_POLICY, new, "--format", "markdown").stdout
-    assert ("cc @&#8203;alice, see \\#&#8203;1: \\*\\*x\\*\\* \\[a\\]\\(https://x.invalid\\) \\`c\\` \\~s\\~ "
+    assert ("cc @&#8203;alice, see \\#&#8203;1: \\*\\*x\\*\\* \\[a\\]\\(https:&#8203;//x.invalid\\) \\`c\\` \\~s\\~ "
             "\\_i\\_ a\\|b &lt;b&gt; \\\\\\\\ \\! kept out") in md  # the backslash as JSON writes it, each escaped
     assert "@alice" not in md and "#1" not in md and "**x**" not in md and "<b>" not in md
+
+
+def test_markdown_keeps_emoji_shortcodes_and_bare_urls_inert(tmp_path):
+    """GitHub renders `:rocket:` as an emoji and links a bare `https://...` or `www.x` in a
+    comment: a zero-width space after the colon or `www` keeps a reason as the characters
+    it holds, as after @ and #; a colon elsewhere (`k: 32`, `topk::x`) is left alone."""
+    from topkgen.diff_report import _md
+
+    zw = "&#8203;"
+    assert _md(":rocket: :+1: :thumbs_up:") == f":{zw}rocket: :{zw}+1: :{zw}thumbs_up:"
+    assert _md("see https://x.invalid/a or HTTP://x.invalid") == f"see https:{zw}//x.invalid/a or HTTP:{zw}//x.invalid"
+    assert _md("www.x.invalid (WWW.y.invalid)") == f"www{zw}.x.invalid \\(WWW{zw}.y.invalid\\)"
+    assert _md("k: 32, topk::x, awww.x") == "k: 32, topk::x, awww.x"
+    old_reason = 'reason: "single-shape register kernel; kept out of the bundle'
+    new = tmp_path / "new.yaml"
+    new.write_text(DEFAULT_TEXT.replace(old_reason, 'reason: ":rocket: see https://x.invalid and www.x.invalid; kept out of the bundle'))
+    md = topkgen("diff", DEFAULT_POLICY, new, "--format", "markdown").stdout
+    assert f":{zw}rocket: see https:{zw}//x.invalid and www{zw}.x.invalid; kept out" in md
+    assert ":rocket:" not in md and "https://" not in md and "www." not in md
 
 
 def test_legacy_against_default_in_markdown_is_review_sized():
