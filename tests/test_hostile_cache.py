@@ -393,6 +393,22 @@ def test_cache_import_into_a_remote_it_cannot_write_fails_once_the_local_cache_i
     assert len(list((tmp_path / "cache" / cache.LOCAL_DIR / "ac").iterdir())) == kernels
 
 
+def test_a_file_url_without_an_absolute_path_is_refused(tiny_bundle_for_run, tmp_path):
+    """`file://` wrote the shared cache's ac/ and cas/ into the current directory, and
+    `file://relative` or `file://localhost/x` into ./relative, ./localhost/x: a file:// URL
+    names an absolute path (three slashes), else exit 2 naming the variable, nothing written."""
+    work = tmp_path / "work"
+    work.mkdir()
+    for url in ("file://", "file://relative", "file://localhost/shared", "local://x"):
+        proc = topkgen("cache", "import", tiny_bundle_for_run[0], cache_dir=tmp_path / "cache",
+                       prefix=("env", "-C", str(work)), env={"TOPKGEN_CACHE_URL": url})
+        scheme = url.split("://")[0]
+        one_line_error(proc, f"TOPKGEN_CACHE_URL={url}: a {scheme}:// URL names an absolute path, with three "
+                             f"slashes: {scheme}:///shared/dir")
+        assert proc.stdout == ""
+    assert list(work.iterdir()) == []
+
+
 # ----------------------------------------------------------------------------- the emulator's cache
 
 EMULATED = """
