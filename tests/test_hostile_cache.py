@@ -393,6 +393,18 @@ def test_cache_import_into_a_remote_it_cannot_write_fails_once_the_local_cache_i
     assert len(list((tmp_path / "cache" / cache.LOCAL_DIR / "ac").iterdir())) == kernels
 
 
+def test_a_cache_dir_under_a_quoted_tilde_is_in_the_home_directory(tiny_bundle_for_run, tmp_path):
+    """TOPKGEN_CACHE_DIR="~/cache" (quoted: the shell leaves the ~) made a folder named `~`
+    in the current directory; it is the home directory's, as the default ~/.cache is."""
+    work, home = tmp_path / "work", tmp_path / "home"
+    work.mkdir()
+    home.mkdir()
+    proc = topkgen("cache", "import", tiny_bundle_for_run[0], cache_dir=Path("~/cache"),
+                   prefix=("env", "-C", str(work)), env={"HOME": str(home)})
+    assert proc.returncode == 0, proc.stderr
+    assert list(work.iterdir()) == [] and (home / "cache" / cache.LOCAL_DIR / "ac").is_dir()
+
+
 def test_a_file_url_without_an_absolute_path_is_refused(tiny_bundle_for_run, tmp_path):
     """`file://` wrote the shared cache's ac/ and cas/ into the current directory, and
     `file://relative` or `file://localhost/x` into ./relative, ./localhost/x: a file:// URL

@@ -54,10 +54,12 @@ def _explicit_cache_dir() -> str:
 
 
 def cache_root() -> Path:
-    """TOPKGEN_CACHE_DIR, else the user cache directory."""
+    """TOPKGEN_CACHE_DIR, else the user cache directory. A leading `~` is the home directory,
+    as in the default: quoted (`TOPKGEN_CACHE_DIR="~/cache"`, a Dockerfile's ENV) the shell
+    leaves it, and a folder named `~` appeared in whatever directory a command ran in."""
     explicit = _explicit_cache_dir()
     if explicit:
-        return Path(explicit)
+        return Path(explicit).expanduser()
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "topkgen"
 
