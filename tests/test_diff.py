@@ -509,6 +509,23 @@ def test_markdown_keeps_emoji_shortcodes_and_bare_urls_inert(tmp_path):
     assert ":rocket:" not in md and "https://" not in md and "www." not in md
 
 
+def test_a_side_s_label_is_shown_on_one_line_escaped(tmp_path):
+    """A label is the name the command line gave: a file name holding a line break ended the
+    markdown heading and started a table row; the text report printed it raw too (and a
+    terminal's escape sequence with it). Both show it escaped, as messages show paths; the
+    json holds it as given."""
+    odd = tmp_path / "new\n| x | y |\n\x1b[2J.yaml"
+    shutil.copy(DEFAULT_POLICY, odd)
+    md = topkgen("diff", odd, DEFAULT_POLICY, "--format", "markdown", "--stat", cwd=tmp_path)
+    assert md.returncode == 0, md.stderr
+    assert md.stdout.splitlines()[0].startswith("### topkgen diff `")
+    assert "new\\n| x | y |\\n\\x1b[2J.yaml` → `" in md.stdout.splitlines()[0]
+    text = topkgen("diff", odd, DEFAULT_POLICY, "--stat", cwd=tmp_path).stdout
+    assert text.splitlines()[0] == f"topkgen diff {tmp_path}/new\\n| x | y |\\n\\x1b[2J.yaml -> {DEFAULT_POLICY}"
+    assert "\x1b" not in text
+    assert json.loads(topkgen("diff", odd, DEFAULT_POLICY, "--format", "json").stdout)["old"]["label"] == str(odd)
+
+
 def test_legacy_against_default_in_markdown_is_review_sized():
     proc = topkgen("diff", LEGACY_POLICY, DEFAULT_POLICY, "--format", "markdown")
     assert proc.returncode == 1

@@ -11,6 +11,7 @@ import re
 from typing import Any, Callable
 
 from topkgen.diff import Report, Side, field_aspect, field_label
+from topkgen.reader import printable
 
 SCHEMA_VERSION = 5  # schemas/diff.schema.json
 MARKDOWN_LIMIT = 60_000
@@ -146,7 +147,9 @@ def _summary_lines(report: Report) -> dict[str, str]:
 # ----------------------------------------------------------------------------- text
 
 def to_text(report: Report, style: Style = _plain, *, summary_only: bool = False) -> str:
-    lines = [f"topkgen diff {report.old.label} -> {report.new.label}",
+    # A label is what the command line named (a file name may hold a line break or a
+    # terminal's escape sequence): shown escaped, as every message shows a path.
+    lines = [f"topkgen diff {printable(report.old.label)} -> {printable(report.new.label)}",
              f"  old: {_clip(report.old.origin)}", f"  new: {_clip(report.new.origin)}", "", "kernel counts:"]
     for arch, (o, n) in report.counts.items():
         mark = "" if o == n else style(f"  ({n - o:+d})", fg="yellow")
@@ -203,7 +206,9 @@ def _md(text: str) -> str:
 
 
 def _code(text: str) -> str:
-    return f"`{_clip(text).replace('`', chr(39))}`"
+    """A name or a side's label as inline code, on one line (a line break in a file's name
+    ended the heading and started a table)."""
+    return f"`{_clip(printable(text)).replace('`', chr(39))}`"
 
 
 def _markdown_summary(report: Report) -> str:
