@@ -199,6 +199,12 @@ def test_a_range_is_read_as_git_diff_reads_it(repo, tmp_path):
         assert proc.returncode == 2 and proc.stderr.startswith("topkgen: error: ../missing/topk.yaml: not a file"), \
             proc.stderr
         assert proc.stderr.endswith(f"{where}\n"), proc.stderr
+    for args, name in ((("main..side", "side"), "OLD"), (("main", "main...side"), "NEW")):  # a range and a side
+        proc = topkgen("diff", *args, cwd=repo)  # was "main..side: not a file, directory or git revision"
+        spec = args[0] if name == "OLD" else args[1]
+        assert (proc.returncode, proc.stderr) == (2, f"topkgen: error: {name} {spec}: a range names both sides; give "
+                                                     f"it alone (topkgen diff {spec}), or OLD and NEW as two "
+                                                     f"revisions\n")
     shallow = tmp_path / "shallow"
     git(tmp_path, "clone", "-q", "--depth", "1", "-b", "main", f"file://{repo}", str(shallow))
     proc = topkgen("diff", "HEAD~1", cwd=shallow)

@@ -696,6 +696,10 @@ def diff(old: str, new: str | None, policy_in_repo: str, shapes_file: str | None
     if stat and fmt == "json":
         raise InputError("--stat: prints the text or markdown summary; the json always holds it under 'summary'")
     shapes = differ.load_shapes(shapes_file) if shapes_file else None
+    for name, spec in (("OLD", old), ("NEW", new)) if new is not None else ():
+        if differ.is_range(spec):  # it was "not a file, directory or git revision", which it is
+            raise InputError(f"{name} {spec}: a range names both sides; give it alone (topkgen diff {spec}), "
+                             f"or OLD and NEW as two revisions")
     ends = differ.revision_range(old) if new is None else None
     if ends:
         old, new = ends
