@@ -322,7 +322,8 @@ VERSION_KEY = b'"schema_version":'
 # case -> (raw manifest -> raw manifest, raw manifest -> the refusal after "FILE")
 RAW_CASES = {
     "UTF-8 BOM": (lambda raw: b"\xef\xbb\xbf" + raw,
-                  lambda raw: ":1:1: not valid JSON: Unexpected UTF-8 BOM (decode using utf-8-sig)"),
+                  lambda raw: ":1:1: not valid JSON: the file opens with a byte order mark (U+FEFF), which JSON does "
+                              "not allow; save it as UTF-8 without one"),
     "UTF-16": (lambda raw: raw.decode().encode("utf-16"),
                lambda raw: ":1:1: not UTF-8: byte 0xff cannot be decoded (the file looks like UTF-16); save the file "
                            "as UTF-8"),

@@ -207,6 +207,9 @@ def test_workload_files_go_through_the_same_reader(tmp_path):
     ('{"a": ' + "9" * 5000 + "}", "m.json:1:7: a number of 5000 characters is out of range"),
     ('{"a": 1,}', "m.json:1:9: not valid JSON"),
     ('{"a": "\u202e"}', "m.json:1:8: U+202E, a bidirectional control, is not allowed"),
+    # json said "Unexpected UTF-8 BOM (decode using utf-8-sig)": Python's advice to a programmer
+    ('\ufeff{"a": 1}', "m.json:1:1: not valid JSON: the file opens with a byte order mark (U+FEFF), which JSON does "
+                       "not allow; save it as UTF-8 without one"),
 ], ids=lambda v: v[:24] if isinstance(v, str) else None)
 def test_json_refusals_name_the_place(text, message):
     from topkgen import reader

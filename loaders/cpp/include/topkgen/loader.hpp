@@ -783,8 +783,9 @@ Json parse_json(const std::string& t, const std::string& source) {
     }
     ++i;
   }
-  if (t.compare(0, 3, "\xef\xbb\xbf") == 0)  // nlohmann skips it; Python's json refuses it
-    refuse_at(source, t, 0, "not valid JSON: Unexpected UTF-8 BOM (decode using utf-8-sig)");
+  if (t.compare(0, 3, "\xef\xbb\xbf") == 0)  // nlohmann skips it; topkgen.reader refuses it, in these words
+    refuse_at(source, t, 0, "not valid JSON: the file opens with a byte order mark (U+FEFF), which JSON does not "
+                            "allow; save it as UTF-8 without one");
   // Duplicate keys, reported as Python's object_pairs_hook finds them: when their object
   // ends, at the last place the key is written in the file.
   auto duplicate = [&](const std::string& key) {
