@@ -606,6 +606,12 @@ def test_workload_file(repo, suffix):
     ({"arch": "sm_75", "dtype": "float32", "k": 5, "n": 50}, "shape #2: arch: 'sm_75' is in neither side"),
     ({"arch": "sm_90", "dtype": "float32", "k": "5", "n": 50}, "shape #2: k: expected an integer"),
     ({"arch": "sm_90", "dtype": "float32", "k": 5, "n": 50, "batch": 3}, "shape #2: unknown key(s) batch"),
+    # values in the file's words: it said True, None, [5] (Python's)
+    ({"arch": "sm_90", "dtype": "float32", "k": 5, "n": 50, "rows": True},
+     "shape #2: rows: expected an integer in 0..2147483647, got true"),
+    ({"arch": "sm_90", "dtype": "float32", "k": 5, "n": 50, "deterministic": None},
+     "shape #2: deterministic: expected true or false, got null"),
+    ({"arch": "sm_90", "dtype": "float32", "k": [5], "n": 50}, "shape #2: k: expected an integer, got a list"),
 ])
 def test_bad_workload_entries(repo, entry, message):
     path = repo / "bad.json"

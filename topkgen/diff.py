@@ -22,6 +22,7 @@ from topkgen import reader, suggest
 from topkgen.errors import InputError
 from topkgen.policy import MAX_POLICY_BYTES, DispatchError, KernelSpec, Policy, PolicyError, all_kernels, loads, \
     plan, read_file, rule_record, select
+from topkgen.schema import describe
 from topkgen.split import ROWS_MAX
 from topkgen.sources import MAX_TEMPLATE_BYTES, TEMPLATES_IN_REPO, GitRepo, SourceError, Templates, \
     directory_templates, installed_templates, repo_path
@@ -328,13 +329,13 @@ def load_shapes(path: str) -> list[Shape]:
         for key, kind in (("arch", str), ("dtype", str), ("k", int), ("n", int)):
             if not isinstance(item[key], kind) or isinstance(item[key], bool):
                 raise DiffInputError(f"{where}: {key}: expected {'a string' if kind is str else 'an integer'}, "
-                                     f"got {item[key]!r}")
+                                     f"got {describe(item[key])}")
         det = item.get("deterministic", False)
         if not isinstance(det, bool):
-            raise DiffInputError(f"{where}: deterministic: expected true or false, got {det!r}")
+            raise DiffInputError(f"{where}: deterministic: expected true or false, got {describe(det)}")
         rows = item.get("rows")
         if rows is not None and (not isinstance(rows, int) or isinstance(rows, bool) or not 0 <= rows <= ROWS_MAX):
-            raise DiffInputError(f"{where}: rows: expected an integer in 0..{ROWS_MAX}, got {rows!r}")
+            raise DiffInputError(f"{where}: rows: expected an integer in 0..{ROWS_MAX}, got {describe(rows)}")
         shapes.append(Shape(item["arch"], suggest.dtype(item["dtype"]), item["k"], item["n"], det, rows, where))
     return shapes
 

@@ -95,12 +95,12 @@ def _check_node(value: Any, schema: dict, root: dict, path: Path) -> None:
     if "type" in schema:
         types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
         if not any(_TYPES[t](value) for t in types):
-            raise SchemaViolation(path, f"expected {' or '.join(types)}, got {_describe(value)}")
+            raise SchemaViolation(path, f"expected {' or '.join(types)}, got {describe(value)}")
     if "const" in schema and not _same(value, schema["const"]):
-        raise SchemaViolation(path, f"must be {json.dumps(schema['const'])}, got {_describe(value)}")
+        raise SchemaViolation(path, f"must be {json.dumps(schema['const'])}, got {describe(value)}")
     if "enum" in schema and not any(_same(value, e) for e in schema["enum"]):
         choices = ", ".join(json.dumps(e) for e in schema["enum"])
-        raise SchemaViolation(path, f"{_describe(value)} is not one of {choices}")
+        raise SchemaViolation(path, f"{describe(value)} is not one of {choices}")
     if _TYPES["number"](value):
         if "minimum" in schema and value < schema["minimum"]:
             raise SchemaViolation(path, f"{value} is less than the minimum {schema['minimum']}")
@@ -123,7 +123,7 @@ def _check_node(value: Any, schema: dict, root: dict, path: Path) -> None:
             for i, item in enumerate(value):
                 key = _identity(item)
                 if key in seen:
-                    raise SchemaViolation(path + (i,), f"duplicate item {_describe(item)}")
+                    raise SchemaViolation(path + (i,), f"duplicate item {describe(item)}")
                 seen.add(key)
         if "items" in schema:
             for i, item in enumerate(value):
@@ -176,7 +176,8 @@ def _same(a: Any, b: Any) -> bool:
     return type(a) is type(b) and a == b or (_TYPES["number"](a) and _TYPES["number"](b) and a == b)
 
 
-def _describe(value: Any) -> str:
+def describe(value: Any) -> str:
+    """A value as a message shows it: in the file's words (true, null, a list), not Python's."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if value is None:
