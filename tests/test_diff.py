@@ -497,16 +497,18 @@ def test_markdown_keeps_a_reason_s_markup_mentions_and_references_inert(tmp_path
 
 
 def test_markdown_keeps_emoji_shortcodes_and_bare_urls_inert(tmp_path):
-    """GitHub renders `:rocket:` as an emoji and links a bare `https://...` or `www.x` in a
-    comment: a zero-width space after the colon or `www` keeps a reason as the characters
-    it holds, as after @ and #; a colon elsewhere (`k: 32`, `topk::x`) is left alone."""
+    """GitHub renders `:rocket:` as an emoji, links a bare `https://...` or `www.x` and cites
+    issue 12 for `GH-12` in a comment: a zero-width space after the colon, `www` or `GH` keeps
+    a reason as the characters it holds, as after @ and #; a colon elsewhere (`k: 32`,
+    `topk::x`) is left alone."""
     from topkgen.diff_report import _md
 
     zw = "&#8203;"
     assert _md(":rocket: :+1: :thumbs_up:") == f":{zw}rocket: :{zw}+1: :{zw}thumbs_up:"
     assert _md("see https://x.invalid/a or HTTP://x.invalid") == f"see https:{zw}//x.invalid/a or HTTP:{zw}//x.invalid"
     assert _md("www.x.invalid (WWW.y.invalid)") == f"www{zw}.x.invalid \\(WWW{zw}.y.invalid\\)"
-    assert _md("k: 32, topk::x, awww.x") == "k: 32, topk::x, awww.x"
+    assert _md("see GH-12, gh-3") == f"see GH{zw}-12, gh{zw}-3"  # GitHub's other way to cite an issue
+    assert _md("k: 32, topk::x, awww.x, SGH-1, GH-x") == "k: 32, topk::x, awww.x, SGH-1, GH-x"
     old_reason = 'reason: "single-shape register kernel; kept out of the bundle'
     new = tmp_path / "new.yaml"
     new.write_text(DEFAULT_TEXT.replace(old_reason, 'reason: ":rocket: see https://x.invalid and www.x.invalid; kept out of the bundle'))

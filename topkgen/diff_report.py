@@ -189,12 +189,12 @@ def to_text(report: Report, style: Style = _plain, *, summary_only: bool = False
 # where it could start or end emphasis (not within a word: sm_90 stays as it reads). GitHub
 # links `@name` and `#1` in the rendered text, whatever escaped them in the source: a
 # zero-width space after `@` and `#` keeps a reason from notifying anyone or citing an issue.
-# GitHub also turns `:rocket:` into an emoji and a bare `https://...` or `www.` into a link:
-# the same zero-width space after the colon that opens a shortcode or a scheme's `//`, and
-# after `www`, keeps them as the characters they are.
+# GitHub also turns `:rocket:` into an emoji, a bare `https://...` or `www.` into a link and
+# `GH-1` into a reference to issue 1: the same zero-width space after the colon that opens a
+# shortcode or a scheme's `//`, and after `www` and `GH`, keeps them as the characters they are.
 MARKDOWN_ESCAPES = str.maketrans({**{c: "\\" + c for c in "\\*[]()!|`~"}, "#": "\\#&#8203;", "@": "@&#8203;"})
 EMPHASIS_UNDERSCORE = re.compile(r"(?<![^\W_])_|_(?![^\W_])")
-AUTOLINKS = re.compile(r":(?=[\w+-]+:)|:(?=//)|(?<![^\W_])www(?=\.)", re.IGNORECASE)
+AUTOLINKS = re.compile(r":(?=[\w+-]+:)|:(?=//)|(?<![^\W_])(?:www(?=\.)|gh(?=-[0-9]))", re.IGNORECASE)
 
 
 def _md(text: str) -> str:
