@@ -875,6 +875,24 @@ def test_cpp_select_reads_rows_as_select_does(cpp, built_bundle, default_policy)
         assert proc.stderr == f"topkgen-cpp: error: stdin:1: expected 'ARCH DTYPE K N MODE JIT [ROWS]', got '{line}'\n"
 
 
+def test_cpp_select_shows_what_stdin_said_escaped(cpp, built_bundle):
+    """A line's bytes went to the terminal as they came: an escape sequence acted, a NUL cut
+    the message short (no closing quote), a bidirectional override reordered it. Control
+    bytes and bytes beyond ASCII are shown as \\xNN, a tab as \\t, in a malformed line's
+    echo and in an answer's error quoting the line's ARCH."""
+    for line, echo in (("sm_90 \x1b[2J x", "sm_90 \\x1b[2J x"), ("sm_90 float32 8 1000 fast 1\0",
+                                                                  "sm_90 float32 8 1000 fast 1\\x00"),
+                       ("sm_90\tfloat32 8", "sm_90\\tfloat32 8")):
+        proc = subprocess.run([cpp, "select", built_bundle], input=(line + "\n").encode(), capture_output=True)
+        assert (proc.returncode, proc.stdout) == (2, b""), line
+        expected = f"topkgen-cpp: error: stdin:1: expected 'ARCH DTYPE K N MODE JIT [ROWS]', got '{echo}'\n"
+        assert proc.stderr == expected.encode()
+    proc = subprocess.run([cpp, "select", built_bundle], input="sm_9\u202e0 float32 8 1000 fast 1\n".encode(),
+                          capture_output=True)
+    assert proc.returncode == 0
+    assert proc.stdout == b"error: arch: 'sm_9\\xe2\\x80\\xae0' is not in the bundle (known: sm_100, sm_90)\n"
+
+
 def test_cpp_select_answers_line_by_line_and_names_a_bad_line(cpp, built_bundle, default_policy):
     """select read all of stdin first: a bad line dropped the answers to every line before it
     and the error named no line. Each answer now comes (flushed) before the next line is read,

@@ -44,6 +44,20 @@ bool whole_integer(const std::string& field, std::int64_t& value) {
   return error == std::errc() && stop == end;
 }
 
+// What stdin said, fit for a terminal: control bytes (an escape sequence, a NUL that cut the
+// message short) and bytes beyond ASCII (a bidirectional override) as \xNN, tab as \t; a
+// valid line is ASCII, and this is how topkgen.reader.printable shows a control character.
+std::string shown(const std::string& text) {
+  std::string out;
+  char buf[8];
+  for (const unsigned char c : text) {
+    if (c == '\t') out += "\\t";
+    else if (c < 0x20 || c >= 0x7f) std::snprintf(buf, sizeof buf, "\\x%02x", c), out += buf;
+    else out += static_cast<char>(c);
+  }
+  return out;
+}
+
 // "ARCH DTYPE K N MODE JIT [ROWS]", every field whole: JIT 0 or 1, K, N and ROWS integers.
 bool parse_shape(const std::string& line, Shape& s) {
   std::istringstream in(line);
@@ -69,7 +83,7 @@ bool next_shape(Shape& s, std::size_t& line_no) {
     if (line.empty()) continue;
     if (!parse_shape(line, s))
       throw topkgen::Error("stdin:" + std::to_string(line_no) + ": expected 'ARCH DTYPE K N MODE JIT [ROWS]', got '" +
-                           line + "'");
+                           shown(line) + "'");
     return true;
   }
   return false;
@@ -107,7 +121,7 @@ int select(const std::string& dir) {
                std::to_string(p.values_offset);
       }
     } catch (const topkgen::Error& err) {
-      out += std::string("error: ") + err.what();
+      out += "error: " + shown(err.what());  // it quotes the line's ARCH or DTYPE
     }
     std::cout << out << '\n' << std::flush;
   }
