@@ -289,6 +289,32 @@ def test_run_checks_its_arguments_and_output_before_running(cli, tiny_bundle, tm
     assert sorted(np.load(tmp_path / "notes.npz").files) == ["indices", "values"]
 
 
+def test_names_a_command_prints_are_escaped_as_in_messages(cli, tiny_bundle, tiny_policy, tmp_path, monkeypatch):
+    """A file name holding a line break or a terminal's escape sequence went out raw in the
+    line a command prints (run's input and -o, show's, cache import's and merge's bundle, the
+    cache verify checked): it split
+    the line, or acted on the terminal. It is escaped, as every error message shows a path."""
+    odd = "a\n\x1b[2J"
+    bundle = tmp_path / f"b{odd}"
+    shutil.copytree(tiny_bundle, bundle)
+    np.save(tmp_path / f"x{odd}.npy", np.zeros((2, 100), np.float32))
+    shown = "a\\n\\x1b[2J"
+    args = ["run", "--bundle", bundle, "--backend", "emulator", "--arch", "sm_90", "--k", "3", tmp_path / f"x{odd}.npy"]
+    assert cli(*args).stdout.splitlines()[0].startswith(f"{tmp_path}/x{shown}.npy: largest 3 of 2 row(s) ")
+    assert cli(*args, "-o", tmp_path / f"o{odd}.npz").stdout.startswith(f"{tmp_path}/o{shown}.npz: values float32")
+    assert cli("show", bundle).stdout.startswith(f"bundle {tmp_path}/b{shown}: manifest schema ")
+    assert cli("cache", "import", bundle).stdout.startswith(f"imported {tmp_path}/b{shown}: ")
+    parts = []
+    for shard in ("1/2", "2/2"):
+        parts.append(tmp_path / f"part{shard[0]}")
+        assert cli("build", "--policy", tiny_policy, "--shard", shard, "--out", parts[-1]).exit_code == 0
+    merged = cli("merge", *parts, "--out", tmp_path / f"m{odd}").stdout
+    assert merged.startswith(f"merged 2 shards into {tmp_path}/m{shown}/manifest.json: ")
+    monkeypatch.setenv("TOPKGEN_CACHE_DIR", str(tmp_path / f"c{odd}"))
+    verified = cli("cache", "verify", "--sample", "100").stdout
+    assert verified.startswith(f"verified 0 of 0 entries in {tmp_path}/c{shown}/nvrtc-store (100%")
+
+
 def test_run_force_never_replaces_a_device_a_fifo_or_the_bundle_it_reads(cli, tiny_bundle, tmp_path):
     """-o is written beside its name and renamed over it: `-o /dev/null --force` as root
     deleted /dev/null, and `-o BUNDLE/manifest.json --force` the bundle being read."""

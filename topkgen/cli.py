@@ -607,8 +607,8 @@ def show(bundle_dir: str, archs: tuple[str, ...], fmt: str, with_dispatch: bool)
         click.echo(json.dumps(doc, indent=2))
         return
     part = shards.part_of(manifest)  # shown for inspection, but called what it is: no bundle
-    what = (f"bundle {bundle_dir}" if part is None
-            else f"part {bundle_dir} ({part} of a plan; merge the parts for a bundle)")
+    what = (f"bundle {printable(bundle_dir)}" if part is None  # a name, escaped as in messages
+            else f"part {printable(bundle_dir)} ({part} of a plan; merge the parts for a bundle)")
     click.echo(f"{what}: manifest schema {doc['manifest_schema_version']}, NVRTC {doc['nvrtc_version']}, "
                f"policy {doc['policy']['path']} ({doc['policy']['name']}, sha256 {doc['policy']['sha256'][:12]})")
     for arch in chosen:
@@ -825,7 +825,8 @@ def run(bundle_dir: str, arch: str | None, backend: str, k: int, smallest: bool,
         atomic_write(Path(output_path), buffer.getvalue())
     except OSError as err:
         raise InputError(f"-o {output_path}: cannot write: {err.strerror}") from None
-    click.echo(f"{output_path}: values {values.dtype}{list(values.shape)}, indices int64{list(indices.shape)} {by}")
+    click.echo(f"{printable(output_path)}: values {values.dtype}{list(values.shape)}, "
+               f"indices int64{list(indices.shape)} {by}")
 
 
 def _first_arch(bundle_dir: str) -> str:
@@ -851,7 +852,7 @@ def _print_rows(input_path: str, shape: tuple[int, ...], dtype: str, values: Any
     values = values.astype(np.float32).reshape(-1, k)
     indices = indices.reshape(-1, k)
     rows = values.shape[0]
-    click.echo(f"{input_path}: {'smallest' if smallest else 'largest'} {k} of {rows} row(s) of {shape[-1]} "
+    click.echo(f"{printable(input_path)}: {'smallest' if smallest else 'largest'} {k} of {rows} row(s) of {shape[-1]} "
                f"{dtype} {by}")
     for row in range(min(rows, ROWS_SHOWN)):
         label = row if len(shape) <= 2 else [int(i) for i in np.unravel_index(row, shape[:-1])]
@@ -899,7 +900,7 @@ def merge(parts: tuple[str, ...], out_dir: str, force: bool) -> None:
         manifest = shards.merge([Path(p) for p in parts], Path(out_dir), force=force)
     except bundle.BuildError as err:  # the bundle could not be written
         raise InputError(str(err)) from None
-    click.echo(f"merged {len(parts)} shards into {Path(out_dir) / 'manifest.json'}: "
+    click.echo(f"merged {len(parts)} shards into {printable(str(Path(out_dir) / 'manifest.json'))}: "
                f"{_kernels_per_arch(manifest['kernels'], manifest['archs'])}")
 
 
@@ -927,7 +928,7 @@ def cache_import(bundle_dir: str) -> None:
         console.error(str(err))
         sys.exit(1)
     where = f" and {result.remote} ({console.size(result.remote_written)} written)" if result.remote else ""
-    click.echo(f"imported {bundle_dir}: {result.added} entries added, {result.present} already present, "
+    click.echo(f"imported {printable(bundle_dir)}: {result.added} entries added, {result.present} already present, "
                f"{len(result.skipped)} skipped, of {console.count(result.kernels, 'kernel')}, into the local cache{where}")
     if result.skipped:
         click.echo(f"  skipped (this checkout renders a different source): {', '.join(result.skipped)}")
@@ -949,7 +950,7 @@ def cache_verify(percent: float, remote: bool, seed: int | None, jobs: int) -> N
     from topkgen import cache_admin
 
     result = cache_admin.verify(percent, remote=remote, seed=seed, jobs=jobs)
-    click.echo(f"verified {result.sampled} of {result.entries} entries in {result.store} "
+    click.echo(f"verified {result.sampled} of {result.entries} entries in {printable(str(result.store))} "
                f"({percent:g}%, seed {result.seed}): {result.identical} identical, {len(result.problems)} wrong, "
                f"{result.skipped} skipped (another toolchain)")
     for problem in result.problems:
