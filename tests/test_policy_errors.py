@@ -66,6 +66,10 @@ CASES = {
                                       r"kernels' 16896 bytes of static shared memory within sm_90's 232448 per block"),
     "loads_in_flight_out_of_range": (_variant("loads_in_flight: 4        #", "loads_in_flight: 16       #"),
                                      r"archs\.sm_90\.loads_in_flight: 16 is greater than the maximum 8"),
+    # --policy out/manifest.json said "dispatch: unknown key 'dispatch' (allowed: ...)"
+    "a_bundle_manifest": ('{"archs": ["sm_90"], "dispatch": {}, "kernels": [], "schema_version": 3}\n',
+                          r":1:1: a bundle's manifest, not a policy: topkgen show reads a bundle, and the policy it "
+                          r"was built from is the manifest's policy\.text$"),
 }
 
 
