@@ -291,9 +291,9 @@ def test_run_checks_its_arguments_and_output_before_running(cli, tiny_bundle, tm
 
 def test_names_a_command_prints_are_escaped_as_in_messages(cli, tiny_bundle, tiny_policy, tmp_path, monkeypatch):
     """A file name holding a line break or a terminal's escape sequence went out raw in the
-    line a command prints (run's input and -o, show's, cache import's and merge's bundle, the
-    cache verify checked): it split
-    the line, or acted on the terminal. It is escaped, as every error message shows a path."""
+    line a command prints (run's input and -o, show's, cache import's, build's and merge's
+    bundle, the cache verify checked): it split the line, or acted on the terminal. It is
+    escaped, as every error message shows a path."""
     odd = "a\n\x1b[2J"
     bundle = tmp_path / f"b{odd}"
     shutil.copytree(tiny_bundle, bundle)
@@ -304,6 +304,8 @@ def test_names_a_command_prints_are_escaped_as_in_messages(cli, tiny_bundle, tin
     assert cli(*args, "-o", tmp_path / f"o{odd}.npz").stdout.startswith(f"{tmp_path}/o{shown}.npz: values float32")
     assert cli("show", bundle).stdout.startswith(f"bundle {tmp_path}/b{shown}: manifest schema ")
     assert cli("cache", "import", bundle).stdout.startswith(f"imported {tmp_path}/b{shown}: ")
+    built = cli("build", "--policy", tiny_policy, "--out", tmp_path / f"o{odd}").stdout
+    assert f"\nwrote {tmp_path}/o{shown}/manifest.json in " in built, built
     parts = []
     for shard in ("1/2", "2/2"):
         parts.append(tmp_path / f"part{shard[0]}")
