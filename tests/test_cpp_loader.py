@@ -178,6 +178,8 @@ TAMPERING = {
     "cubin of the wrong SM": (_wrong_sm, "kernels[{i}].cubin: sm_90/{name}.cubin is compiled for sm_100, not sm_90"),
     "cubin of another kernel": (_other_kernels_cubin,
                                 "kernels[{i}].symbol: sm_90/{name}.cubin defines no function '{name}'"),
+    "no mode served": (lambda doc, root, i: doc["kernels"][i].update(serves=[]),
+                       "kernels[{i}].serves: must not be empty"),  # it said "must have at least 1 items"
     "symbol table outside the cubin": (_symbol_table_outside, "kernels[{i}].cubin: sm_90/{name}.cubin is not a CUDA "
                                                               "ELF file: its symbol table cannot be read"),
 }

@@ -115,9 +115,11 @@ def _check_node(value: Any, schema: dict, root: dict, path: Path) -> None:
             raise SchemaViolation(path, f"{value!r} does not match the pattern {schema['pattern']}")
     if isinstance(value, list):
         if "minItems" in schema and len(value) < schema["minItems"]:
-            raise SchemaViolation(path, f"must have at least {schema['minItems']} items")
+            least = schema["minItems"]
+            raise SchemaViolation(path, "must not be empty" if least == 1 else f"must have at least {least} items")
         if "maxItems" in schema and len(value) > schema["maxItems"]:
-            raise SchemaViolation(path, f"must have at most {schema['maxItems']} items")
+            most = schema["maxItems"]
+            raise SchemaViolation(path, f"must have at most {most} item{'' if most == 1 else 's'}")
         if schema.get("uniqueItems"):
             seen: set[Any] = set()
             for i, item in enumerate(value):

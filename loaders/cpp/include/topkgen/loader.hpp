@@ -1102,9 +1102,10 @@ class SchemaValidator {
     }
     if (value.is_array()) {
       if (auto m = schema.find("minItems"); m != schema.end() && value.size() < m->template get<std::size_t>())
-        fail("must have at least " + m->dump() + " items");
+        fail(m->template get<std::size_t>() == 1 ? std::string("must not be empty")
+                                                 : "must have at least " + m->dump() + " items");
       if (auto m = schema.find("maxItems"); m != schema.end() && value.size() > m->template get<std::size_t>())
-        fail("must have at most " + m->dump() + " items");
+        fail("must have at most " + m->dump() + (m->template get<std::size_t>() == 1 ? " item" : " items"));
       if (schema.value("uniqueItems", false)) {
         std::set<Json> seen;
         for (std::size_t i = 0; i < value.size(); ++i)
