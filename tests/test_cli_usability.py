@@ -283,6 +283,19 @@ def test_run_o_dash_is_refused_not_a_file_named_dash(cli, tmp_path, monkeypatch,
     assert np.load(tmp_path / "-")["indices"].tolist() == [[99, 98, 97], [99, 98, 97]]
 
 
+@pytest.mark.parametrize("option, value", [("--k", "\u0661\u0666"), ("--n", "1e3"), ("--rows", "4.0"), ("-j", "two")])
+def test_a_count_in_other_than_ascii_digits_is_refused_in_words(option, value):
+    """int() read Arabic-Indic digits ('\u0661\u0666') as 16, and click refused '1e3' as
+    "not a valid integer range"; a count is digits 0-9, and the message says so."""
+    command = ["build", "--shard", "1/2"] if option == "-j" else ["explain", "--arch", "sm_90", "--dtype", "float32"]
+    args = {"--k": "16", "--n": "2048"} if command[0] == "explain" else {}
+    args[option] = value
+    result = CliRunner(mix_stderr=False).invoke(cli_module.main, [*command, *(w for kv in args.items() for w in kv)])
+    assert (result.exit_code, result.stdout) == (2, "")
+    name = "'-j' / '--jobs'" if option == "-j" else f"'{option}'"
+    assert result.stderr.splitlines()[-1] == f"Error: Invalid value for {name}: {value!r} is not a whole number (digits 0-9)"
+
+
 @pytest.mark.parametrize("command", [["build"], ["merge", "part"]], ids=["build", "merge"])
 def test_out_dash_is_refused_not_a_directory_named_dash(tmp_path, monkeypatch, tiny_policy, command):  # noqa: F811
     """`build --out -` made a directory named '-' (where most tools would write to standard

@@ -335,6 +335,23 @@ def _bundle_out(command: str) -> OutputArg:
                      "a directory called '-' is --out ./-)", file_okay=False)
 
 
+class Count(click.IntRange):
+    """A whole number in range, in ASCII digits: int() also reads '١٠٠' (Arabic digits) as
+    100, and click called '1e3' "not a valid integer range"."""
+
+    name = "integer"
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        if isinstance(value, str):
+            try:
+                if not value.isascii():
+                    raise ValueError(value)
+                value = int(value)
+            except ValueError:
+                self.fail(f"{printable(repr(value))} is not a whole number (digits 0-9)", param, ctx)
+        return super().convert(value, param, ctx)
+
+
 class TextArg(_NotEmpty, click.types.StringParamType):
     """A word that may not be empty: diff's OLD and NEW (a path or a git revision)."""
 
@@ -360,7 +377,7 @@ ARCH_OPTION = click.option("--arch", "archs", cls=_ArchHelpOption, type=ArchType
                            help="Architecture(s) of the policy ({archs} in the packaged default policy); repeat "
                                 "or comma-separate them. Default: all of the policy's.")
 DTYPE_HELP = "Element type: float32, bfloat16 or float16 (fp32, bf16, fp16 too)."
-K_OPTION = click.option("--k", "k", type=click.IntRange(1, pol.K_MAX), required=True,
+K_OPTION = click.option("--k", "k", type=Count(1, pol.K_MAX), required=True,
                         help="How many values per row.")
 JOBS_HELP = (f"Kernels compiled in parallel. Default: the CPUs this process may use "
              f"({console.available_cpus()} here)")
@@ -476,8 +493,8 @@ Examples:
               help="Architecture: one of the policy's ({archs} in the packaged default policy).")
 @click.option("--dtype", type=DtypeType(), required=True, help=DTYPE_HELP)
 @K_OPTION
-@click.option("--n", "n", type=click.IntRange(1, pol.N_MAX), required=True, help="Row length (at least k).")
-@click.option("--rows", "rows", type=click.IntRange(0, ROWS_MAX), default=None,
+@click.option("--n", "n", type=Count(1, pol.N_MAX), required=True, help="Row length (at least k).")
+@click.option("--rows", "rows", type=Count(0, ROWS_MAX), default=None,
               help="Batch size: small batches of long rows may be split across CTAs, and this shows the chunk "
                    "plan (0, an empty batch, launches nothing). Without it: one CTA per row.")
 @click.option("--deterministic", is_flag=True, help="Ask for the deterministic mode (ties by lower index).")
@@ -517,7 +534,7 @@ by CI jobs; TOPKGEN_CACHE_READONLY=1 reads it without writing).""")
 @click.option("--out", "out_dir", type=_bundle_out("build"), default="out", show_default=True, metavar="DIR",
               help="Bundle directory: <arch>/<kernel>.cubin, jit/<arch>/<kernel>.cu and manifest.json. Must be "
                    "new, empty or a bundle (else --force); checked before compiling.")
-@click.option("-j", "--jobs", type=click.IntRange(1, 256), default=console.available_cpus,
+@click.option("-j", "--jobs", type=Count(1, 256), default=console.available_cpus,
               metavar="N", help=JOBS_HELP + ".")
 @click.option("--allow-over-budget", is_flag=True, help="Report kernels over their resource budget without failing.")
 @click.option("--shard", "shard_text", metavar="I/N",
@@ -680,7 +697,7 @@ Examples:
 @click.option("--build", "build", is_flag=True,
               help="Compile both sides (through the compile cache) and compare registers, spills, stack, "
                    "shared memory, cubin size and budgets.")
-@click.option("-j", "--jobs", type=click.IntRange(1, 256), default=console.available_cpus,
+@click.option("-j", "--jobs", type=Count(1, 256), default=console.available_cpus,
               metavar="N", help=JOBS_HELP + ", with --build.")
 @click.option("--stat", is_flag=True, help="Print the summary only (text or markdown).")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing; the exit status says whether the sides differ.")
@@ -942,7 +959,7 @@ def cache_import(bundle_dir: str) -> None:
               help="Percentage of entries to recompile and compare.")
 @click.option("--remote", is_flag=True, help="Verify TOPKGEN_CACHE_URL's entries instead of the local cache.")
 @click.option("--seed", type=int, default=None, help="Choose the sample with this seed (default: random, printed).")
-@click.option("-j", "--jobs", type=click.IntRange(1, 256), default=console.available_cpus,
+@click.option("-j", "--jobs", type=Count(1, 256), default=console.available_cpus,
               metavar="N", help=JOBS_HELP + ".")
 def cache_verify(percent: float, remote: bool, seed: int | None, jobs: int) -> None:
     """Recompile a sample of cache entries with this machine's toolchain and compare bytes.
