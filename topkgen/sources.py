@@ -172,11 +172,13 @@ class GitRepo:
         return found.stdout.decode().strip()
 
     def merge_base(self, old: str, new: str) -> str:
-        """The commit `git diff OLD...NEW` compares NEW with: where the two histories meet."""
+        """The commit `git diff OLD...NEW` compares NEW with: where the two histories meet,
+        named as `git log --oneline` would (12 hex digits, more where those are ambiguous),
+        since it labels a side of the report."""
         base = _git(["merge-base", self.commit(old), self.commit(new)], self.root)
         if base.returncode != 0:
             raise SourceError(f"{old}...{new}: the two revisions have no common ancestor")
-        return base.stdout.decode().strip()
+        return _git(["rev-parse", "--short=12", base.stdout.decode().strip()], self.root).stdout.decode().strip()
 
     def read(self, commit: str, limits: dict[str, int], label: str | None = None) -> dict[str, bytes]:
         """Every regular file at or under each path of `limits` in that commit: path -> content.
