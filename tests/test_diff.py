@@ -590,7 +590,8 @@ def test_stat_quiet_and_colour(repo):
 def test_workload_file(repo, suffix):
     shapes = [{"arch": "sm_90", "dtype": "float32", "k": 32, "n": 256},
               {"arch": "sm_90", "dtype": "bfloat16", "k": 20, "n": 256, "deterministic": True},
-              {"arch": "sm_100", "dtype": "float32", "k": 5, "n": 100}]
+              {"arch": "sm_100", "dtype": "float32", "k": 5, "n": 100},
+              {"arch": "sm_90", "dtype": "fp32", "k": 32, "n": 256}]  # the first again: counted once
     path = repo / f"shapes.{suffix}"
     path.write_text(json.dumps(shapes) if suffix == "json" else
                     "".join(f"- {json.dumps(s)}\n" for s in shapes))

@@ -303,7 +303,8 @@ MAX_SHAPES_BYTES = 16 << 20
 def load_shapes(path: str) -> list[Shape]:
     """A workload file: YAML or JSON (read as JSON when named .json, so that its errors are
     JSON's), a list of {arch, dtype, k, n, rows?, deterministic?}; dtypes may be spelled as
-    on the command line (fp32, bf16, ...)."""
+    on the command line (fp32, bf16, ...). A shape listed again counts once (a list gathered
+    from logs repeats its shapes): "2 of 3 shapes change" counts shapes, not lines."""
     try:
         if path.lower().endswith(".json"):
             document = reader.Document(reader.read_json(path, limit=MAX_SHAPES_BYTES, what="workload file"))
@@ -314,7 +315,7 @@ def load_shapes(path: str) -> list[Shape]:
     doc = document.value
     if not isinstance(doc, list) or not doc:
         raise DiffInputError(f"{path}: expected a non-empty list of shapes")
-    shapes = []
+    shapes: dict[Shape, None] = {}  # in the file's order; a Shape's `where` does not tell two apart
     for i, item in enumerate(doc):
         line = document.position((i,))[0]
         where = f"{path}{'' if line is None else f':{line}'}: shape #{i + 1}"
@@ -336,8 +337,8 @@ def load_shapes(path: str) -> list[Shape]:
         rows = item.get("rows")
         if rows is not None and (not isinstance(rows, int) or isinstance(rows, bool) or not 0 <= rows <= ROWS_MAX):
             raise DiffInputError(f"{where}: rows: expected an integer in 0..{ROWS_MAX}, got {describe(rows)}")
-        shapes.append(Shape(item["arch"], suggest.dtype(item["dtype"]), item["k"], item["n"], det, rows, where))
-    return shapes
+        shapes.setdefault(Shape(item["arch"], suggest.dtype(item["dtype"]), item["k"], item["n"], det, rows, where))
+    return list(shapes)
 
 
 # ----------------------------------------------------------------------------- serving
