@@ -566,7 +566,8 @@ def build(policy_path: str | None, archs: tuple[str, ...], out_dir: str, jobs: i
     manifest = result.manifest
     size = sum(k["size_bytes"] for k in manifest["kernels"])
     of_plan = f"shard {shard[0]}/{shard[1]} of {len(specs)}: " if shard else ""
-    click.echo(f"wrote {printable(str(Path(out_dir) / 'manifest.json'))} in {console.seconds(progress.elapsed)}: {of_plan}"
+    written = printable(str(Path(out_dir) / "manifest.json"))
+    click.echo(f"wrote {written} in {console.seconds(progress.elapsed)}: {of_plan}"
                f"{_kernels_per_arch(manifest['kernels'], chosen)}, "
                f"{console.size(size)} of cubin, NVRTC {manifest['nvrtc_version']}\n  {_cache_stats(result.cache)}")
     _cache_warnings(result.cache)
