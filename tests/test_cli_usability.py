@@ -299,7 +299,8 @@ def test_a_count_in_other_than_ascii_digits_is_refused_in_words(option, value):
 @pytest.mark.parametrize("command", [["build"], ["merge", "part"]], ids=["build", "merge"])
 def test_out_dash_is_refused_not_a_directory_named_dash(tmp_path, monkeypatch, tiny_policy, command):  # noqa: F811
     """`build --out -` made a directory named '-' (where most tools would write to standard
-    output); refused before compiling, as run's -o -, and --out ./- still says that directory."""
+    output); refused before compiling, as run's -o -, and --out ./- still says that directory.
+    A bundle's manifest.json for --out is refused naming the directory meant."""
     monkeypatch.chdir(tmp_path)
     result = CliRunner(mix_stderr=False).invoke(cli_module.main, [*command, "--out", "-"])
     assert (result.exit_code, result.stdout) == (2, "")
@@ -307,6 +308,12 @@ def test_out_dash_is_refused_not_a_directory_named_dash(tmp_path, monkeypatch, t
         f"Error: Invalid value for '--out': {command[0]} writes a bundle directory, not standard output: name a "
         "directory (--out bundle; a directory called '-' is --out ./-)")
     assert list(tmp_path.iterdir()) == []
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "manifest.json").write_text("{}")  # a bundle's manifest, as show and run take one
+    result = CliRunner(mix_stderr=False).invoke(cli_module.main, [*command, "--out", "b/manifest.json"])
+    assert result.exit_code == 2 and result.stderr.splitlines()[-1] == (
+        "Error: Invalid value for '--out': b/manifest.json is a file: --out names the bundle's directory (b)")
+    shutil.rmtree(tmp_path / "b")
     if command == ["build"]:
         named = CliRunner(mix_stderr=False).invoke(cli_module.main, ["build", "--policy", str(tiny_policy),
                                                                     "--out", "./-"])

@@ -330,9 +330,21 @@ _NPZ_OUT = OutputArg("run does not write to standard output: name a .npz file (-
                      "is -o ./-), or leave -o out to print the rows", dir_okay=False)
 
 
-def _bundle_out(command: str) -> OutputArg:
-    return OutputArg(f"{command} writes a bundle directory, not standard output: name a directory (--out bundle; "
-                     "a directory called '-' is --out ./-)", file_okay=False)
+class BundleOutputArg(OutputArg):
+    """build's and merge's --out: a bundle directory. A bundle's manifest.json given for it
+    (as show and run take one) is refused naming the directory meant; click said only
+    "Directory 'out/manifest.json' is a file"."""
+
+    def __init__(self, command: str) -> None:
+        super().__init__(f"{command} writes a bundle directory, not standard output: name a directory (--out bundle; "
+                         "a directory called '-' is --out ./-)", file_okay=False)
+
+    def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> Any:
+        path = Path(value) if isinstance(value, str) and value else None
+        if path is not None and path.name == "manifest.json" and _is_file(path):
+            self.fail(f"{printable(value)} is a file: --out names the bundle's directory "
+                      f"({printable(str(path.parent))})", param, ctx)
+        return super().convert(value, param, ctx)
 
 
 class Count(click.IntRange):
@@ -531,7 +543,7 @@ The compile cache is TOPKGEN_CACHE_DIR (local), then TOPKGEN_CACHE_URL (any fssp
 by CI jobs; TOPKGEN_CACHE_READONLY=1 reads it without writing).""")
 @POLICY_OPTION
 @ARCH_OPTION
-@click.option("--out", "out_dir", type=_bundle_out("build"), default="out", show_default=True, metavar="DIR",
+@click.option("--out", "out_dir", type=BundleOutputArg("build"), default="out", show_default=True, metavar="DIR",
               help="Bundle directory: <arch>/<kernel>.cubin, jit/<arch>/<kernel>.cu and manifest.json. Must be "
                    "new, empty or a bundle (else --force); checked before compiling.")
 @click.option("-j", "--jobs", type=Count(1, 256), default=console.available_cpus,
@@ -903,7 +915,7 @@ def _run_on_gpu(op: Any, x: Any, k: int, smallest: bool, deterministic: bool, dt
 
 @main.command(short_help="Join the bundles of build --shard into one.")
 @click.argument("parts", nargs=-1, required=True, type=BundleArg())
-@click.option("--out", "out_dir", required=True, type=_bundle_out("merge"), metavar="DIR",
+@click.option("--out", "out_dir", required=True, type=BundleOutputArg("merge"), metavar="DIR",
               help="The full bundle to write. Must be new, empty or a bundle (else --force), and not a part.")
 @click.option("--force", is_flag=True, help="Replace --out even when it is a directory that is not a bundle.")
 def merge(parts: tuple[str, ...], out_dir: str, force: bool) -> None:
