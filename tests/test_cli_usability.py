@@ -293,7 +293,8 @@ def test_a_count_in_other_than_ascii_digits_is_refused_in_words(option, value):
     result = CliRunner(mix_stderr=False).invoke(cli_module.main, [*command, *(w for kv in args.items() for w in kv)])
     assert (result.exit_code, result.stdout) == (2, "")
     name = "'-j' / '--jobs'" if option == "-j" else f"'{option}'"
-    assert result.stderr.splitlines()[-1] == f"Error: Invalid value for {name}: {value!r} is not a whole number (digits 0-9)"
+    assert result.stderr.splitlines()[-1] == (f"Error: Invalid value for {name}: {value!r} is not a whole number "
+                                              "(digits 0-9)")
 
 
 @pytest.mark.parametrize("command", [["build"], ["merge", "part"]], ids=["build", "merge"])

@@ -511,7 +511,8 @@ def test_markdown_keeps_emoji_shortcodes_and_bare_urls_inert(tmp_path):
     assert _md("k: 32, topk::x, awww.x, SGH-1, GH-x") == "k: 32, topk::x, awww.x, SGH-1, GH-x"
     old_reason = 'reason: "single-shape register kernel; kept out of the bundle'
     new = tmp_path / "new.yaml"
-    new.write_text(DEFAULT_TEXT.replace(old_reason, 'reason: ":rocket: see https://x.invalid and www.x.invalid; kept out of the bundle'))
+    new.write_text(DEFAULT_TEXT.replace(old_reason, 'reason: ":rocket: see https://x.invalid and www.x.invalid; '
+                                                    'kept out of the bundle'))
     md = topkgen("diff", DEFAULT_POLICY, new, "--format", "markdown").stdout
     assert f":{zw}rocket: see https:{zw}//x.invalid and www{zw}.x.invalid; kept out" in md
     assert ":rocket:" not in md and "https://" not in md and "www." not in md

@@ -291,8 +291,8 @@ def remote_store() -> RemoteStore | None:
         raise CacheConfigError(f"TOPKGEN_CACHE_URL={url}: not a URL (s3://bucket/prefix, gs://, file:///path, "
                                f"memory://name)")
     directory = shared_cache_directory()
-    if directory is not None and not directory.is_absolute():  # file:// wrote ac/ and cas/ into the current
-        # directory, file://host/x into ./host/x
+    if directory is not None and not directory.is_absolute():
+        # file:// wrote ac/ and cas/ into the current directory, file://host/x into ./host/x
         scheme = url.split("://", 1)[0]
         raise CacheConfigError(f"TOPKGEN_CACHE_URL={url}: a {scheme}:// URL names an absolute path, with three "
                                f"slashes: {scheme}:///shared/dir")

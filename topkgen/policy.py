@@ -361,7 +361,7 @@ def loads(text: str | bytes, source: str = "<policy>") -> Policy:
     if document.value is None:
         raise PolicyError("the policy file is empty", source=source, line=1, column=1)
     doc = document.value
-    if isinstance(doc, dict) and {"schema_version", "kernels", "dispatch"} <= doc.keys():  # said "dispatch: unknown key"
+    if isinstance(doc, dict) and {"schema_version", "kernels", "dispatch"} <= doc.keys():  # not "unknown key dispatch"
         raise PolicyError("a bundle's manifest, not a policy: topkgen show reads a bundle, and the policy it was built "
                           "from is the manifest's policy.text", source=source, line=1, column=1)
     located = _Locator(source, document)

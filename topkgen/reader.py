@@ -337,7 +337,8 @@ def parse_json(text: str, source: str, *, max_depth: int = MAX_DEPTH) -> Any:
         return out
 
     if text.startswith("\ufeff"):  # json said "Unexpected UTF-8 BOM (decode using utf-8-sig)", Python's advice
-        raise fail("not valid JSON: the file opens with a byte order mark (U+FEFF), which JSON does not allow; save it as UTF-8 without one", 0)
+        raise fail("not valid JSON: the file opens with a byte order mark (U+FEFF), which JSON does not allow; "
+                   "save it as UTF-8 without one", 0)
     try:
         return json.loads(text, object_pairs_hook=unique)
     except json.JSONDecodeError as err:
