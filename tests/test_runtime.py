@@ -240,6 +240,12 @@ def test_device_arrays_are_read_from_the_cuda_array_interface():
     assert not _c_contiguous(shape, strides)
     with pytest.raises(TopKError, match="dtype float64 is not supported"):
         dtype_name(_device_array(_Interface("<f8", (2,)), "x")[3], None)
+    # A field of a record array: 4-byte elements 6 bytes apart. Read as whole elements
+    # (6 // 4 == 1) the strides looked contiguous and the kernels read the wrong bytes.
+    for strides in ((1200, 6), (1202, 4)):
+        with pytest.raises(TopKError, match=rf"^x: strides \({strides[0]}, {strides[1]}\) bytes are not multiples of "
+                                            rf"its 4-byte elements: pass a contiguous array$"):
+            _device_array(_Interface("<f4", (2, 300), strides=strides), "x")
     with pytest.raises(TopKError, match="x: expected a device array"):
         _device_array(np.zeros(3, np.float32), "x")
 

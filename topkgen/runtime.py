@@ -674,6 +674,11 @@ def _device_array(x: Any, label: str) -> tuple[int, tuple[int, ...], tuple[int, 
     cai = getattr(x, "__cuda_array_interface__", None)
     if cai is not None:
         itemsize = int(cai["typestr"][2:])
+        if cai.get("strides") is not None and any(s % itemsize for s in cai["strides"]):
+            # Elements off their own size's boundaries (a field of a record array): in
+            # elements, floored, such strides would pass for contiguous rows.
+            raise TopKError(f"{label}: strides {tuple(cai['strides'])} bytes are not multiples of its "
+                            f"{itemsize}-byte elements: pass a contiguous array")
         strides = None if cai.get("strides") is None else tuple(s // itemsize for s in cai["strides"])
         try:
             name = str(np.dtype(cai["typestr"]))  # "<u2": uint16, raw bfloat16 or float16 bits; ">f4" stays
