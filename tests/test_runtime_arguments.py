@@ -265,6 +265,22 @@ def test_the_cuda_backend_refuses_overlaps_by_the_same_rule(op):
     with pytest.raises(TopKError, match=r"^out\[1\] \(indices\): shares memory with out\[0\] \(values\);"):
         backend.run(work, view, k, (values, Device("<i8", (rows, k), base + (1 << 30) + 32)), None, None)
 
+    # An output or workspace its exporter marks read-only (the interface's data[1]) is
+    # refused, as the emulator refuses a read-only numpy array: the kernels would write it.
+    def read_only(array):
+        array.__cuda_array_interface__["data"] = (array.__cuda_array_interface__["data"][0], True)
+        return array
+
+    for label, arguments in {"out[0] (values)": ((read_only(Device("<f4", (rows, k), base + (1 << 30))), indices), None),
+                             "out[1] (indices)": ((values, read_only(Device("<i8", (rows, k), base + (2 << 30)))), None),
+                             "workspace": ((values, indices),
+                                           read_only(Device("|u1", (plan.workspace_bytes,), base + (3 << 30))))}.items():
+        with pytest.raises(TopKError, match=rf"^{re.escape(label)}: the array is read-only$"):
+            backend.run(work, view, k, *arguments[:1], None, arguments[1])
+    read_only_x = backend.view(read_only(Device("<f4", (rows, n), base)), None)  # x is only read: it passes
+    checks_only = runtime._Work(None, "", runtime.Launch(256, 1, 0), [], [], None)  # no launch to make
+    assert backend.run(checks_only, read_only_x, k, (values, indices), None, None) == (values, indices)
+
     # An empty batch launches nothing, so backend.run returns after its checks: an empty
     # workspace, wherever it points, passes them (it is never touched); a misaligned one does not.
     empty = backend.view(Device("<f4", (0, n), base), None)

@@ -641,7 +641,7 @@ class _CudaBackend(_Backend):
 def _device_bytes(x: Any, label: str) -> tuple[int, int]:
     """(pointer, size in bytes) of a contiguous device array of any element type, read as
     _device_array reads every device array (so a cuda.core Buffer, DLPack only, serves too)."""
-    ptr, shape, strides, name = _device_array(x, label)
+    ptr, shape, strides, name = _device_array(x, label, written=True)
     if not _c_contiguous(shape, strides):
         raise TopKError(f"{label}: expected a contiguous device array")
     if hasattr(x, "element_size"):  # torch
@@ -657,13 +657,15 @@ def _device_bytes(x: Any, label: str) -> tuple[int, int]:
 
 def _device_ptr(array: Any, shape: tuple[int, ...], dtypes: tuple[str, ...], label: str) -> int:
     """The address of an output array that has `shape`, is contiguous and holds one of `dtypes`."""
-    ptr, found_shape, strides, found = _device_array(array, label)
+    ptr, found_shape, strides, found = _device_array(array, label, written=True)
     _check_out(label, shape, found_shape, _c_contiguous(found_shape, strides), dtypes, found)
     return ptr
 
 
-def _device_array(x: Any, label: str) -> tuple[int, tuple[int, ...], tuple[int, ...] | None, str]:
-    """(pointer, shape, strides in elements or None, dtype name) of a device array.
+def _device_array(x: Any, label: str,
+                  written: bool = False) -> tuple[int, tuple[int, ...], tuple[int, ...] | None, str]:
+    """(pointer, shape, strides in elements or None, dtype name) of a device array; one
+    the call writes (`written`: out, workspace) must not be marked read-only by its exporter.
 
     torch tensors are read through their own attributes (without importing torch): cuda.core
     cannot view bfloat16 through DLPack yet. Then __cuda_array_interface__, then DLPack."""
@@ -684,6 +686,8 @@ def _device_array(x: Any, label: str) -> tuple[int, tuple[int, ...], tuple[int, 
             name = str(np.dtype(cai["typestr"]))  # "<u2": uint16, raw bfloat16 or float16 bits; ">f4" stays
         except TypeError:
             name = cai["typestr"]
+        if written and cai["data"][1]:  # the interface's read-only flag
+            raise TopKError(f"{label}: the array is read-only")
         return int(cai["data"][0]), tuple(cai["shape"]), strides, name
     if hasattr(x, "__dlpack__"):
         try:
@@ -691,6 +695,8 @@ def _device_array(x: Any, label: str) -> tuple[int, tuple[int, ...], tuple[int, 
         except Exception as err:
             raise TopKError(f"{label}: cannot view the array through DLPack: {err}") from None
         if smv.is_device_accessible:
+            if written and getattr(smv, "readonly", False):  # DLPack 1.0's read-only flag
+                raise TopKError(f"{label}: the array is read-only")
             return smv.ptr, tuple(smv.shape), smv.strides, str(smv.dtype)
     raise TopKError(f"{label}: expected a device array (__cuda_array_interface__ or DLPack), got {type(x).__name__}")
 
