@@ -289,3 +289,28 @@ def test_the_cuda_backend_refuses_overlaps_by_the_same_rule(op):
     assert backend.run(none, empty, k, outputs, None, Device("|u1", (0,), base + (3 << 30) + 3)) == outputs
     with pytest.raises(TopKError, match="^workspace: must start at a multiple of 16 bytes"):
         backend.run(none, empty, k, outputs, None, Device("|u1", (64,), base + (3 << 30) + 3))
+
+
+def test_a_masked_x_is_refused_not_read_whole(op):
+    """The kernels read every element: a numpy.ma array (or a device array whose
+    __cuda_array_interface__ has a mask) returned its masked elements as top values."""
+    x = np.ma.masked_array(make_rows("float32", 2, 300, seed=9), mask=False)
+    x[:, 0] = np.ma.masked
+    x.data[:, 0] = 1e30  # what a masked slot may hold: it must never come back as a value
+    message = "x: a masked array: the kernels would read its masked elements as values; fill them first " \
+              "(x.filled(-inf) for the largest)"
+    with pytest.raises(TopKError) as err:
+        op(x, 5)
+    assert str(err.value) == message
+    values, _ = op(x.filled(-np.inf), 5)
+    assert (values < 1e30).all()
+    pytest.importorskip("cuda.core")
+    from topkgen.runtime import _device_array
+
+    class Masked:  # a device array with a mask, as numba's interface allows
+        __cuda_array_interface__ = {"typestr": "<f4", "shape": (2, 300), "strides": None, "data": (1 << 40, False),
+                                    "version": 3, "mask": object()}
+
+    with pytest.raises(TopKError) as err:
+        _device_array(Masked(), "x")
+    assert str(err.value) == message

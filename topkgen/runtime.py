@@ -321,6 +321,10 @@ class _Backend:
 
 
 OUT_LABELS = ("out[0] (values)", "out[1] (indices)")
+# Both backends refuse a masked x (numpy.ma, or a __cuda_array_interface__ with a mask): the
+# kernels read every element, so a masked one could be returned as a top value.
+MASKED = ("a masked array: the kernels would read its masked elements as values; fill them first "
+          "(x.filled(-inf) for the largest)")
 
 
 def _out_pair(out: Any) -> tuple[Any, Any]:
@@ -383,6 +387,8 @@ class _EmulatorBackend(_Backend):
     def view(self, x: Any, dtype: str | None) -> _View:
         if not isinstance(x, np.ndarray):
             raise TopKError(f"x: the emulator backend takes numpy arrays, got {type(x).__name__}")
+        if isinstance(x, np.ma.MaskedArray):
+            raise TopKError(f"x: {MASKED}")
         name = dtype_name(str(x.dtype), dtype)
         view = _View(x, name, x.shape)  # its shape first: a 0-d array has no last dimension to look at
         if x.size and x.shape[-1] > 1 and x.strides[-1] != x.itemsize:
@@ -681,6 +687,8 @@ def _device_array(x: Any, label: str,
             # elements, floored, such strides would pass for contiguous rows.
             raise TopKError(f"{label}: strides {tuple(cai['strides'])} bytes are not multiples of its "
                             f"{itemsize}-byte elements: pass a contiguous array")
+        if cai.get("mask") is not None:
+            raise TopKError(f"{label}: {MASKED}")
         strides = None if cai.get("strides") is None else tuple(s // itemsize for s in cai["strides"])
         try:
             name = str(np.dtype(cai["typestr"]))  # "<u2": uint16, raw bfloat16 or float16 bits; ">f4" stays
