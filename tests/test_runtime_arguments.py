@@ -74,6 +74,17 @@ def test_a_batch_of_no_rows_needs_no_workspace(op):
         op.workspace_bytes("float32", 16, 262144, -1)
 
 
+def test_sizing_a_workspace_needs_the_batch_size(op):
+    """rows=None (choose's "batch unknown", served unsplit) sized no workspace: 0 bytes, while
+    the call on one row of 262144 needs one. plan and workspace_bytes refuse it by name."""
+    assert op.workspace_bytes("float32", 16, 262144, 1) > 0
+    for method in (op.plan, op.workspace_bytes):
+        with pytest.raises(TopKError) as err:
+            method("float32", 16, 262144, None)
+        assert str(err.value) == ("rows: expected the batch's row count (an integer), got None: how a batch splits, "
+                                  "and the workspace it needs, depend on it")
+
+
 def test_dtypes_are_named_as_on_the_command_line(op):
     """The CLI's short spellings (one table, topkgen.suggest's) name the same dtypes here."""
     assert op.choose("bf16", 64, 4096) == op.choose("bfloat16", 64, 4096)

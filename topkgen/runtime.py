@@ -186,6 +186,9 @@ class TopK:
         the workspace it passes (`workspace_bytes`). A batch of 0 rows launches nothing, as a
         call on one does: it is not split (the C++ loader's plan says the same)."""
         dtype, k, n, rows = _request(dtype, k, n, rows)
+        if rows is None:  # choose's "batch unknown": never split, but a call on 1 row of 262144 is
+            raise TopKError("rows: expected the batch's row count (an integer), got None: how a batch splits, "
+                            "and the workspace it needs, depend on it")
         choice = self.choose(dtype, k, n, deterministic, rows)
         return ChunkPlan(rows, n, k, choice.chunks, DTYPE_SIZES[dtype]) if choice.chunks > 1 else None
 
