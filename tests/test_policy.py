@@ -220,3 +220,19 @@ def test_packaged_policy_is_found_outside_the_checkout(tmp_path):
     assert plan.stdout.startswith("policy: the packaged default policy (topk, sha256 ")
     schemas = sorted(p.name for p in (target / "topkgen" / "schemas").iterdir())
     assert schemas == sorted(p.name for p in (ROOT / "topkgen" / "schemas").glob("*.json"))
+
+
+def test_select_takes_yes_no_arguments_as_bools_not_whatever_python_finds_truthy(default_policy):
+    """select(..., deterministic="no") served the deterministic kernel and jit="no" allowed
+    JIT: a string, None or a number is refused by name (as TopK refuses it); numpy's bools
+    are bools."""
+    import numpy as np
+
+    fast = pol.select(default_policy, "sm_90", "float32", 64, 262144)
+    assert fast.kernel.mode == "fast"
+    assert pol.select(default_policy, "sm_90", "float32", 64, 262144, deterministic=np.False_) == fast
+    for label in ("deterministic", "jit"):
+        for bad in ("no", None, 0, 1.0):
+            with pytest.raises(pol.DispatchError) as err:
+                pol.select(default_policy, "sm_90", "float32", 64, 262144, **{label: bad})
+            assert str(err.value) == f"{label}: expected True or False, got {bad!r}"

@@ -739,6 +739,7 @@ def select(policy: Policy, arch: str, dtype: str, k: int, n: int, deterministic:
     and how (`Selection.split`); rows=None, a caller that does not know the batch, never
     splits: it gets the one-CTA-per-row answer, which serves any batch. This is the only
     dispatch rule in topkgen."""
+    deterministic, jit = as_flag("deterministic", deterministic), as_flag("jit", jit)
     _check_arch(policy, arch)
     if dtype not in policy.dtypes:
         raise DispatchError(f"dtype: '{dtype}' is not in the policy (known: {', '.join(policy.dtypes)})")
@@ -853,6 +854,15 @@ def as_integer(label: str, value: object) -> int:
         return operator.index(value)
     except TypeError:
         raise DispatchError(f"{label}: must be an integer, got {value!r}") from None
+
+
+def as_flag(label: str, value: object) -> bool:
+    """A yes/no argument as a bool: a bool (numpy's too), never a value Python merely finds
+    truthy: `deterministic="no"` or `jit=None` would quietly have served the other request."""
+    numpy = sys.modules.get("numpy")
+    if isinstance(value, bool) or (numpy is not None and isinstance(value, numpy.bool_)):
+        return bool(value)
+    raise DispatchError(f"{label}: expected True or False, got {value!r}")
 
 
 def _check_counts(*counts: tuple[str, object, int]) -> None:

@@ -30,7 +30,7 @@ from topkgen.dispatch_table import Choice
 from topkgen.errors import InputError
 from topkgen.manifest_checks import entries
 from topkgen.explain import Explanation, explain
-from topkgen.policy import DTYPE_SIZES, DispatchError, all_kernels, as_integer
+from topkgen.policy import DTYPE_SIZES, DispatchError, all_kernels, as_flag, as_integer
 from topkgen.render import params, render
 from topkgen.split import WORKSPACE_ALIGNMENT, ChunkPlan, Stage, stages
 from topkgen import suggest
@@ -269,11 +269,12 @@ def _integer(label: str, value: Any) -> int:
 
 
 def _flag(label: str, value: Any) -> bool:
-    """A yes/no argument: a bool (numpy's too), never a value Python merely finds truthy:
-    `largest="no"` or `deterministic=None` would quietly have served the other request."""
-    if isinstance(value, (bool, np.bool_)):
-        return bool(value)
-    raise TopKError(f"{label}: expected True or False, got {value!r}")
+    """A yes/no argument as a bool, by the rule `select` applies (policy.as_flag): `largest="no"`
+    or `deterministic=None` would quietly have served the other request."""
+    try:
+        return as_flag(label, value)
+    except DispatchError as err:
+        raise TopKError(str(err)) from None
 
 
 def _dtype(dtype: Any) -> str:
