@@ -325,3 +325,27 @@ def test_a_masked_x_is_refused_not_read_whole(op):
     with pytest.raises(TopKError) as err:
         _device_array(Masked(), "x")
     assert str(err.value) == message
+
+
+def test_a_stream_that_is_no_stream_is_refused_by_name(op):
+    """stream="0", 1.5, -1 or True reached cuda.core only after the kernel was loaded, and
+    failed there with its exception; both backends refuse it first (the emulator takes the
+    same streams as the cuda backend, and ignores them)."""
+    x = make_rows("float32", 2, 300, seed=10)
+    want = op(x, 5)
+
+    class TorchLike:  # a stream through the protocol, and one an older torch exposes
+        def __cuda_stream__(self):
+            return (0, 0)
+
+    class OldTorch:
+        cuda_stream = 0
+
+    for stream in (None, 0, 7, TorchLike(), OldTorch()):
+        assert all(np.array_equal(a, b) for a, b in zip(op(x, 5, stream=stream), want))
+    for stream in ("0", 1.5, -1, True, object()):
+        with pytest.raises(TopKError) as err:
+            op(x, 5, stream=stream)
+        assert str(err.value) == ("stream: expected a CUDA stream (a cuda.core Stream, an object with __cuda_stream__ "
+                                  "such as torch.cuda.Stream, or a stream handle as an int >= 0), got "
+                                  f"{type(stream).__name__} {stream!r}")

@@ -231,6 +231,7 @@ class TopK:
         says what raw uint16 input holds. Every argument is checked before any launch."""
         view = self._backend.view(x, dtype)
         k, largest = _integer("k", k), _flag("largest", largest)
+        _check_stream(stream)
         choice = self.choose(view.dtype, k, view.n, deterministic, view.rows)
         kernel = self._kernel(choice) if view.rows else None  # an empty batch loads and compiles nothing
         entry = self._entries[choice.kernel]
@@ -275,6 +276,21 @@ def _flag(label: str, value: Any) -> bool:
         return as_flag(label, value)
     except DispatchError as err:
         raise TopKError(str(err)) from None
+
+
+def _check_stream(stream: Any) -> None:
+    """A stream argument the cuda backend can launch on (the emulator takes the same, and
+    ignores it): None (torch's current stream for torch input, else the device's default),
+    a stream handle as a non-negative int, or an object with __cuda_stream__ (cuda.core's
+    Stream, torch.cuda.Stream) or an int `cuda_stream` (an older torch's Stream). Anything
+    else reached cuda.core only after the kernel was loaded, and failed there with its own
+    exception, not one naming the argument."""
+    if stream is None or hasattr(stream, "__cuda_stream__") or isinstance(getattr(stream, "cuda_stream", None), int):
+        return
+    if isinstance(stream, int) and not isinstance(stream, bool) and stream >= 0:
+        return
+    raise TopKError(f"stream: expected a CUDA stream (a cuda.core Stream, an object with __cuda_stream__ such as "
+                    f"torch.cuda.Stream, or a stream handle as an int >= 0), got {type(stream).__name__} {stream!r}")
 
 
 def _dtype(dtype: Any) -> str:
