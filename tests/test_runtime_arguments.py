@@ -349,3 +349,11 @@ def test_a_stream_that_is_no_stream_is_refused_by_name(op):
         assert str(err.value) == ("stream: expected a CUDA stream (a cuda.core Stream, an object with __cuda_stream__ "
                                   "such as torch.cuda.Stream, or a stream handle as an int >= 0), got "
                                   f"{type(stream).__name__} {stream!r}")
+
+
+def test_an_empty_last_dimension_is_named_as_n(op):
+    """Shape (2, 0) was told "expected at least one dimension of size >= 1", which it has."""
+    for shape in ((2, 0), (0,), (3, 2, 0)):
+        with pytest.raises(TopKError) as err:
+            op(np.zeros(shape, np.float32), 1)
+        assert str(err.value) == f"x: n (its last dimension) must be >= 1, got shape {shape}"

@@ -315,8 +315,10 @@ class _View:
 
     def __init__(self, array: Any, dtype: str, shape: tuple[int, ...], ptr: int = 0) -> None:
         self.array, self.dtype, self.shape, self.ptr = array, dtype, shape, ptr
-        if not shape or shape[-1] < 1:
+        if not shape:
             raise TopKError(f"x: expected at least one dimension of size >= 1, got shape {shape}")
+        if shape[-1] < 1:  # the CLI's words for an .npy of this shape
+            raise TopKError(f"x: n (its last dimension) must be >= 1, got shape {shape}")
         self.n = int(shape[-1])
         self.rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
         if self.rows >= 2**31:
