@@ -357,3 +357,4 @@ def test_an_empty_last_dimension_is_named_as_n(op):
         with pytest.raises(TopKError) as err:
             op(np.zeros(shape, np.float32), 1)
         assert str(err.value) == f"x: n (its last dimension) must be >= 1, got shape {shape}"
+

@@ -231,7 +231,7 @@ class TopK:
         says what raw uint16 input holds. Every argument is checked before any launch."""
         view = self._backend.view(x, dtype)
         k, largest = _integer("k", k), _flag("largest", largest)
-        _check_stream(stream)
+        self._backend.check_stream(stream)
         choice = self.choose(view.dtype, k, view.n, deterministic, view.rows)
         kernel = self._kernel(choice) if view.rows else None  # an empty batch loads and compiles nothing
         entry = self._entries[choice.kernel]
@@ -340,6 +340,9 @@ class _Backend:
 
     def run(self, work: _Work, view: _View, k: int, out: Any, stream: Any, workspace: Any):
         raise NotImplementedError
+
+    def check_stream(self, stream: Any) -> None:
+        _check_stream(stream)
 
 
 OUT_LABELS = ("out[0] (values)", "out[1] (indices)")
@@ -551,6 +554,10 @@ class _CudaBackend(_Backend):
         except Exception as err:  # no driver, no GPU
             raise NoGpuError(f"backend 'cuda': no usable GPU ({err})") from None
         self._shared_allowed: dict[int, tuple[Any, int]] = {}  # id(kernel) -> (kernel, bytes allowed)
+
+    def check_stream(self, stream: Any) -> None:
+        if not isinstance(stream, _cuda_core().Stream):  # cuda.core's own, taken by type
+            _check_stream(stream)
 
     def current_arch(self) -> str:
         major, minor = self.device.compute_capability
