@@ -358,3 +358,18 @@ def test_an_empty_last_dimension_is_named_as_n(op):
             op(np.zeros(shape, np.float32), 1)
         assert str(err.value) == f"x: n (its last dimension) must be >= 1, got shape {shape}"
 
+
+def test_leading_dimensions_whose_product_passes_64_bits_are_too_many_rows():
+    """A device array claiming (2^32, 2^32, n) was 0 rows (numpy's int64 product wrapped):
+    an empty batch, answered by launching nothing. It is 2^64 rows, refused."""
+    pytest.importorskip("cuda.core")
+    from topkgen import runtime
+
+    class Device:
+        __cuda_array_interface__ = {"typestr": "<f4", "shape": (2**32, 2**32, 300), "strides": None,
+                                    "data": (1 << 40, False), "version": 3}
+
+    backend = object.__new__(runtime._CudaBackend)  # its checks alone: no device is opened
+    with pytest.raises(TopKError) as err:
+        backend.view(Device(), None)
+    assert str(err.value) == f"x: {2**64} rows is more than the kernels' 2^31 - 1"

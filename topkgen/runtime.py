@@ -320,7 +320,9 @@ class _View:
         if shape[-1] < 1:  # the CLI's words for an .npy of this shape
             raise TopKError(f"x: n (its last dimension) must be >= 1, got shape {shape}")
         self.n = int(shape[-1])
-        self.rows = int(np.prod(shape[:-1], dtype=np.int64)) if len(shape) > 1 else 1
+        # Python's integers: numpy's int64 product wraps, and (2^32, 2^32, n) would be 0 rows,
+        # an empty batch served by launching nothing.
+        self.rows = math.prod(int(size) for size in shape[:-1])
         if self.rows >= 2**31:
             raise TopKError(f"x: {self.rows} rows is more than the kernels' 2^31 - 1")
 
