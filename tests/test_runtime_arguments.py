@@ -373,3 +373,15 @@ def test_leading_dimensions_whose_product_passes_64_bits_are_too_many_rows():
     with pytest.raises(TopKError) as err:
         backend.view(Device(), None)
     assert str(err.value) == f"x: {2**64} rows is more than the kernels' 2^31 - 1"
+
+
+def test_a_mistyped_dtype_is_named_as_no_dtype_not_as_a_mismatch(op):
+    """dtype="flaot32" on float32 input was told "does not match the array's float32"; it is
+    no dtype at all, and gets the command line's words and suggestion."""
+    x = make_rows("float32", 2, 300, seed=11)
+    for bad, meant in (("flaot32", "; did you mean float32?"), ("float64", ""), ("", "")):
+        for array in (x, x.view(np.uint16)[:, :300]):
+            with pytest.raises(TopKError) as err:
+                op(array, 5, dtype=bad)
+            assert str(err.value) == (f"dtype: {bad!r} is not one of float32, bfloat16, float16 "
+                                      f"(or fp32, f32, bf16, fp16, f16, half){meant}")

@@ -760,6 +760,8 @@ def dtype_name(found: str, requested: str | None) -> str:
         raise TopKError(f"x: byte order: its elements are {endian}-endian ({found}), the kernels read the machine's; "
                         f"convert with x.astype(x.dtype.newbyteorder('='))")
     shown = repr(requested)  # as the caller spelled it, and what that means
+    if requested is not None and _dtype(requested) not in DTYPE_SIZES:  # not "does not match the array's"
+        raise TopKError(f"dtype: {suggest.unknown_dtype(requested, DTYPE_SIZES)}")
     if requested is not None and _dtype(requested) != requested:
         requested = _dtype(requested)
         shown = f"{shown} ({requested})"

@@ -39,6 +39,15 @@ def did_you_mean(word: str, choices: Iterable[str]) -> str:
     return f"; did you mean {found}?" if found else ""
 
 
+def unknown_dtype(value: str, choices: Iterable[str]) -> str:
+    """What to say of a dtype name none of `choices` answers to (with the short spellings
+    that would have), and the one it most likely meant: "'flaot32' is not one of float32,
+    ... (or fp32, ...); did you mean float32?"."""
+    choices = tuple(choices)
+    aliases = ", ".join(a for a, d in DTYPE_ALIASES.items() if d in choices)
+    return f"{value!r} is not one of {', '.join(choices)} (or {aliases}){did_you_mean(str(value), choices)}"
+
+
 def dtype(name: str) -> str:
     """A dtype name with the usual short spellings accepted: fp32, bf16, fp16, f32, f16, half."""
     lowered = name.strip().lower()
