@@ -316,3 +316,13 @@ def test_fake_get_kernel_refuses_a_str_symbol_as_cuda_bindings_does():
         driver.cuLibraryGetKernel(driver.CUlibrary(), "topk_x")
     with pytest.raises(TypeError):
         FakeObjectCode.from_cubin(b"", symbol_mapping={"a": "topk_x"}).get_kernel("a")
+
+
+def test_the_cuda_backend_refuses_an_arch_whose_cubins_this_gpu_cannot_run(built_bundle, fake_core):
+    """TopK(bundle, arch="sm_100", backend="cuda") on a 9.0 GPU was built, and its first call
+    failed in the driver's cubin load; it is refused by name when created."""
+    assert runtime.TopK(built_bundle, arch="sm_90", backend="cuda").arch == "sm_90"
+    with pytest.raises(runtime.TopKError) as err:
+        runtime.TopK(built_bundle, arch="sm_100", backend="cuda")
+    assert str(err.value) == ("arch: 'sm_100' kernels do not run on this GPU (sm_90); pass arch='sm_90' or leave "
+                              "arch out (the backend takes the GPU's)")

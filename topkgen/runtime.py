@@ -153,6 +153,8 @@ class TopK:
         if self.arch not in self.policy.archs:
             raise TopKError(f"arch: {self.arch!r} is not in the bundle's policy (knows {', '.join(self.policy.archs)})"
                             f"{did_you_mean(self.arch, self.policy.archs)}")
+        if backend == "cuda" and arch is not None:
+            self._check_gpu_runs(arch)
         self._specs = {spec.name: spec for spec in all_kernels(self.policy, self.arch)}
         self._table, self.in_bundle = dispatch_table.serving_table(self.manifest, self.policy, self.arch)
         if self.in_bundle:
@@ -165,6 +167,17 @@ class TopK:
             self._entries = {name: bundles.spec_entry(spec) for name, spec in self._specs.items()}
             self._files = {}
         self._loaded: dict[str, Any] = {}
+
+    def _check_gpu_runs(self, arch: str) -> None:
+        """An arch named to the cuda backend must be one whose cubins this GPU runs: the same
+        major compute capability, its minor at most the GPU's. Else the first call failed in
+        the driver's cubin load (no binary for this GPU), not naming the argument."""
+        major, minor = self.policy.archs[arch].capability
+        gpu_major, gpu_minor = self._backend.device.compute_capability
+        if major != gpu_major or minor > gpu_minor:
+            gpu = self._backend.current_arch()
+            raise TopKError(f"arch: {arch!r} kernels do not run on this GPU ({gpu}); pass arch={gpu!r} or leave "
+                            f"arch out (the backend takes the GPU's)")
 
     # ------------------------------------------------------------------ choosing
     def choose(self, dtype: str, k: int, n: int, deterministic: bool = False, rows: int | None = None) -> Choice:
