@@ -260,9 +260,7 @@ class DtypeType(click.ParamType):
     def convert(self, value: Any, param: click.Parameter | None, ctx: click.Context | None) -> str:
         name = suggest.dtype(str(value))
         if name not in self.choices:
-            aliases = ", ".join(a for a, d in suggest.DTYPE_ALIASES.items() if d in self.choices)
-            self.fail(f"{value!r} is not one of {', '.join(self.choices)} (or {aliases})"
-                      f"{suggest.did_you_mean(str(value), self.choices)}", param, ctx)
+            self.fail(suggest.unknown_dtype(value, self.choices), param, ctx)
         return name
 
     def shell_complete(self, ctx: click.Context, param: click.Parameter, incomplete: str) -> list[CompletionItem]:

@@ -159,23 +159,30 @@ def load_side(spec: str, *, policy_in_repo: str = DEFAULT_POLICY_IN_REPO, cwd: P
         raise DiffInputError(f"{spec}: cannot read: {err.strerror}") from None
 
 
-def is_range(spec: str, cwd: Path | None = None) -> bool:
-    """Whether `spec` is a range (A..B, A...B) rather than a file or a revision: a ref's name
-    never holds `..` (git check-ref-format), and no revision begins or ends with '/', so an
-    end that does makes the whole a path (../policy.yaml), named as given by its reader."""
+def _range_parts(spec: str, cwd: Path | None) -> tuple[str, str, str] | None:
+    """(A, the dots, B) of a range A..B or A...B; None when `spec` is a file or a revision: a
+    ref's name never holds `..` (git check-ref-format), and no revision begins or ends with
+    '/', so an end that does makes the whole a path (../policy.yaml), named as given by its
+    reader."""
     if ".." not in spec or (Path(cwd or ".") / spec).exists():
-        return False
-    old, _, new = spec.partition("...") if "..." in spec else spec.partition("..")
-    return not any(end.startswith("/") or end.endswith("/") for end in (old, new))
+        return None
+    parts = spec.partition("...") if "..." in spec else spec.partition("..")
+    return None if any(end.startswith("/") or end.endswith("/") for end in parts[::2]) else parts
+
+
+def is_range(spec: str, cwd: Path | None = None) -> bool:
+    """Whether `spec` is a range (A..B, A...B) rather than a file or a revision."""
+    return _range_parts(spec, cwd) is not None
 
 
 def revision_range(spec: str, cwd: Path | None = None) -> tuple[str, str] | None:
     """OLD and NEW of a range as `git diff` reads one: `A..B` is A against B, `A...B` is B
     against the commit where A and B meet (an empty end is HEAD); None when `spec` is no
-    range (see is_range)."""
-    if not is_range(spec, cwd):
+    range (see _range_parts)."""
+    parts = _range_parts(spec, cwd)
+    if parts is None:
         return None
-    old, dots, new = spec.partition("...") if "..." in spec else spec.partition("..")
+    old, dots, new = parts
     old, new = old or "HEAD", new or "HEAD"
     if dots == "..":
         return old, new
