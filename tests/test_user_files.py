@@ -220,6 +220,14 @@ RUN_INPUTS = {
     "empty_unshapeable": (lambda p: p.write_bytes(_npy_with_header(
         "{'descr': '<f4', 'fortran_order': False, 'shape': (2147483647, 2147483647, 2147483647, 0, 5), }")),
         "the header declares shape (2147483647, 2147483647, 2147483647, 0, 5): too large for numpy to shape"),
+    # found by a new user's trial: numpy's header check takes True for an int, and reshape raised (exit 70)
+    "bool_dimension": (lambda p: p.write_bytes(_npy_with_header(
+        "{'descr': '<f4', 'fortran_order': False, 'shape': (True, 8), }", b"\0" * 32)),
+        "the header declares shape (True, 8): a dimension that is not an integer"),
+    # found by the same trial: more dimensions than numpy's limit, which reshape raised (exit 70)
+    "too_many_dimensions": (lambda p: p.write_bytes(_npy_with_header(
+        "{'descr': '<f4', 'fortran_order': False, 'shape': (" + "1, " * 70 + "8), }", b"\0" * 32)),
+        "the header declares 71 dimensions (numpy takes at most"),
     # refused from the header: a 1 GiB int8 file was read whole first
     "int8": (lambda p: np.save(p, np.zeros((3, 100), np.int8)), "dtype int8 is not one topkgen ranks: float32, "
              "float16, or bfloat16 (ml_dtypes.bfloat16, or its bits as uint16)"),

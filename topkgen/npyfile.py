@@ -30,6 +30,8 @@ _NUMERIC_KINDS = "biufc"
 # float32, float16, ml_dtypes.bfloat16 (numpy saves it as raw 2-byte records), and uint16
 # bits of bfloat16 or float16 (run's --dtype says which): policy.DTYPE_SIZES as numpy stores them
 _RANKED = ("f4", "f2", "V2", "u2")
+# numpy's limit on an array's dimensions (64 since numpy 2.0, 32 before), which it exports nowhere
+_MAX_DIMS = 64 if np.lib.NumpyVersion(np.__version__) >= "2.0.0" else 32
 
 
 class NpyError(InputError, ValueError):
@@ -93,6 +95,10 @@ def read_npy_stored(path: str | os.PathLike) -> tuple[np.ndarray, np.dtype]:
         _check_dtype(dtype, fail)
         if shape == ():
             raise fail("a 0-d array (a single value); top-k needs an array with at least one dimension")
+        if any(isinstance(dim, bool) for dim in shape):  # numpy's header check takes a bool for an int
+            raise fail(f"the header declares shape {tuple(shape)}: a dimension that is not an integer")
+        if len(shape) > _MAX_DIMS:  # numpy's own limit (reshape raised it: exit 70)
+            raise fail(f"the header declares {len(shape)} dimensions (numpy takes at most {_MAX_DIMS})")
         if any(dim < 0 for dim in shape):
             raise fail(f"the header declares a negative dimension: shape {tuple(shape)}")
         count = 1
