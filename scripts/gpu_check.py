@@ -27,7 +27,9 @@ Everything stops within --budget-s. Stages 3, 5 and 6 run each in a child proces
 fault or a hang costs that stage alone. RESULTS gets only the few result files (on the
 device machine it is $OUT, which brings back 8 at most); bundles and scratch files go to
 OUT-work. Without a GPU it says so, builds for sm_90 (and the two crossover bundles),
-collects the GPU tests, lists the cases it would time, and exits 0.
+collects the GPU tests, lists the cases it would time, says again that nothing was measured,
+and exits NO_GPU_STATUS (3; 1 when those CPU-side parts fail): a check that checked nothing
+must not read as passed to `make` or a script.
 """
 
 from __future__ import annotations
@@ -75,6 +77,7 @@ SANITIZER_REFUSED = "Device not supported"  # what compute-sanitizer says on mac
 T = TypeVar("T")
 SAMPLES = "gpu_check_samples.json"
 API_TESTS = ("tests/test_cuda_core_api.py", "tests/test_torch_api.py")
+NO_GPU_STATUS = 3  # no GPU: nothing was measured, which `make gpu-check` must not report as success
 
 
 @dataclass(frozen=True)
@@ -270,7 +273,8 @@ def main(argv: list[str] | None = None) -> int:
             step("split crossover: the two bundles (sm_90)")
             status |= crossover_listing(args, "sm_90", topkgen)
         print(f"\nwould time {len(args.cases)} cases x {len(IMPLS)} implementations ({timer_name(args.timer)})")
-        return status
+        print(f"no GPU: the device checks did not run, nothing was measured (exit {1 if status else NO_GPU_STATUS})")
+        return 1 if status else NO_GPU_STATUS
     started = time.monotonic()
     deadline = started + args.budget_s
     from topkgen.paths import cache_root

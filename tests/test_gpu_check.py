@@ -135,7 +135,9 @@ def test_list_needs_no_gpu(tmp_path):
     assert proc.stdout.splitlines()[-1] == "8 cases x 3 implementations"
 
 
-def test_without_a_gpu_it_says_so_builds_and_exits_0(tmp_path):
+def test_without_a_gpu_it_says_so_builds_and_exits_3(tmp_path):
+    """Without a GPU it exited 0 after the CPU-side parts: `make gpu-check` on a machine
+    without one read as passed. It exits 3 and says again, last, that nothing was measured."""
     from topkgen.runtime import gpu_unavailable
 
     if gpu_unavailable() is None:
@@ -143,8 +145,9 @@ def test_without_a_gpu_it_says_so_builds_and_exits_0(tmp_path):
     out, results = tmp_path / "bundle", tmp_path / "results"
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--out", str(out), "--results",
                            str(results)], capture_output=True, text=True, cwd=ROOT)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.returncode == 3, proc.stdout + proc.stderr
     assert proc.stdout.startswith("no GPU: ")
+    assert proc.stdout.endswith("\nno GPU: the device checks did not run, nothing was measured (exit 3)\n")
     assert "would time 130 cases x 3 implementations" in proc.stdout
     # Issue 14's crossover: two bundles of the same kernels, one splitting every batch of the
     # grid (108: 2 dtypes x 2 n x 3 K x 9 batches) and one splitting none.
