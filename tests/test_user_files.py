@@ -228,6 +228,10 @@ RUN_INPUTS = {
     "too_many_dimensions": (lambda p: p.write_bytes(_npy_with_header(
         "{'descr': '<f4', 'fortran_order': False, 'shape': (" + "1, " * 70 + "8), }", b"\0" * 32)),
         "the header declares 71 dimensions (numpy takes at most"),
+    # the message named ast's node with its memory address ('<ast.Call object at 0x7f...>'), other at each run
+    "expression_header": (lambda p: p.write_bytes(_npy_with_header("__import__('os').getcwd()", b"\0" * 4)),
+                          "bad .npy header: malformed node or string on line 1: an expression (Call), not a literal "
+                          "value"),
     # refused from the header: a 1 GiB int8 file was read whole first
     "int8": (lambda p: np.save(p, np.zeros((3, 100), np.int8)), "dtype int8 is not one topkgen ranks: float32, "
              "float16, or bfloat16 (ml_dtypes.bfloat16, or its bits as uint16)"),

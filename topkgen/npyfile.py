@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import stat
 
 import numpy as np
@@ -25,6 +26,8 @@ from topkgen.split import ROWS_MAX
 
 MAGIC = b"\x93NUMPY"
 MAX_HEADER_BYTES = 10_000
+# ast.literal_eval names what it refuses by its repr, with the node's memory address
+_AST_NODE = re.compile(r"<ast\.(\w+) object at 0x[0-9a-fA-F]+>")
 _ZIP_MAGICS = (b"PK\x03\x04", b"PK\x05\x06")
 _NUMERIC_KINDS = "biufc"
 # float32, float16, ml_dtypes.bfloat16 (numpy saves it as raw 2-byte records), and uint16
@@ -91,7 +94,8 @@ def read_npy_stored(path: str | os.PathLike) -> tuple[np.ndarray, np.dtype]:
         except NpyError:
             raise
         except Exception as err:  # numpy's header parser on hostile bytes: ValueError, TokenError, SyntaxError...
-            raise fail(f"bad .npy header: {printable(str(err))[:200]}") from None
+            reason = _AST_NODE.sub(r"an expression (\1), not a literal value", str(err))
+            raise fail(f"bad .npy header: {printable(reason)[:200]}") from None
         _check_dtype(dtype, fail)
         if shape == ():
             raise fail("a 0-d array (a single value); top-k needs an array with at least one dimension")
