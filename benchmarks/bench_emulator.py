@@ -63,13 +63,15 @@ def main() -> None:
 
 
 REPEAT = 21
+# (dtype, k, n, rows): a radix kernel with dynamic shared memory, a bfloat16 one, a register one
+COUNTER_CASES = (("float32", 256, 131072, 4), ("bfloat16", 64, 16384, 16), ("float32", 16, 1024, 256))
 
 
-def interleaved_medians(fns) -> list[float]:
-    """Runs the functions in turn, REPEAT rounds after one warm-up round, so that a busy
+def interleaved_medians(fns, repeat: int = REPEAT) -> list[float]:
+    """Runs the functions in turn, `repeat` rounds after one warm-up round, so that a busy
     machine slows each of them alike."""
     samples: list[list[float]] = [[] for _ in fns]
-    for round_ in range(REPEAT + 1):
+    for round_ in range(repeat + 1):
         for fn, times in zip(fns, samples):
             start = time.perf_counter()
             fn()
@@ -78,8 +80,9 @@ def interleaved_medians(fns) -> list[float]:
     return [statistics.median(t) for t in samples]
 
 
-def counter_costs() -> None:
-    """Medians of the same launches, side by side, for each way of building the module."""
+def counter_costs(cases=COUNTER_CASES, repeat: int = REPEAT) -> None:
+    """Medians of the same launches, side by side, for each way of building the module
+    (tests run a small case once)."""
     import ml_dtypes
 
     from topkgen import policy as pol
@@ -87,9 +90,9 @@ def counter_costs() -> None:
     from topkgen.runtime import launch_arguments
 
     policy = pol.load()
-    print(f"traffic counters, median of {REPEAT} interleaved launches (random normal rows):")
+    print(f"traffic counters, median of {repeat} interleaved launches (random normal rows):")
     print(f"  {'kernel':<40}{'rows':>5}{'compiled out':>14}{'off':>10}{'on':>10}{'off/out':>9}{'on/off':>8}")
-    for dtype, k, n, rows in (("float32", 256, 131072, 4), ("bfloat16", 64, 16384, 16), ("float32", 16, 1024, 256)):
+    for dtype, k, n, rows in cases:
         spec = pol.select(policy, "sm_90", dtype, k, n).kernel
         source = render(spec)
         plain = compile_source(source, name=spec.name, defines=("TK_COUNTERS=0",))
@@ -100,9 +103,10 @@ def counter_costs() -> None:
         grid = (rows + spec.rows_per_block - 1) // spec.rows_per_block
 
         def run(module, counters):
-            return lambda: module.launch(spec.name, grid, spec.threads, args, workers=1, counters=counters)
+            return lambda: module.launch(spec.name, grid, spec.threads, args, shared_bytes=spec.dynamic_shared_bytes,
+                                         workers=1, counters=counters)
 
-        out, off, on = interleaved_medians([run(plain, False), run(counted, False), run(counted, True)])
+        out, off, on = interleaved_medians([run(plain, False), run(counted, False), run(counted, True)], repeat)
         print(f"  {spec.name:<40}{rows:>5}{out * 1e3:>11.2f} ms{off * 1e3:>7.2f} ms{on * 1e3:>7.2f} ms"
               f"{off / out:>8.2f}x{on / off:>7.2f}x")
 

@@ -162,3 +162,19 @@ def test_register_kernel_counts():
     assert c.global_load_bytes == rows * n * 4  # output values are rebuilt from the keys
     assert c.global_store_bytes == rows * k * 12
     assert (c.barriers, c.shared_atomics, c.shuffles) == (0, 0, rows * k * 5)
+
+
+def test_bench_emulator_launches_kernels_with_their_dynamic_shared_memory(capsys):
+    """`make bench-emulator` launched the radix kernels without the dynamic shared memory
+    their spec asks for: the first write to it faulted at address 0 (EmulationError), and
+    the target failed before printing any counter cost."""
+    import importlib.util
+
+    from .conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("bench_emulator", ROOT / "benchmarks" / "bench_emulator.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.counter_costs((("float32", 256, 8192, 1),), repeat=1)  # a dynamic-work radix kernel, 96 KiB of it
+    rows = [line.split()[:2] for line in capsys.readouterr().out.splitlines()[2:]]
+    assert rows == [["topk_radix_dyn_k256_fast_f32_sm_90", "1"]]
