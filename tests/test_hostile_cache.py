@@ -405,6 +405,21 @@ def test_a_cache_dir_under_a_quoted_tilde_is_in_the_home_directory(tiny_bundle_f
     assert list(work.iterdir()) == [] and (home / "cache" / cache.LOCAL_DIR / "ac").is_dir()
 
 
+def test_a_cache_dir_under_the_tilde_of_no_user_is_named(tiny_bundle_for_run, tmp_path):
+    """TOPKGEN_CACHE_DIR="~nosuchuser/cache" (a user of another machine) was an internal
+    error (exit 70: "RuntimeError: Could not determine home directory."); it is refused
+    naming the variable, and the commands that never use the cache still run."""
+    work = tmp_path / "work"
+    work.mkdir()
+    setting = "~topkgen_no_such_user/cache"
+    for command in (("cache", "import", str(tiny_bundle_for_run[0])), ("build", "--arch", "sm_90", "--out", "b")):
+        proc = topkgen(*command, cache_dir=Path(setting), prefix=("env", "-C", str(work)))
+        one_line_error(proc, f"TOPKGEN_CACHE_DIR={setting}: cannot use the compile cache: {setting}: "
+                             f"~topkgen_no_such_user is no user's home directory here; set TOPKGEN_CACHE_DIR")
+    assert list(work.iterdir()) == []
+    assert topkgen("plan", cache_dir=Path(setting), prefix=("env", "-C", str(work))).returncode == 0
+
+
 def test_a_file_url_without_an_absolute_path_is_refused(tiny_bundle_for_run, tmp_path):
     """`file://` wrote the shared cache's ac/ and cas/ into the current directory, and
     `file://relative` or `file://localhost/x` into ./relative, ./localhost/x: a file:// URL

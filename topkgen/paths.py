@@ -15,6 +15,11 @@ class HeadersNotFound(InputError, RuntimeError):
     (exit 2), not an internal error of topkgen."""
 
 
+class CacheDirUnusable(InputError, RuntimeError):
+    """TOPKGEN_CACHE_DIR that names no directory at all (`~nobody/cache`: no such user):
+    a setting to fix, said in one line naming the variable (exit 2)."""
+
+
 # What a kernel's compile includes from the CUDA include folder (nv/target is NVRTC's own).
 CUDA_HEADERS = ("cuda_bf16.h", "cuda_fp16.h", "crt/host_defines.h")
 
@@ -59,7 +64,11 @@ def cache_root() -> Path:
     leaves it, and a folder named `~` appeared in whatever directory a command ran in."""
     explicit = _explicit_cache_dir()
     if explicit:
-        return Path(explicit).expanduser()
+        try:
+            return Path(explicit).expanduser()
+        except RuntimeError:  # ~name of no user here: Python's "Could not determine home directory." (exit 70)
+            tilde = explicit.split("/", 1)[0]
+            raise CacheDirUnusable(unusable_message(explicit, f"{tilde} is no user's home directory here")) from None
     base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
     return Path(base) / "topkgen"
 
