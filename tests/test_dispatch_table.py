@@ -114,7 +114,11 @@ def test_lookups_refuse_what_select_refuses(default_policy):
     assert _looked_up(table, "float16", 5, 50, False, False) == \
         "error: dtype: 'float16' has no AOT kernels and JIT is disabled"
     assert _looked_up(table, "int8", 5, 50, False, True) == \
-        "error: dtype: 'int8' is not in the bundle (known: bfloat16, float16, float32)"
+        "error: dtype: 'int8' is not one of float32, bfloat16, float16 (or fp32, f32, bf16, fp16, f16, half)"
+    assert _looked_up(table, "flaot32", 5, 50, False, True) == _expected(default_policy, "sm_90", "flaot32", 5, 50,
+                                                                        False, True) == \
+        "error: dtype: 'flaot32' is not one of float32, bfloat16, float16 (or fp32, f32, bf16, fp16, f16, half); " \
+        "did you mean float32?"
 
 
 def test_the_build_check_catches_a_table_that_disagrees_with_select(default_policy):

@@ -105,6 +105,22 @@ def test_dtypes_are_named_as_on_the_command_line(op):
         op(x, 5, dtype=np.dtype(np.float32))
 
 
+def test_a_mistyped_dtype_gets_the_same_words_from_every_method(op):
+    """choose, plan, workspace_bytes and explain said "'flaot32' is not in the bundle (known:
+    ...)" and suggested nothing, while dtype= on a call and the command line's --dtype name
+    the choices and suggest float32 (suggest.unknown_dtype's words, all of them)."""
+    expect = ("dtype: 'flaot32' is not one of float32, bfloat16, float16 (or fp32, f32, bf16, fp16, f16, half); "
+              "did you mean float32?")
+    for method, arguments in ((op.choose, (64, 4096)), (op.explain, (64, 4096)), (op.plan, (64, 4096, 3)),
+                              (op.workspace_bytes, (64, 4096, 3))):
+        with pytest.raises(TopKError) as err:
+            method("flaot32", *arguments)
+        assert str(err.value) == expect, method.__name__
+    with pytest.raises(TopKError) as err:
+        op(make_rows("float32", 2, 300, seed=11), 5, dtype="flaot32")
+    assert str(err.value) == expect
+
+
 def test_big_endian_arrays_are_refused_for_their_byte_order(op):
     x = make_rows("float32", 2, 300, seed=4)
     swapped = x.astype(">f4")

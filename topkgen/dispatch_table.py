@@ -21,7 +21,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from topkgen.policy import (K_MAX, MODES, N_MAX, DispatchError, Policy, check_rows, check_shape, kernels_of_rule,
-                            resident_elements, select, split_capable)
+                            resident_elements, select, split_capable, unknown_dtype)
 from topkgen.split import ROWS_MAX
 
 Row = dict[str, Any]
@@ -317,7 +317,7 @@ class ArchTable:
         batch one CTA per row."""
         found = self._lists.get((dtype, bool(deterministic)))
         if found is None:
-            raise DispatchError(f"dtype: '{dtype}' is not in the bundle (known: {', '.join(sorted(self.dtypes))})")
+            raise unknown_dtype(dtype, self.dtypes)
         check_shape(k, n)
         if rows is not None:
             check_rows(rows)

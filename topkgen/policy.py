@@ -16,7 +16,7 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from topkgen import reader
+from topkgen import reader, suggest
 from topkgen.errors import InputError
 from topkgen.schema import SchemaViolation, format_path, load_schema, validate
 from topkgen.split import ROWS_MAX, ChunkPlan
@@ -742,7 +742,7 @@ def select(policy: Policy, arch: str, dtype: str, k: int, n: int, deterministic:
     deterministic, jit = as_flag("deterministic", deterministic), as_flag("jit", jit)
     _check_arch(policy, arch)
     if dtype not in policy.dtypes:
-        raise DispatchError(f"dtype: '{dtype}' is not in the policy (known: {', '.join(policy.dtypes)})")
+        raise unknown_dtype(dtype, policy.dtypes)
     check_shape(k, n)
     if rows is not None:
         check_rows(rows)
@@ -768,6 +768,14 @@ def select(policy: Policy, arch: str, dtype: str, k: int, n: int, deterministic:
         return Selection(spec, "aot" if spec.aot else "jit", rule.name, why, tuple(skipped), split)
     raise DispatchError(f"no kernel serves arch={arch} dtype={dtype} k={k} n={n} mode={mode}"
                         f"{' without JIT' if not jit else ''}")
+
+
+def unknown_dtype(dtype: str, known: Iterable[str]) -> DispatchError:
+    """The refusal of a dtype that `known` (a policy's, a bundle's) lacks, in the words the
+    command line (cli.DtypeType) and the runtime's dtype= use, suggestion included: `choose`
+    said "'flaot32' is not in the bundle (known: ...)" and suggested nothing."""
+    known = set(known)
+    return DispatchError(f"dtype: {suggest.unknown_dtype(dtype, [d for d in DTYPE_SIZES if d in known])}")
 
 
 def check_rows(rows: int) -> None:
