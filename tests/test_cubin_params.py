@@ -277,7 +277,7 @@ def test_cuda_backend_raises_the_shared_limit_below_48_kib_of_dynamic_shared_mem
     work = runtime._Work(kernel, entry["name"], runtime.Launch(entry["launch"]["threads_per_block"], 1, 40960),
                          entry["params"], stages(2, 5000, 1000, True, None), None)
     for _ in range(2):
-        backend.run(work, view, 1000, (values, indices), FakeStream(7), None)
+        backend.run(work, view, 1000, backend.check(view, 1000, (values, indices), None, None), FakeStream(7))
     entry = {**entry, "launch": {**entry["launch"], "dynamic_shared_bytes": 40960}}
     for launch in fake_core["launches"]:
         _check_launch(launch, entry, entry["resources"]["static_shared_bytes"])

@@ -193,6 +193,34 @@ def test_bad_out_arrays_are_refused_before_any_work(op):
     assert values is good[0] and indices is good[1] and np.array_equal(values, op(x, 4)[0])
 
 
+def test_every_argument_is_checked_before_a_kernel_is_loaded_or_compiled(built_bundle):
+    """__call__ loaded the kernel (JIT-compiling it where the bundle leaves it to JIT) and only
+    then checked out= and workspace=: a bad out cost a compile, and the backends refused in
+    different orders. Now nothing is loaded for a refused call (the runtime's loaded-kernel
+    set stays empty); the same call with good arguments loads its kernel."""
+    op = TopK(built_bundle, arch="sm_90", backend="emulator")  # its own: nothing loaded yet
+    x = make_rows("float16", 2, 3000, seed=12)
+    assert op.choose("float16", 7, 3000).source == "jit"  # float16: compiled on first use
+    good = (np.zeros((2, 7), np.float16), np.zeros((2, 7), np.int64))
+    bad = {"out[0] (values): expected a contiguous array of shape [2, 7], got [2, 8]":
+               (np.zeros((2, 8), np.float16), good[1]),
+           "out[1] (indices): expected int64 elements, got int32": (good[0], np.zeros((2, 7), np.int32)),
+           "out: expected a pair of arrays (values, indices), got a ndarray": good[0]}
+    for message, out in bad.items():
+        with pytest.raises(TopKError) as err:
+            op(x, 7, out=out)
+        assert str(err.value) == message
+        assert op._loaded == {}, message
+    split = make_rows("float32", 1, 262144, seed=13)
+    need = op.workspace_bytes("float32", 16, 262144, 1)
+    with pytest.raises(TopKError) as err:  # too small for the split: known before the kernel is
+        op(split, 16, workspace=np.zeros(need + 64, np.uint8)[:need - 16])
+    assert str(err.value) == f"workspace: {need - 16} bytes, this call needs {need} (TopK.workspace_bytes)"
+    assert op._loaded == {}
+    op(x, 7, out=good)
+    assert list(op._loaded) == [op.choose("float16", 7, 3000).kernel]
+
+
 def test_16_bit_values_may_be_written_as_their_uint16_bits(op):
     """As the cuda backend always has: an `out` values array of uint16 takes bfloat16 or
     float16 results as raw bits (the convention raw 16-bit input follows), whatever x holds."""
@@ -266,7 +294,6 @@ def test_the_cuda_backend_refuses_overlaps_by_the_same_rule(op):
     go through the same check (no GPU needed: the refusal comes before any launch)."""
     pytest.importorskip("cuda.core")
     from topkgen import runtime
-    from topkgen.split import stages
 
     class Device:  # a device array as cupy or numba expose one
         def __init__(self, typestr, shape, ptr):
@@ -278,7 +305,6 @@ def test_the_cuda_backend_refuses_overlaps_by_the_same_rule(op):
     backend = object.__new__(runtime._CudaBackend)  # its checks alone: no device is opened
     x = Device("<f4", (rows, n), base)
     view = backend.view(x, None)
-    work = runtime._Work(None, "", runtime.Launch(256, 1, 0), [], stages(rows, n, k, True, plan), plan)
     values, indices = Device("<f4", (rows, k), base + (1 << 30)), Device("<i8", (rows, k), base + (2 << 30))
     cases = {
         "workspace: shares memory with x": Device("|u1", (plan.workspace_bytes,), base + 4 * n - 256),
@@ -286,11 +312,11 @@ def test_the_cuda_backend_refuses_overlaps_by_the_same_rule(op):
     }
     for message, workspace in cases.items():
         with pytest.raises(TopKError, match=f"^{re.escape(message)};"):
-            backend.run(work, view, k, (values, indices), None, workspace)
+            backend.check(view, k, (values, indices), workspace, plan)
     with pytest.raises(TopKError, match=r"^out\[0\] \(values\): shares memory with x;"):
-        backend.run(work, view, k, (Device("<f4", (rows, k), base + 64), indices), None, None)
+        backend.check(view, k, (Device("<f4", (rows, k), base + 64), indices), None, plan)
     with pytest.raises(TopKError, match=r"^out\[1\] \(indices\): shares memory with out\[0\] \(values\);"):
-        backend.run(work, view, k, (values, Device("<i8", (rows, k), base + (1 << 30) + 32)), None, None)
+        backend.check(view, k, (values, Device("<i8", (rows, k), base + (1 << 30) + 32)), None, plan)
 
     # An output or workspace its exporter marks read-only (the interface's data[1]) is
     # refused, as the emulator refuses a read-only numpy array: the kernels would write it.
@@ -303,19 +329,21 @@ def test_the_cuda_backend_refuses_overlaps_by_the_same_rule(op):
                              "workspace": ((values, indices),
                                            read_only(Device("|u1", (plan.workspace_bytes,), base + (3 << 30))))}.items():
         with pytest.raises(TopKError, match=rf"^{re.escape(label)}: the array is read-only$"):
-            backend.run(work, view, k, *arguments[:1], None, arguments[1])
+            backend.check(view, k, *arguments, plan)
     read_only_x = backend.view(read_only(Device("<f4", (rows, n), base)), None)  # x is only read: it passes
     checks_only = runtime._Work(None, "", runtime.Launch(256, 1, 0), [], [], None)  # no launch to make
-    assert backend.run(checks_only, read_only_x, k, (values, indices), None, None) == (values, indices)
+    checked = backend.check(read_only_x, k, (values, indices), None, None)
+    assert backend.run(checks_only, read_only_x, k, checked, None) == (values, indices)
 
-    # An empty batch launches nothing, so backend.run returns after its checks: an empty
+    # An empty batch launches nothing, so backend.run returns the outputs check passed: an empty
     # workspace, wherever it points, passes them (it is never touched); a misaligned one does not.
     empty = backend.view(Device("<f4", (0, n), base), None)
     none = runtime._Work(None, "", runtime.Launch(256, 1, 0), [], [], None)
     outputs = (Device("<f4", (0, k), base + (1 << 30)), Device("<i8", (0, k), base + (2 << 30)))
-    assert backend.run(none, empty, k, outputs, None, Device("|u1", (0,), base + (3 << 30) + 3)) == outputs
+    checked = backend.check(empty, k, outputs, Device("|u1", (0,), base + (3 << 30) + 3), None)
+    assert backend.run(none, empty, k, checked, None) == outputs
     with pytest.raises(TopKError, match="^workspace: must start at a multiple of 16 bytes"):
-        backend.run(none, empty, k, outputs, None, Device("|u1", (64,), base + (3 << 30) + 3))
+        backend.check(empty, k, outputs, Device("|u1", (64,), base + (3 << 30) + 3), None)
 
 
 def test_a_masked_x_is_refused_not_read_whole(op):

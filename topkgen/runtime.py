@@ -241,17 +241,19 @@ class TopK:
         `out`: (values, indices), contiguous, of x's leading shape and k; values of x's type
         (or uint16 bits for 16-bit types), indices int64. Neither `out` nor `workspace` may
         share memory with x or with each other. `dtype` (short spellings too: bf16, fp16)
-        says what raw uint16 input holds. Every argument is checked before any launch."""
+        says what raw uint16 input holds. Every argument is checked before a kernel is loaded
+        (or JIT-compiled), in the same order by both backends: a refused call costs no compile."""
         view = self._backend.view(x, dtype)
         k, largest = _integer("k", k), _flag("largest", largest)
         self._backend.check_stream(stream)
         choice = self.choose(view.dtype, k, view.n, deterministic, view.rows)
+        plan = ChunkPlan(view.rows, view.n, k, choice.chunks, DTYPE_SIZES[view.dtype]) if choice.chunks > 1 else None
+        arrays = self._backend.check(view, k, out, workspace, plan)
         kernel = self._kernel(choice) if view.rows else None  # an empty batch loads and compiles nothing
         entry = self._entries[choice.kernel]
-        plan = ChunkPlan(view.rows, view.n, k, choice.chunks, DTYPE_SIZES[view.dtype]) if choice.chunks > 1 else None
         work = _Work(kernel, choice.kernel, Launch.of(entry), entry["params"],
                      stages(view.rows, view.n, k, largest, plan) if view.rows else [], plan)
-        return self._backend.run(work, view, k, out, stream, workspace)
+        return self._backend.run(work, view, k, arrays, stream)
 
 
     def _kernel(self, choice: Choice) -> Any:
@@ -340,11 +342,29 @@ class _View:
             raise TopKError(f"x: {self.rows} rows is more than the kernels' 2^31 - 1")
 
 
+@dataclass(frozen=True)
+class _Arrays:
+    """A call's `out` and `workspace` once a backend's `check` has passed them: `out` the pair
+    or None (the backend allocates it), `workspace` the caller's (a numpy array; on the cuda
+    backend its (address, bytes)) or None, `pointers` the device addresses of x and of the
+    caller's outputs (cuda backend)."""
+
+    out: tuple[Any, Any] | None
+    workspace: Any
+    pointers: dict[str, int]
+
+
 class _Backend:
     def current_arch(self) -> str:
         raise NotImplementedError
 
     def view(self, x: Any, dtype: str | None) -> _View:
+        raise NotImplementedError
+
+    def check(self, view: _View, k: int, out: Any, workspace: Any, plan: ChunkPlan | None) -> _Arrays:
+        """Every check of `out` and `workspace` (`plan`: how the call splits, None when it
+        does not), made before the kernel is loaded: nothing is compiled for a call that is
+        refused."""
         raise NotImplementedError
 
     def load_aot(self, name: str, cubin: bytes, symbol: str, source: str) -> Any:
@@ -353,7 +373,8 @@ class _Backend:
     def load_jit(self, name: str, source: str) -> Any:
         raise NotImplementedError
 
-    def run(self, work: _Work, view: _View, k: int, out: Any, stream: Any, workspace: Any):
+    def run(self, work: _Work, view: _View, k: int, arrays: _Arrays, stream: Any):
+        """The launches, with the arrays `check` passed."""
         raise NotImplementedError
 
     def check_stream(self, stream: Any) -> None:
@@ -443,8 +464,7 @@ class _EmulatorBackend(_Backend):
 
         return compile_source(source, name=name)
 
-    def run(self, work: _Work, view: _View, k: int, out: Any, stream: Any, workspace: Any):
-        # Every argument is checked before the launches: nothing is written on a refusal.
+    def check(self, view: _View, k: int, out: Any, workspace: Any, plan: ChunkPlan | None) -> _Arrays:
         shape = (*view.shape[:-1], k)
         if out is not None:
             out = _out_pair(out)
@@ -460,14 +480,20 @@ class _EmulatorBackend(_Backend):
                 raise TopKError("workspace: must be contiguous")
             if workspace.nbytes:  # as on the GPU (an empty one is never touched), though the emulator copies it
                 _check_alignment(workspace.ctypes.data)
+            if plan is not None:
+                _check_workspace_size(workspace.nbytes, plan)
         arrays = [("x", view.array), *zip(OUT_LABELS, out or ()), ("workspace", workspace)]
         _check_disjoint([(label, *byte_bounds(array)) for label, array in arrays if array is not None])
+        return _Arrays(out, workspace, {})
+
+    def run(self, work: _Work, view: _View, k: int, arrays: _Arrays, stream: Any):
+        shape, out = (*view.shape[:-1], k), arrays.out
         x = np.ascontiguousarray(view.array).reshape(view.rows, view.n)
         values = np.empty((view.rows, k), dtype=x.dtype)
         indices = np.empty((view.rows, k), dtype=np.int64)
         pointers = {"x": x, "values": values, "indices": indices}
         if work.plan is not None:
-            pointers.update(self._candidates(work.plan, x.dtype, workspace))
+            pointers.update(self._candidates(work.plan, x.dtype, arrays.workspace))
         for stage in work.stages:
             work.kernel.launch(work.name, work.launch.grid(stage.grid_rows), work.launch.threads,
                                arguments(work.params, stage, pointers, None),
@@ -481,10 +507,9 @@ class _EmulatorBackend(_Backend):
     @staticmethod
     def _candidates(plan: ChunkPlan, dtype: np.dtype, workspace: Any) -> dict[str, np.ndarray]:
         """The workspace's candidate indices and values (topkgen.split's layout), in the
-        caller's array or a new one."""
+        caller's array (its size checked by `check`) or a new one."""
         if workspace is None:
             workspace = np.empty(plan.workspace_bytes, dtype=np.uint8)
-        _check_workspace_size(workspace.nbytes, plan)
         raw = workspace.reshape(-1).view(np.uint8)
         count = plan.rows * plan.candidates
         return {"candidate_indices": raw[:count * 8].view(np.int64),
@@ -599,38 +624,52 @@ class _CudaBackend(_Backend):
         compiled = compile_kernel(source, name, arch)  # cached on disk, shared by processes
         return self.load_aot(name, compiled.cubin, compiled.symbol, source)
 
-    def run(self, work: _Work, view: _View, k: int, out: Any, stream: Any, workspace: Any):
-        core = _cuda_core()
-
+    def check(self, view: _View, k: int, out: Any, workspace: Any, plan: ChunkPlan | None) -> _Arrays:
         shape = (*view.shape[:-1], k)
-        torch = sys.modules.get("torch")
-        if torch is None or not isinstance(view.array, torch.Tensor):
-            torch = None
-        if out is None:
-            if torch is None:
-                raise TopKError("out: pass (values, indices) device arrays for inputs that are not torch tensors")
-            out = (torch.empty(shape, dtype=view.array.dtype, device=view.array.device),
-                   torch.empty(shape, dtype=torch.int64, device=view.array.device))
-        values, indices = _out_pair(out)
-        pointers = {"x": int(view.ptr), "values": _device_ptr(values, shape, _value_types(view.dtype), OUT_LABELS[0]),
-                    "indices": _device_ptr(indices, shape, ("int64",), OUT_LABELS[1])}
         size = DTYPE_SIZES[view.dtype]  # of uint16 values too
-        extents = [("x", view.ptr, view.ptr + view.rows * view.n * size),
-                   (OUT_LABELS[0], pointers["values"], pointers["values"] + math.prod(shape) * size),
-                   (OUT_LABELS[1], pointers["indices"], pointers["indices"] + math.prod(shape) * 8)]
+        pointers = {"x": int(view.ptr)}
+        extents = [("x", view.ptr, view.ptr + view.rows * view.n * size)]
+        if out is None:
+            if _torch_of(view.array) is None:
+                raise TopKError("out: pass (values, indices) device arrays for inputs that are not torch tensors")
+        else:
+            out = _out_pair(out)
+            for array, dtypes, label, itemsize in zip(out, (_value_types(view.dtype), ("int64",)), OUT_LABELS,
+                                                      (size, 8)):
+                ptr, found_shape, strides, found = _device_array(array, label, written=True)
+                _check_out(label, shape, found_shape, _c_contiguous(found_shape, strides), dtypes, found)
+                pointers[label] = ptr
+                extents.append((label, ptr, ptr + math.prod(shape) * itemsize))
         space = None  # (address, bytes) of the caller's workspace, checked whether or not this call splits
         if workspace is not None:
             space = _device_bytes(workspace, "workspace")
             if space[1]:  # an empty one is never read or written, wherever it points
                 _check_alignment(space[0])
+            if plan is not None:
+                _check_workspace_size(space[1], plan)
             extents.append(("workspace", space[0], space[0] + space[1]))
         _check_disjoint(extents)
+        return _Arrays(out, space, pointers)
+
+    def run(self, work: _Work, view: _View, k: int, arrays: _Arrays, stream: Any):
+        core = _cuda_core()
+
+        torch = _torch_of(view.array)
+        if arrays.out is None:  # torch input (check refused any other): outputs on x's device
+            shape = (*view.shape[:-1], k)
+            values = torch.empty(shape, dtype=view.array.dtype, device=view.array.device)
+            indices = torch.empty(shape, dtype=torch.int64, device=view.array.device)
+            pointers = {"x": arrays.pointers["x"], "values": values.data_ptr(), "indices": indices.data_ptr()}
+        else:
+            values, indices = arrays.out
+            pointers = {"x": arrays.pointers["x"], "values": arrays.pointers[OUT_LABELS[0]],
+                        "indices": arrays.pointers[OUT_LABELS[1]]}
         if not work.stages:  # an empty batch launches nothing
             return values, indices
         cuda_stream = self._stream(stream, view.array)
         release = None
         if work.plan is not None:
-            base, release = self._workspace(work.plan, space, cuda_stream, torch, view.array)
+            base, release = self._workspace(work.plan, arrays.workspace, cuda_stream, torch, view.array)
             pointers["candidate_indices"], pointers["candidate_values"] = base, base + work.plan.values_offset
         # The driver's default limit on dynamic shared memory is 48 KiB less the kernel's
         # static shared memory (cuda.h, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES), so
@@ -655,10 +694,8 @@ class _CudaBackend(_Backend):
         launch stream current (it hands the block out again only to work queued after ours on
         that stream); else a cuda.core buffer from the device's memory pool, freed on the
         stream behind the launches."""
-        if space is not None:
-            ptr, nbytes = space
-            _check_workspace_size(nbytes, plan)
-            return ptr, None
+        if space is not None:  # its size checked by `check`
+            return space[0], None
         if torch is not None:
             with torch.cuda.stream(torch.cuda.ExternalStream(int(cuda_stream.handle), device=array.device)):
                 buffer = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=array.device)
@@ -705,11 +742,11 @@ def _device_bytes(x: Any, label: str) -> tuple[int, int]:
     return ptr, math.prod(shape) * itemsize
 
 
-def _device_ptr(array: Any, shape: tuple[int, ...], dtypes: tuple[str, ...], label: str) -> int:
-    """The address of an output array that has `shape`, is contiguous and holds one of `dtypes`."""
-    ptr, found_shape, strides, found = _device_array(array, label, written=True)
-    _check_out(label, shape, found_shape, _c_contiguous(found_shape, strides), dtypes, found)
-    return ptr
+def _torch_of(array: Any) -> Any:
+    """torch, when `array` is a torch tensor (without importing torch: a caller that passes
+    tensors has), else None."""
+    torch = sys.modules.get("torch")
+    return torch if torch is not None and isinstance(array, torch.Tensor) else None
 
 
 def _device_array(x: Any, label: str,
