@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from topkgen import policy as pol
+from topkgen import runtime
 from topkgen.runtime import TopK, TopKError
 
 from .topk_cases import check_topk, make_rows
@@ -108,7 +109,7 @@ def test_bad_arrays_get_clear_errors(built_bundle):
     op = TopK(built_bundle, arch="sm_90", backend="emulator")
     with pytest.raises(TopKError, match="dtype float64 is not supported"):
         op(np.zeros((2, 8)), 2)
-    with pytest.raises(TopKError, match="last dimension must be contiguous"):
+    with pytest.raises(TopKError, match=r"^x: must be contiguous \(its rows back to back"):
         op(np.zeros((8, 4), np.float32).T, 2)
     with pytest.raises(TopKError, match="k: must be <= n"):
         op(np.zeros((2, 8), np.float32), 9)
@@ -248,6 +249,35 @@ def test_device_arrays_are_read_from_the_cuda_array_interface():
             _device_array(_Interface("<f4", (2, 300), strides=strides), "x")
     with pytest.raises(TopKError, match="x: expected a device array"):
         _device_array(np.zeros(3, np.float32), "x")
+
+
+STRIDED = ("x: must be contiguous (its rows back to back, as the kernels read them); pass a contiguous copy: "
+           "x.contiguous() (torch, cupy: cupy.ascontiguousarray(x)) or numpy.ascontiguousarray(x)")
+
+
+def test_both_backends_take_x_as_the_kernels_read_it_and_nothing_else(built_bundle):
+    """One contract: x's rows back to back. The cuda backend refused strided rows while the
+    emulator copied them, so a call passed on the CPU and failed on the GPU. A strided x is
+    refused by both, in the same words, and the copy is left to the caller; what is
+    contiguous whatever its strides say (size-1 dimensions, an empty batch) passes both."""
+    op = TopK(built_bundle, arch="sm_90", backend="emulator")
+    backend = object.__new__(runtime._CudaBackend)  # its checks alone: no device is opened
+    x = make_rows("float32", 6, 600, seed=5)
+    for strided in (x[::2], x[:, :300], x.reshape(6, 2, 300)[:, 0], np.zeros((300, 6), np.float32).T):
+        with pytest.raises(TopKError) as err:
+            op(strided, 5)
+        assert str(err.value) == STRIDED
+        device = _Interface("<f4", strided.shape, strides=strided.strides)
+        with pytest.raises(TopKError) as err:
+            backend.view(device, None)
+        assert str(err.value) == STRIDED
+        copied = np.ascontiguousarray(strided)  # what the message says to do
+        check_topk(copied, *op(copied, 5), 5, True, False, "float32")
+    for contiguous in (x[2:4], x[:1, None], np.zeros((0, 600), np.float32)[:, ::1]):
+        op(contiguous, 5)
+        assert backend.view(_Interface("<f4", contiguous.shape, strides=contiguous.strides), None).n == 600
+    empty = _Interface("<f4", (0, 600), strides=(8, 4000))  # no element: no layout to get wrong
+    assert backend.view(empty, None).rows == 0
 
 
 def test_calls_dispatch_by_table_lookup_alone(built_bundle, monkeypatch):

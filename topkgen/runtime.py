@@ -428,6 +428,18 @@ def _check_disjoint(extents: list[tuple[str, int, int]]) -> None:
                                 f"write {other}: pass separate arrays")
 
 
+def _check_x_contiguous(contiguous: bool) -> None:
+    """Both backends take x as the kernels read it: rows of n elements back to back. The cuda
+    backend could serve another layout only through a copy the caller did not ask for (a
+    device allocation and a copy kernel on their stream), so it refuses one; the emulator,
+    which stands for the cuda backend on the CPU, refuses it too rather than copying (it
+    once did: a strided x passed there and failed on the GPU)."""
+    if not contiguous:
+        raise TopKError("x: must be contiguous (its rows back to back, as the kernels read them); pass a "
+                        "contiguous copy: x.contiguous() (torch, cupy: cupy.ascontiguousarray(x)) or "
+                        "numpy.ascontiguousarray(x)")
+
+
 def _check_workspace_size(nbytes: int, plan: ChunkPlan) -> None:
     if nbytes < plan.workspace_bytes:
         raise TopKError(f"workspace: {nbytes} bytes, this call needs {plan.workspace_bytes} (TopK.workspace_bytes)")
@@ -451,10 +463,8 @@ class _EmulatorBackend(_Backend):
         if isinstance(x, np.ma.MaskedArray):
             raise TopKError(f"x: {MASKED}")
         name = dtype_name(str(x.dtype), dtype)
-        view = _View(x, name, x.shape)  # its shape first: a 0-d array has no last dimension to look at
-        if x.size and x.shape[-1] > 1 and x.strides[-1] != x.itemsize:
-            raise TopKError("x: the last dimension must be contiguous")
-        return view
+        _check_x_contiguous(x.flags.c_contiguous)
+        return _View(x, name, x.shape)
 
     def load_aot(self, name: str, cubin: bytes, symbol: str, source: str) -> Any:
         return self.load_jit(name, source)  # the very source the cubin was compiled from
@@ -488,7 +498,7 @@ class _EmulatorBackend(_Backend):
 
     def run(self, work: _Work, view: _View, k: int, arrays: _Arrays, stream: Any):
         shape, out = (*view.shape[:-1], k), arrays.out
-        x = np.ascontiguousarray(view.array).reshape(view.rows, view.n)
+        x = view.array.reshape(view.rows, view.n)  # contiguous (view): a view, not a copy
         values = np.empty((view.rows, k), dtype=x.dtype)
         indices = np.empty((view.rows, k), dtype=np.int64)
         pointers = {"x": x, "values": values, "indices": indices}
@@ -606,8 +616,7 @@ class _CudaBackend(_Backend):
     def view(self, x: Any, dtype: str | None) -> _View:
         ptr, shape, strides, found = _device_array(x, "x")
         name = dtype_name(found, dtype)
-        if not _c_contiguous(shape, strides):
-            raise TopKError("x: must be contiguous (the last dimension and the rows)")
+        _check_x_contiguous(_c_contiguous(shape, strides))
         return _View(x, name, shape, ptr)
 
     def load_aot(self, name: str, cubin: bytes, symbol: str, source: str) -> Any:
@@ -791,7 +800,10 @@ def _device_array(x: Any, label: str,
 
 
 def _c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...] | None) -> bool:
-    if strides is None:
+    """Whether strides (in elements) lay the array out in C order, as numpy's
+    flags.c_contiguous says of a host array: dimensions of size 1 may have any stride, and an
+    empty array, which holds no element, is contiguous whatever its strides."""
+    if strides is None or 0 in shape:
         return True
     expect = 1
     for size, stride in zip(reversed(shape), reversed(strides)):
