@@ -106,3 +106,18 @@ def test_split_rows_on_the_gpu(op, dtype, k, n, rows, det):
     ref_values, _ = torch.topk(tx, k, dim=-1)
     torch.cuda.synchronize()
     assert torch.equal(got_values, ref_values) and torch.equal(torch.gather(tx, -1, got_indices), got_values)
+
+
+def test_arrays_are_found_on_the_device_that_holds_them(op):
+    """runtime.check_device's sources on a real GPU: the driver's answer for a bare
+    __cuda_array_interface__ (cuPointerGetAttributes) and torch's device index. A wrong answer
+    here (None) would let an array on another GPU through unrefused."""
+    from topkgen import runtime
+    from topkgen.gpu_arrays import DeviceArray
+
+    device = runtime._cuda_core().Device()
+    stream = device.default_stream
+    array = DeviceArray.empty((4, 8), np.float32, device, stream)
+    assert runtime.array_device(array) == device.device_id == op._backend.device_id
+    torch = pytest.importorskip("torch")
+    assert runtime.array_device(torch.empty(4, device="cuda")) == torch.cuda.current_device()

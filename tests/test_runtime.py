@@ -262,6 +262,7 @@ def test_both_backends_take_x_as_the_kernels_read_it_and_nothing_else(built_bund
     contiguous whatever its strides say (size-1 dimensions, an empty batch) passes both."""
     op = TopK(built_bundle, arch="sm_90", backend="emulator")
     backend = object.__new__(runtime._CudaBackend)  # its checks alone: no device is opened
+    backend.device_id = 0
     x = make_rows("float32", 6, 600, seed=5)
     for strided in (x[::2], x[:, :300], x.reshape(6, 2, 300)[:, 0], np.zeros((300, 6), np.float32).T):
         with pytest.raises(TopKError) as err:

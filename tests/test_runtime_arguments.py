@@ -303,6 +303,7 @@ def test_the_cuda_backend_refuses_overlaps_by_the_same_rule(op):
     base, rows, n, k = 1 << 40, 1, 262144, 16
     plan = op.plan("float32", k, n, rows)
     backend = object.__new__(runtime._CudaBackend)  # its checks alone: no device is opened
+    backend.device_id = 0  # as on a machine whose current device is its first
     x = Device("<f4", (rows, n), base)
     view = backend.view(x, None)
     values, indices = Device("<f4", (rows, k), base + (1 << 30)), Device("<i8", (rows, k), base + (2 << 30))
@@ -344,6 +345,67 @@ def test_the_cuda_backend_refuses_overlaps_by_the_same_rule(op):
     assert backend.run(none, empty, k, checked, None) == outputs
     with pytest.raises(TopKError, match="^workspace: must start at a multiple of 16 bytes"):
         backend.check(empty, k, outputs, Device("|u1", (64,), base + (3 << 30) + 3), None)
+
+
+class _OnDevice:
+    """A device array as cupy exposes one: __cuda_array_interface__ for its memory, and
+    DLPack's __dlpack_device__ for where that memory is ((2, id): kDLCUDA, one device's;
+    (13, id): kDLCUDAManaged, every device's)."""
+
+    def __init__(self, typestr, shape, ptr, device=(2, 0)):
+        self.__cuda_array_interface__ = {"typestr": typestr, "shape": shape, "strides": None, "data": (ptr, False),
+                                         "version": 3}
+        self.device = device
+
+    def __dlpack_device__(self):
+        return self.device
+
+
+def test_arrays_on_another_gpu_than_the_backends_are_refused_naming_both(op):
+    """The cuda backend read x, out and workspace by address in its own device's context: an
+    array on cuda:1 with a TopK on device 0 was read with the wrong context. Each is refused,
+    naming both devices, before anything is loaded; managed memory (every device reads it)
+    and the backend's own device pass (no GPU needed: the checks come first)."""
+    from topkgen import runtime
+
+    backend = object.__new__(runtime._CudaBackend)  # its checks alone: no device is opened
+    backend.device_id = 0
+    base, rows, n, k = 1 << 40, 1, 262144, 16
+    plan = op.plan("float32", k, n, rows)
+
+    def refusal(label, found):
+        return (f"{label}: on CUDA device {found}, but this TopK runs on device 0 (the device current when it was "
+                f"created): move it to device 0, or use a TopK created while device {found} is current")
+
+    with pytest.raises(TopKError) as err:
+        backend.view(_OnDevice("<f4", (rows, n), base, (2, 1)), None)
+    assert str(err.value) == refusal("x", 1)
+    view = backend.view(_OnDevice("<f4", (rows, n), base), None)
+    values, indices = _OnDevice("<f4", (rows, k), base + (1 << 30)), _OnDevice("<i8", (rows, k), base + (2 << 30))
+    workspace = _OnDevice("|u1", (plan.workspace_bytes,), base + (3 << 30))
+    elsewhere = {"out[0] (values)": ((_OnDevice("<f4", (rows, k), base + (1 << 30), (2, 3)), indices), workspace),
+                 "out[1] (indices)": ((values, _OnDevice("<i8", (rows, k), base + (2 << 30), (2, 3))), workspace),
+                 "workspace": ((values, indices), _OnDevice("|u1", (plan.workspace_bytes,), base + (3 << 30), (2, 3)))}
+    for label, (out, space) in elsewhere.items():
+        with pytest.raises(TopKError) as err:
+            backend.check(view, k, out, space, plan)
+        assert str(err.value) == refusal(label, 3)
+    managed = _OnDevice("|u1", (plan.workspace_bytes,), base + (3 << 30), (13, 1))
+    assert backend.check(view, k, (values, indices), managed, plan).workspace == (base + (3 << 30),
+                                                                                 plan.workspace_bytes)
+    assert backend.check(view, k, (values, indices), workspace, plan).pointers["x"] == base
+    # The rule itself, as any caller may use it: an exporter that names no device (a bare
+    # __cuda_array_interface__ whose address no driver here knows) is not refused.
+    runtime.check_device("x", _OnDevice("<f4", (1, 8), base, (2, 5)), 5)
+    runtime.check_device("x", _Bare(base), 7)
+    assert runtime.array_device(_OnDevice("<f4", (1, 8), base, (2, 5))) == 5
+    assert runtime.array_device(_OnDevice("<f4", (1, 8), base, (3, 5))) is None  # pinned host memory
+
+
+class _Bare:
+    def __init__(self, ptr):
+        self.__cuda_array_interface__ = {"typestr": "<f4", "shape": (1, 8), "strides": None, "data": (ptr, False),
+                                         "version": 3}
 
 
 def test_a_masked_x_is_refused_not_read_whole(op):
@@ -414,6 +476,7 @@ def test_leading_dimensions_whose_product_passes_64_bits_are_too_many_rows():
                                     "data": (1 << 40, False), "version": 3}
 
     backend = object.__new__(runtime._CudaBackend)  # its checks alone: no device is opened
+    backend.device_id = 0  # as on a machine whose current device is its first
     with pytest.raises(TopKError) as err:
         backend.view(Device(), None)
     assert str(err.value) == f"x: {2**64} rows is more than the kernels' 2^31 - 1"

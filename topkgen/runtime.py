@@ -603,6 +603,7 @@ class _CudaBackend(_Backend):
             self.device.set_current()
         except Exception as err:  # no driver, no GPU
             raise NoGpuError(f"backend 'cuda': no usable GPU ({err})") from None
+        self.device_id: int = self.device.device_id  # every array of a call must be this device's
         self._shared_allowed: dict[int, tuple[Any, int]] = {}  # id(kernel) -> (kernel, bytes allowed)
 
     def check_stream(self, stream: Any) -> None:
@@ -615,6 +616,7 @@ class _CudaBackend(_Backend):
 
     def view(self, x: Any, dtype: str | None) -> _View:
         ptr, shape, strides, found = _device_array(x, "x")
+        check_device("x", x, self.device_id)
         name = dtype_name(found, dtype)
         _check_x_contiguous(_c_contiguous(shape, strides))
         return _View(x, name, shape, ptr)
@@ -646,12 +648,14 @@ class _CudaBackend(_Backend):
             for array, dtypes, label, itemsize in zip(out, (_value_types(view.dtype), ("int64",)), OUT_LABELS,
                                                       (size, 8)):
                 ptr, found_shape, strides, found = _device_array(array, label, written=True)
+                check_device(label, array, self.device_id)
                 _check_out(label, shape, found_shape, _c_contiguous(found_shape, strides), dtypes, found)
                 pointers[label] = ptr
                 extents.append((label, ptr, ptr + math.prod(shape) * itemsize))
         space = None  # (address, bytes) of the caller's workspace, checked whether or not this call splits
         if workspace is not None:
             space = _device_bytes(workspace, "workspace")
+            check_device("workspace", workspace, self.device_id)
             if space[1]:  # an empty one is never read or written, wherever it points
                 _check_alignment(space[0])
             if plan is not None:
@@ -756,6 +760,61 @@ def _torch_of(array: Any) -> Any:
     tensors has), else None."""
     torch = sys.modules.get("torch")
     return torch if torch is not None and isinstance(array, torch.Tensor) else None
+
+
+# DLPack's device types (dlpack.h): kDLCUDA is one device's memory; kDLCUDAHost (pinned host)
+# and kDLCUDAManaged memory are read by every device, so their ids name no device to check.
+DLPACK_CUDA = 2
+
+
+def array_device(x: Any) -> int | None:
+    """The CUDA device whose memory holds a device array, as its exporter says: a torch
+    tensor's x.device.index, a DLPack device (kDLCUDA, id); a bare __cuda_array_interface__
+    names none (its pointer's context is implied), so the driver is asked of the pointer
+    (`pointer_device`). None: memory every device reads (pinned host, managed), or an
+    exporter or driver that does not say."""
+    if type(x).__module__.startswith("torch") and hasattr(x, "data_ptr"):
+        return x.device.index
+    dlpack_device = getattr(x, "__dlpack_device__", None)
+    if dlpack_device is not None:
+        kind, ordinal = dlpack_device()
+        return int(ordinal) if int(kind) == DLPACK_CUDA else None
+    cai = getattr(x, "__cuda_array_interface__", None)
+    if cai is not None:
+        return pointer_device(int(cai["data"][0]))
+    return None
+
+
+def pointer_device(ptr: int) -> int | None:
+    """The device ordinal of the device memory at `ptr` (cuPointerGetAttributes), or None:
+    managed or host memory (every device reads it), an address no context knows, or no
+    driver. The refusal this serves is a courtesy; an unknown address fails at launch as
+    it always did."""
+    try:
+        from cuda.bindings import driver
+
+        attribute = driver.CUpointer_attribute
+        asked = [attribute.CU_POINTER_ATTRIBUTE_MEMORY_TYPE, attribute.CU_POINTER_ATTRIBUTE_IS_MANAGED,
+                 attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL]
+        err, (memory_type, managed, ordinal) = driver.cuPointerGetAttributes(len(asked), asked, ptr)
+        if err != driver.CUresult.CUDA_SUCCESS or managed:
+            return None
+        if int(memory_type) != int(driver.CUmemorytype.CU_MEMORYTYPE_DEVICE):
+            return None
+        return int(ordinal)
+    except Exception:  # no cuda-bindings, no libcuda: nothing to ask
+        return None
+
+
+def check_device(label: str, array: Any, device_id: int) -> None:
+    """Refuse an array (x, out, workspace) on another GPU than the backend's: the kernels,
+    launched in device `device_id`'s context, would read or write another device's
+    addresses (a fault, or without one, some other memory)."""
+    found = array_device(array)
+    if found is not None and found != device_id:
+        raise TopKError(f"{label}: on CUDA device {found}, but this TopK runs on device {device_id} (the device "
+                        f"current when it was created): move it to device {device_id}, or use a TopK created "
+                        f"while device {found} is current")
 
 
 def _device_array(x: Any, label: str,
