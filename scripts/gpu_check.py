@@ -735,10 +735,20 @@ def relative_error(samples: list[float]) -> float:
     return statistics.stdev(samples) / len(samples) ** 0.5 / statistics.mean(samples)
 
 
+def pci_bus_id(device_index: int) -> str:
+    """The PCI bus id ("0000:17:00.0") of the CUDA device `device_index` (CUDA's numbering,
+    which CUDA_VISIBLE_DEVICES reorders and filters), the one name CUDA and NVML share:
+    NVML's own index 0 is the machine's first GPU, which need not be the benchmark's."""
+    from topkgen.runtime import _cuda_core
+
+    return _cuda_core().Device(device_index).pci_bus_id
+
+
 def sm_clock_mhz(torch) -> float | None:
-    """The SM clock now, through NVML: torch's (nvidia-ml-py, which torch 2.11 does not
-    require), else cuda-bindings' own NVML module (13.x wheels carry one); None without
-    either, and the log says once that throttled batches are then kept."""
+    """The SM clock of the GPU the benchmark runs on (torch's current device) now, through
+    NVML: torch's (nvidia-ml-py, which torch 2.11 does not require), else cuda-bindings' own
+    NVML module (13.x wheels carry one), which finds the device by its PCI bus id; None
+    without either, and the log says once that throttled batches are then kept."""
     try:
         return float(torch.cuda.clock_rate())
     except Exception as err:
@@ -747,7 +757,8 @@ def sm_clock_mhz(torch) -> float | None:
         from cuda.bindings import nvml
 
         nvml.init_v2()
-        return float(nvml.device_get_clock_info(nvml.device_get_handle_by_index_v2(0), nvml.ClockType.SM))
+        handle = nvml.device_get_handle_by_pci_bus_id_v2(pci_bus_id(torch.cuda.current_device()))
+        return float(nvml.device_get_clock_info(handle, nvml.ClockType.SM))
     except Exception as err:
         if not getattr(sm_clock_mhz, "told", False):
             sm_clock_mhz.told = True
@@ -765,7 +776,7 @@ class EventTimer:
 
         self.torch, self.max_noise = torch, max_noise
         self.spin = Spinner(_CudaBackend().current_arch())
-        l2 = torch.cuda.get_device_properties(0).L2_cache_size
+        l2 = torch.cuda.get_device_properties(torch.cuda.current_device()).L2_cache_size  # the flushed GPU's
         self.flush = torch.empty(2 * l2, dtype=torch.uint8, device="cuda")
         self.stream = torch.cuda.Stream()
 

@@ -19,7 +19,8 @@ from topkgen.runtime import TopKError  # noqa: E402
 
 # What topkgen.runtime, topkgen.gpu_arrays and scripts/gpu_check.py read of each class.
 USED = {
-    "Device": ("set_current", "compute_capability", "allocate", "create_stream", "default_stream", "device_id"),
+    "Device": ("set_current", "compute_capability", "allocate", "create_stream", "default_stream", "device_id",
+               "pci_bus_id"),
     "ObjectCode": ("from_cubin", "get_kernel"),
     "Stream": ("from_handle", "handle", "sync"),
     "Buffer": ("handle", "close"),
@@ -48,6 +49,15 @@ def test_the_classes_have_what_the_backend_reads():
         assert not missing, f"cuda.core {cls} lacks {missing}"
     kernel = package.Kernel
     assert hasattr(kernel, "handle") or hasattr(kernel, "_handle"), "runtime._kernel_handle finds no handle"
+
+
+def test_nvml_has_what_gpu_check_reads_the_clock_with():
+    """scripts/gpu_check.py finds the benchmarked GPU in NVML by its PCI bus id (cuda.core's
+    Device.pci_bus_id, in USED above), where cuda-bindings carries NVML (later 13.x wheels)."""
+    nvml = pytest.importorskip("cuda.bindings.nvml")
+    for name in ("init_v2", "device_get_handle_by_pci_bus_id_v2", "device_get_clock_info", "ClockType"):
+        assert hasattr(nvml, name), f"cuda.bindings.nvml lacks {name}"
+    assert hasattr(nvml.ClockType, "SM")
 
 
 def test_kernel_handles_convert_as_the_shared_memory_opt_in_converts_them():

@@ -121,3 +121,25 @@ def test_arrays_are_found_on_the_device_that_holds_them(op):
     assert runtime.array_device(array) == device.device_id == op._backend.device_id
     torch = pytest.importorskip("torch")
     assert runtime.array_device(torch.empty(4, device="cuda")) == torch.cuda.current_device()
+
+
+def test_gpu_check_reads_the_clock_of_the_benchmarked_gpu():
+    """scripts/gpu_check.py read the SM clock of NVML's device 0, which is not the
+    benchmark's GPU under CUDA_VISIBLE_DEVICES or on another current device. It names the
+    device by its PCI bus id: NVML's handle for it is the same GPU (same UUID) as CUDA's."""
+    import importlib.util
+    from pathlib import Path
+
+    from topkgen.runtime import _cuda_core
+
+    nvml = pytest.importorskip("cuda.bindings.nvml")
+    path = Path(__file__).resolve().parent.parent / "scripts" / "gpu_check.py"
+    spec = importlib.util.spec_from_file_location("gpu_check", path)
+    gpu_check = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = gpu_check
+    spec.loader.exec_module(gpu_check)
+    nvml.init_v2()
+    device = _cuda_core().Device()  # the current one, as the benchmark's
+    handle = nvml.device_get_handle_by_pci_bus_id_v2(gpu_check.pci_bus_id(device.device_id))
+    assert nvml.device_get_uuid(handle).lower().removeprefix("gpu-") == device.uuid.lower()
+    assert nvml.device_get_clock_info(handle, nvml.ClockType.SM) > 0
