@@ -434,6 +434,26 @@ def test_verify_recompiles_a_sample_and_finds_a_wrong_entry(tmp_path):
     assert topkgen("cache", "verify", "--sample", "0", env=env, check=False).returncode == 2
 
 
+@pytest.mark.parametrize("remote", [False, True], ids=["local", "file-url"])
+@pytest.mark.parametrize("made", [False, True], ids=["absent", "empty"])
+def test_verify_of_a_cache_that_holds_nothing_is_refused_and_creates_nothing(tmp_path, remote, made):
+    """A misspelt cache location verified "0 of 0 entries", exit 0 (a scheduled check passed that
+    checked nothing), and the local one created the directory it was asked to read."""
+    where = tmp_path / "typo"
+    if made:
+        (where / cache.LOCAL_DIR).mkdir(parents=True)
+    env = {"TOPKGEN_CACHE_DIR": str(tmp_path / "cache" if remote else where)}
+    if remote:
+        env["TOPKGEN_CACHE_URL"] = f"file://{where}"
+    proc = topkgen("cache", "verify", "--sample", "100", *(["--remote"] if remote else []), env=env, check=False)
+    label = f"file://{where}" if remote else where / cache.LOCAL_DIR
+    setting = "TOPKGEN_CACHE_URL" if remote else "TOPKGEN_CACHE_DIR"
+    assert (proc.returncode, proc.stdout) == (2, ""), proc.stderr
+    assert proc.stderr == (f"topkgen: error: {label}: no cache entries there, nothing to verify "
+                           f"(is {setting} the cache's location?)\n")
+    assert where.exists() == made
+
+
 def test_verify_remote_during_an_outage_is_one_line_and_exit_2(tmp_path):
     """An unreachable store is the environment, not a bug (it was exit 70 and 'internal error')."""
     env = {"AWS_ACCESS_KEY_ID": "testing", "AWS_SECRET_ACCESS_KEY": "testing", "AWS_DEFAULT_REGION": "us-east-1",

@@ -21,6 +21,8 @@ from typing import Callable, TypeVar
 from topkgen import bundle, cache, manifest_checks, workers
 from topkgen import toolchain as tc
 from topkgen.errors import InputError
+from topkgen.paths import cache_root
+from topkgen.reader import printable
 
 
 # What topkgen's kernels include: the CUDA headers its templates name. verify compiles a
@@ -151,10 +153,14 @@ def verify(percent: float, *, remote: bool = False, seed: int | None = None, job
     """Recompile `percent`% of the entries (chosen at random with `seed`) and compare bytes."""
     if not 0 < percent <= 100:
         raise CacheInputError(f"--sample {percent}: expected a percentage in (0, 100]")
+    if not remote and not (cache_root() / cache.LOCAL_DIR).is_dir():  # local_store() would create it
+        raise _nothing_to_verify(str(cache_root() / cache.LOCAL_DIR), remote)
     store: cache.Store | None = cache.remote_store() if remote else cache.local_store()
     if store is None:
         raise CacheInputError("--remote: TOPKGEN_CACHE_URL is not set")
     keys = [n[:-len(".json")] for n in _reading(store, "ac/", lambda: store.names("ac")) if n.endswith(".json")]
+    if not keys:
+        raise _nothing_to_verify(store.label, remote)
     seed = seed if seed is not None else int.from_bytes(os.urandom(4), "big")
     sample = sorted(random.Random(seed).sample(keys, math.ceil(len(keys) * percent / 100)))
     result = VerifyResult(store.label, len(keys), len(sample), seed)
@@ -166,6 +172,15 @@ def verify(percent: float, *, remote: bool = False, seed: int | None = None, job
         else:
             result.problems.append(verdict)
     return result
+
+
+def _nothing_to_verify(where: str, remote: bool) -> CacheInputError:
+    """A cache with no entries, or none at all, to verify: refused, since a check that checked
+    nothing must not pass (a misspelt location reads as an empty cache), and verify creates
+    no directory (it did, then said "verified 0 of 0", exit 0)."""
+    setting = "TOPKGEN_CACHE_URL" if remote else "TOPKGEN_CACHE_DIR"
+    return CacheInputError(f"{printable(where)}: no cache entries there, nothing to verify "
+                           f"(is {setting} the cache's location?)")
 
 
 def _reading(store: cache.Store, what: str, read: Callable[[], T]) -> T:
