@@ -153,8 +153,9 @@ def verify(percent: float, *, remote: bool = False, seed: int | None = None, job
     """Recompile `percent`% of the entries (chosen at random with `seed`) and compare bytes."""
     if not 0 < percent <= 100:
         raise CacheInputError(f"--sample {percent}: expected a percentage in (0, 100]")
-    if not remote and not (cache_root() / cache.LOCAL_DIR).is_dir():  # local_store() would create it
-        raise _nothing_to_verify(str(cache_root() / cache.LOCAL_DIR), remote)
+    base = cache_root()
+    if not remote and (_absent(base) or (base.is_dir() and _absent(base / cache.LOCAL_DIR))):
+        raise _nothing_to_verify(str(base / cache.LOCAL_DIR), remote)  # local_store() would create it
     store: cache.Store | None = cache.remote_store() if remote else cache.local_store()
     if store is None:
         raise CacheInputError("--remote: TOPKGEN_CACHE_URL is not set")
@@ -172,6 +173,11 @@ def verify(percent: float, *, remote: bool = False, seed: int | None = None, job
         else:
             result.problems.append(verdict)
     return result
+
+
+def _absent(path: Path) -> bool:
+    """Nothing at all at `path` (what is there but unusable, local_store() names)."""
+    return not os.path.lexists(path)
 
 
 def _nothing_to_verify(where: str, remote: bool) -> CacheInputError:
