@@ -60,7 +60,7 @@ def s3_remote(base: Path):
 
 
 def nvcc_build(nvcc: str, sources: list[tuple[str, str, str]], work: Path) -> None:
-    from topkgen.paths import cuda_include_dir
+    from topkgen.common.paths import cuda_include_dir
 
     def one(item: tuple[str, str, str]) -> None:
         name, arch, text = item
@@ -77,7 +77,8 @@ VARIANTS = ("cold", "warm local", "cold + upload", "warm remote-only")
 
 
 def main() -> None:
-    from topkgen import policy, render
+    from topkgen import policy
+    from topkgen.build import render
 
     pol = policy.load()
     sources = [(s.name, s.arch, render.render(s)) for a in pol.archs for s in policy.plan(pol, a)]

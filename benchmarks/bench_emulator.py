@@ -86,7 +86,7 @@ def counter_costs(cases=COUNTER_CASES, repeat: int = REPEAT) -> None:
     import ml_dtypes
 
     from topkgen import policy as pol
-    from topkgen.render import render
+    from topkgen.build.render import render
     from topkgen.runtime import launch_arguments
 
     policy = pol.load()

@@ -80,15 +80,15 @@ class Kernels:
 
     def module(self, spec):
         from topkgen.emulator import compile_source
-        from topkgen.render import render
+        from topkgen.build.render import render
 
         if spec.name not in self._modules:
             self._modules[spec.name] = compile_source(render(spec), name=spec.name)
         return self._modules[spec.name]
 
     def ctas_per_sm(self, spec) -> int:
-        from topkgen.compile import compile_kernel
-        from topkgen.render import render
+        from topkgen.build.compile import compile_kernel
+        from topkgen.build.render import render
 
         if spec.name not in self._ctas:
             r = compile_kernel(render(spec), spec.name, spec.arch).resources
@@ -99,7 +99,7 @@ class Kernels:
 
 def measure(kernels: Kernels, set_name: str, model_rows: int, rows: int, dtype: str, n: int, k: int,
             kind: str) -> Row:
-    from topkgen import reference
+    from topkgen.runtime import reference
     from topkgen.runtime import launch_arguments
 
     import ml_dtypes
@@ -162,11 +162,12 @@ def _facts(kernels: Kernels, spec, counts, elements: int, ctas: int, input_bytes
 
 def measure_split(kernels: Kernels, dtype: str, n: int, k: int, batches: tuple[int, ...]) -> list[SplitRow]:
     """One emulated row of (dtype, n, k) once with one CTA and once as each batch's plan
-    splits it (the launches of topkgen.split.stages, bound as the runtime binds them)."""
-    from topkgen import policy, reference
-    from topkgen.render import params
+    splits it (the launches of topkgen.policy.split.stages, bound as the runtime binds them)."""
+    from topkgen import policy
+    from topkgen.runtime import reference
+    from topkgen.build.render import params
     from topkgen.runtime import arguments
-    from topkgen.split import ChunkPlan, stages
+    from topkgen.policy.split import ChunkPlan, stages
 
     import ml_dtypes
 

@@ -214,7 +214,7 @@ def use_toolkit_headers_if_wheels_lack_them() -> None:
     Python lacks the crt or cccl wheel (the accelerator machine's image has neither) can use
     the CUDA toolkit's include folder beside its nvcc instead, through TOPKGEN_CUDA_INCLUDE
     (inherited by every child)."""
-    from topkgen.paths import cuda_include_dir, has_cuda_headers
+    from topkgen.common.paths import cuda_include_dir, has_cuda_headers
 
     try:
         cuda_include_dir()
@@ -277,7 +277,7 @@ def main(argv: list[str] | None = None) -> int:
         return 1 if status else NO_GPU_STATUS
     started = time.monotonic()
     deadline = started + args.budget_s
-    from topkgen.paths import cache_root
+    from topkgen.common.paths import cache_root
     from topkgen.runtime import _CudaBackend
 
     arch = guarded("open the GPU through cuda.core", lambda: _CudaBackend().current_arch(), failed=None)
@@ -404,7 +404,7 @@ def cpp_against_python(out: str, arch: str, deadline: float) -> bool:
             return True
     import torch
 
-    from topkgen import bundle
+    from topkgen.build import bundle
     from topkgen.runtime import TopK
 
     manifest, _ = bundle.load_manifest(out)
@@ -715,7 +715,7 @@ class Spinner:
     def __init__(self, arch: str) -> None:
         import numpy as np
 
-        from topkgen.compile import compile_kernel
+        from topkgen.build.compile import compile_kernel
         from topkgen.runtime import _cuda_core
 
         self.core = _cuda_core()

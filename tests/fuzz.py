@@ -41,8 +41,8 @@ from hypothesis import strategies as st
 
 from topkgen import policy as pol
 from topkgen.cli import main as cli_main
-from topkgen.errors import InputError
-from topkgen.render import render
+from topkgen.common.errors import InputError
+from topkgen.build.render import render
 
 from .strategies import _NoAliases, policy_documents, policy_text
 from .topk_cases import NUMPY_DTYPES, check_topk
@@ -262,7 +262,7 @@ dispatch_order: [radix_all]
 
 def _fuzz_bundle(work: Path) -> Path:
     """A real bundle (NVRTC, 8 kernels) to mutate and to run."""
-    from topkgen import bundle
+    from topkgen.build import bundle
 
     policy_path = work / "fuzz_policy.yaml"
     policy_path.write_text(FUZZ_POLICY)
@@ -305,7 +305,7 @@ class ManifestTarget(Target):
     def case(self, draw, data: bytes) -> None:
         (self.bundle / "manifest.json").write_bytes(data)
         result = _cli(["diff", str(self.bundle), str(self.work / "fuzz_policy.yaml"), "--format", "json"], (0, 1, 2))
-        from topkgen import bundle as bundles
+        from topkgen.build import bundle as bundles
         from topkgen.runtime import TopK, TopKError
 
         try:
@@ -416,7 +416,7 @@ class RunTarget(Target):
             self.count("refused")
             return
         self.count("accepted")
-        from topkgen.npyfile import read_npy
+        from topkgen.cli.npyfile import read_npy
 
         x = read_npy(path)
         k = int(options[options.index("--k") + 1])

@@ -14,12 +14,12 @@ from pathlib import Path
 import jsonschema
 import pytest
 
-from topkgen import bundle
+from topkgen.build import bundle
 from topkgen import policy as pol
-from topkgen.compile import CompileError, compile_kernel, options
-from topkgen.manifest_checks import elf_sm
-from topkgen.render import PARAMS, render
-from topkgen.schema import load_schema
+from topkgen.build.compile import CompileError, compile_kernel, options
+from topkgen.manifest.checks import elf_sm
+from topkgen.build.render import PARAMS, render
+from topkgen.common.schema import load_schema
 
 from .conftest import DEFAULT_POLICY, LEGACY_POLICY, ROOT
 
@@ -185,7 +185,7 @@ def test_k1024_rung_with_one_cta_per_sm_keeps_four_loads_in_flight_within_budget
     """The K=1024 rung's headroom knob: one 1024-thread CTA per SM (64 registers) with four
     16-byte loads in flight, instead of the default two CTAs (32 registers) with one."""
     from topkgen import policy as pol
-    from topkgen.render import render
+    from topkgen.build.render import render
 
     text = DEFAULT_POLICY.read_text().replace("      1024: 2                 #", "      1024: 1                 #", 1)
     text = text.replace("loads_in_flight_by_k:     # rungs whose launch bounds leave fewer registers\n      1024: 1",
@@ -279,14 +279,14 @@ def test_concurrent_builds_into_one_directory(default_bundle, tmp_path):
 # its stdin closes.
 _STOP_BEFORE_STAGING = """\
 import sys
-from topkgen import bundle
+from topkgen.build import bundle
 stage = bundle._write_atomically
 def stopped(*args):
     print("locked", flush=True)
     sys.stdin.read()
     stage(*args)
 bundle._write_atomically = stopped
-from topkgen.launch import main
+from topkgen.cli.launch import main
 sys.argv[0] = "topkgen"
 main()
 """
@@ -461,7 +461,8 @@ def test_an_installed_template_that_does_not_render_is_an_input_error(tmp_path, 
     line), exit 2, rather than an internal error."""
     import shutil
 
-    from topkgen import errors, render as rendering
+    from topkgen.common import errors
+    from topkgen.build import render as rendering
 
     templates = tmp_path / "templates"
     shutil.copytree(rendering.template_dir(), templates)

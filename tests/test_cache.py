@@ -15,8 +15,8 @@ from pathlib import Path
 
 import pytest
 
-from topkgen import cache, toolchain
-from topkgen.paths import cuda_include_dir
+from topkgen.build import cache, toolchain
+from topkgen.common.paths import cuda_include_dir
 
 from .test_build import TOPKGEN, tree
 
@@ -48,8 +48,8 @@ def full_bundle(tmp_path_factory) -> Path:
 KEY_PROBE = """
 import json, sys
 from topkgen import policy
-from topkgen.compile import compile_kernel, toolchain
-from topkgen.render import render
+from topkgen.build.compile import compile_kernel, toolchain
+from topkgen.build.render import render
 spec = policy.plan(policy.load(), "sm_90")[0]
 k = compile_kernel(render(spec), spec.name, spec.arch)
 print(json.dumps({"key": k.key, "cubin": k.cubin.hex(), "toolchain": toolchain(), "origin": k.outcome.origin}))
@@ -120,8 +120,8 @@ def test_every_input_of_a_compile_is_in_its_key():
 
 def test_manifest_records_each_kernels_cache_key_and_the_toolchain(full_bundle):
     from topkgen import policy
-    from topkgen.compile import cache_key, toolchain as machine_toolchain
-    from topkgen.render import render
+    from topkgen.build.compile import cache_key, toolchain as machine_toolchain
+    from topkgen.build.render import render
 
     manifest = json.loads((full_bundle / "manifest.json").read_text())
     assert manifest["toolchain"] == machine_toolchain()
@@ -168,9 +168,9 @@ def test_create_if_absent_race_two_processes_one_entry(tmp_path):
 
 
 def test_conflicting_action_record_is_a_loud_error_and_nothing_is_overwritten(tmp_path):
-    from topkgen.compile import cache_key, toolchain as machine_toolchain
+    from topkgen.build.compile import cache_key, toolchain as machine_toolchain
     from topkgen.policy import load, plan
-    from topkgen.render import render
+    from topkgen.build.render import render
 
     spec = plan(load(), "sm_90")[0]
     key = cache_key(render(spec), spec.name, spec.arch)
@@ -390,7 +390,7 @@ def test_import_refuses_resources_its_cubin_contradicts(tmp_path, full_bundle, f
 
 
 def _import(bundle: str, cache_dir: str, barrier, queue) -> None:
-    from topkgen import cache_admin
+    from topkgen.build import cache_admin
 
     os.environ["TOPKGEN_CACHE_DIR"] = cache_dir
     os.environ.pop("TOPKGEN_CACHE_URL", None)

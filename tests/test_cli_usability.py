@@ -16,7 +16,8 @@ import click
 import pytest
 from click.testing import CliRunner
 
-from topkgen import cli as cli_module, console
+from topkgen import cli as cli_module
+from topkgen.cli import console
 
 from .conftest import ROOT
 from .test_user_files import tiny_bundle, tiny_policy  # noqa: F401 (fixtures)
@@ -110,7 +111,8 @@ def test_the_epilog_gives_examples_exit_codes_and_every_topkgen_variable():
                                        ("  ", False)])
 def test_on_off_variables_take_the_same_words_blanks_and_case_aside(value, on, cli, built_bundle, monkeypatch):
     """Each was read as `not in ("", "0")`: " 0 " and "false" were on."""
-    from topkgen import cache, policy
+    from topkgen.build import cache
+    from topkgen import policy
     from topkgen.runtime import TopK, TopKError
 
     for name in ("TOPKGEN_CACHE_READONLY", "TOPKGEN_DISABLE_JIT", "TOPKGEN_DEBUG"):
@@ -142,7 +144,7 @@ def test_version_names_topkgen_nvrtc_and_cuda_core():
     from importlib import metadata
 
     from topkgen import __version__
-    from topkgen.compile import nvrtc_version
+    from topkgen.build.compile import nvrtc_version
 
     proc = topkgen("--version")
     assert proc.returncode == 0, proc.stderr

@@ -10,7 +10,7 @@ import pytest
 
 from topkgen import policy as pol
 from topkgen.emulator import EmulationError, compile_source
-from topkgen.render import render, template_dir
+from topkgen.build.render import render, template_dir
 
 from .topk_cases import launch_kernel
 

@@ -16,7 +16,7 @@ import subprocess
 
 import pytest
 
-from topkgen.paths import cuda_include_dir
+from topkgen.common.paths import cuda_include_dir
 
 from .conftest import ROOT
 

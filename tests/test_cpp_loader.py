@@ -23,10 +23,11 @@ from pathlib import Path
 
 import pytest
 
-from topkgen import bundle, dispatch_table
+from topkgen.build import bundle
+from topkgen.policy import dispatch_table
 from topkgen import policy as pol
 from topkgen.runtime import TopK, TopKError
-from topkgen.schema import _resolve, format_path, load_schema
+from topkgen.common.schema import _resolve, format_path, load_schema
 
 from .conftest import ROOT
 from .test_gpu_check import gc as gpu_check  # noqa: F401 (the fixture that imports scripts/gpu_check.py)
@@ -415,7 +416,7 @@ RAW_CASES |= {f"JSON: {name}": (change, lambda raw, where=where, words=words: f"
 @pytest.mark.parametrize("case", sorted(RAW_CASES))
 def test_both_loaders_read_the_text_and_the_schema_alike(cpp, built_bundle, tmp_path, case):
     """What Python's reader and schema refuse, the C++ loader refuses with the same message:
-    it scans the text as topkgen.reader does and validates against the same (embedded) schema."""
+    it scans the text as topkgen.common.reader does and validates against the same (embedded) schema."""
     change, message = RAW_CASES[case]
     root = tmp_path / "bundle"
     shutil.copytree(built_bundle, root)
@@ -796,7 +797,7 @@ def test_the_loader_under_sanitizers_serves_and_refuses_cleanly(cpp_sanitized, b
 def test_the_driver_declarations_agree_with_cuda_h(cpp, tmp_path):
     """loader.hpp declares the few driver types and constants it needs instead of including
     cuda.h; the cuda.h of the nvidia-cuda-runtime wheel must agree with them."""
-    from topkgen.paths import cuda_include_dir
+    from topkgen.common.paths import cuda_include_dir
 
     probe = tmp_path / "probe.cpp"
     probe.write_text("""

@@ -248,7 +248,7 @@ def test_cuda_backend_split_rows_pass_the_workspace_as_both_stages_expect(built_
 
 def test_cuda_backend_jit_kernels_are_launched_as_compiled(built_bundle, fake_core):
     """float16 is served by JIT: the bundle's source, compiled here by NVRTC."""
-    from topkgen.compile import compile_kernel
+    from topkgen.build.compile import compile_kernel
 
     manifest = json.loads((built_bundle / "manifest.json").read_text())
     op = runtime.TopK(built_bundle, backend="cuda")
@@ -265,7 +265,7 @@ def test_cuda_backend_raises_the_shared_limit_below_48_kib_of_dynamic_shared_mem
     """A policy's shared_row_bytes may leave dynamic shared memory under 48 KiB while static
     plus dynamic pass it (K=1024's 16.2 KiB of static and 40 KiB of rows): the launch then
     needs the raised limit too. Same kernel, same launch as the runtime's, other launch record."""
-    from topkgen.split import stages
+    from topkgen.policy.split import stages
 
     manifest = json.loads((built_bundle / "manifest.json").read_text())
     entry = next(e for e in manifest["kernels"] if e["arch"] == "sm_90" and e["k"] == 1024)

@@ -17,7 +17,7 @@ pytest.importorskip("cuda.core")
 from topkgen import runtime  # noqa: E402
 from topkgen.runtime import TopKError  # noqa: E402
 
-# What topkgen.runtime, topkgen.gpu_arrays and scripts/gpu_check.py read of each class.
+# What topkgen.runtime, topkgen.runtime.gpu_arrays and scripts/gpu_check.py read of each class.
 USED = {
     "Device": ("set_current", "compute_capability", "allocate", "create_stream", "default_stream", "device_id",
                "pci_bus_id"),
@@ -146,8 +146,8 @@ def test_launch_arguments_are_packed_with_the_kernels_c_types():
     import ctypes
 
     from topkgen import policy
-    from topkgen.render import params
-    from topkgen.split import ChunkPlan, stages
+    from topkgen.build.render import params
+    from topkgen.policy.split import ChunkPlan, stages
 
     spec = next(s for s in policy.all_kernels(policy.load(), "sm_90")
                 if "chunk" in [p["name"] for p in params(s)] and s.dtype == "float32")

@@ -16,7 +16,7 @@ import jsonschema
 import pytest
 
 from topkgen import policy as pol
-from topkgen.schema import load_schema
+from topkgen.common.schema import load_schema
 
 from .conftest import DEFAULT_POLICY, LEGACY_POLICY, ROOT
 from .test_cli_usability import on_terminal
@@ -240,7 +240,7 @@ def test_a_repository_of_policies_alone_renders_with_the_installed_templates(tmp
 
 
 def test_git_trees_are_read_in_one_batch_whatever_the_file_names(tmp_path):
-    from topkgen.sources import GitRepo
+    from topkgen.build.sources import GitRepo
 
     root = tmp_path / "names"
     (root / "templates" / "sub dir").mkdir(parents=True)
@@ -479,7 +479,7 @@ def test_markdown_keeps_a_reason_s_markup_mentions_and_references_inert(tmp_path
     an issue, and **x**, [a](url), backticks, ~x~, _x_, | and <b> would render as markup.
     Each special is escaped; @ and # are followed by a zero-width space (GitHub links mentions
     and references in the rendered text, whatever the source escaped)."""
-    from topkgen.diff_report import _md
+    from topkgen.diff.report import _md
 
     for special in "\\*[]()!|`~#":
         assert _md(f"a{special}b") == f"a\\{special}{'&#8203;' if special == '#' else ''}b"
@@ -501,7 +501,7 @@ def test_markdown_keeps_emoji_shortcodes_and_bare_urls_inert(tmp_path):
     issue 12 for `GH-12` in a comment: a zero-width space after the colon, `www` or `GH` keeps
     a reason as the characters it holds, as after @ and #; a colon elsewhere (`k: 32`,
     `topk::x`) is left alone."""
-    from topkgen.diff_report import _md
+    from topkgen.diff.report import _md
 
     zw = "&#8203;"
     assert _md(":rocket: :+1: :thumbs_up:") == f":{zw}rocket: :{zw}+1: :{zw}thumbs_up:"
@@ -550,8 +550,9 @@ def test_legacy_against_default_in_markdown_is_review_sized():
 
 
 def test_markdown_folds_and_counts_what_it_leaves_out(legacy_policy, default_policy):
-    from topkgen import diff, diff_report
-    from topkgen.sources import installed_templates
+    from topkgen import diff
+    from topkgen.diff import report as diff_report
+    from topkgen.build.sources import installed_templates
 
     sides = [diff._rendered_side(name, "policy", "policy file", p, installed_templates())
              for name, p in (("legacy", legacy_policy), ("default", default_policy))]

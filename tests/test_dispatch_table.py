@@ -12,11 +12,12 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from topkgen import bundle, dispatch_table
+from topkgen.build import bundle
+from topkgen.policy import dispatch_table
 from topkgen import policy as pol
-from topkgen.dispatch_table import ArchTable, FieldError
-from topkgen.manifest_checks import check_manifest
-from topkgen.split import ROWS_MAX
+from topkgen.policy.dispatch_table import ArchTable, FieldError
+from topkgen.manifest.checks import check_manifest
+from topkgen.policy.split import ROWS_MAX
 
 MODES = (False, True)  # deterministic
 
@@ -295,7 +296,7 @@ def test_the_manifest_schema_validates_the_manifest(manifest):
     # test_own_policy.py checks that every shipped schema describes every property.
     import jsonschema
 
-    from topkgen.schema import load_schema, validate
+    from topkgen.common.schema import load_schema, validate
 
     schema = load_schema("manifest.schema.json")
     jsonschema.Draft202012Validator.check_schema(schema)

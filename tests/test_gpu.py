@@ -1,4 +1,4 @@
-"""The runtime on a real GPU: the cuda backend against topkgen.reference and torch.topk.
+"""The runtime on a real GPU: the cuda backend against topkgen.runtime.reference and torch.topk.
 Skipped cleanly where no GPU is present (CI and the developers' machines)."""
 
 from __future__ import annotations
@@ -36,7 +36,7 @@ def op(tmp_path_factory):
 
 
 def _on_device(op, x, k, largest, det):
-    from topkgen.gpu_arrays import DeviceArray
+    from topkgen.runtime.gpu_arrays import DeviceArray
     from topkgen.runtime import _cuda_core
 
     device = _cuda_core().Device()
@@ -113,7 +113,7 @@ def test_arrays_are_found_on_the_device_that_holds_them(op):
     __cuda_array_interface__ (cuPointerGetAttributes) and torch's device index. A wrong answer
     here (None) would let an array on another GPU through unrefused."""
     from topkgen import runtime
-    from topkgen.gpu_arrays import DeviceArray
+    from topkgen.runtime.gpu_arrays import DeviceArray
 
     device = runtime._cuda_core().Device()
     stream = device.default_stream

@@ -12,7 +12,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from topkgen.paths import CUDA_HEADERS
+from topkgen.common.paths import CUDA_HEADERS
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -165,7 +165,7 @@ def test_without_a_gpu_it_says_so_builds_and_exits_3(tmp_path):
 def test_toolkit_headers_serve_where_the_header_wheels_are_missing(gc, tmp_path, monkeypatch):
     """The accelerator machine's Python has no nvidia-cuda-crt/-cccl wheels, but a toolkit
     beside its nvcc: gpu-check points TOPKGEN_CUDA_INCLUDE there rather than fail the build."""
-    from topkgen import paths
+    from topkgen.common import paths
 
     include = tmp_path / "cuda" / "include"
     for f in CUDA_HEADERS:  # no nv/target: a CUDA 13 toolkit keeps it in include/cccl
@@ -234,7 +234,7 @@ def test_a_cuda_13_toolkit_include_folder_serves_nvrtc_and_the_emulator(gc, tmp_
     has it built in; the emulator's g++ gets -I include/cccl. The wheels' headers, laid out
     so, compile a bfloat16 kernel with both (real compiles: NVRTC uncached, the emulator in
     an empty cache)."""
-    from topkgen.paths import cuda_include_dir
+    from topkgen.common.paths import cuda_include_dir
 
     wheels = cuda_include_dir()
     include = tmp_path / "include"
@@ -244,7 +244,7 @@ def test_a_cuda_13_toolkit_include_folder_serves_nvrtc_and_the_emulator(gc, tmp_
             (include / entry.name).symlink_to(entry)
     assert all((include / f).is_file() for f in CUDA_HEADERS)
     assert (include / "cccl" / "nv" / "target").is_file() and not (include / "nv").exists()
-    code = ("from topkgen import policy; from topkgen.render import render; from topkgen.compile import compile_kernel\n"
+    code = ("from topkgen import policy; from topkgen.build.render import render; from topkgen.build.compile import compile_kernel\n"
             "from topkgen.emulator import compile_source\n"
             "spec = next(s for s in policy.all_kernels(policy.load(), 'sm_90') if s.dtype == 'bfloat16')\n"
             "print(spec.name, len(compile_kernel(render(spec), spec.name, 'sm_90', use_cache=False).cubin))\n"

@@ -19,7 +19,8 @@ from pathlib import Path
 
 import pytest
 
-from topkgen import cache, files
+from topkgen.build import cache
+from topkgen.common import files
 
 from .test_build import TOPKGEN, tree
 
@@ -211,7 +212,7 @@ def test_a_remote_record_naming_another_kernels_cubin_or_arch_is_rejected_and_ne
 def test_the_bundle_writer_refuses_a_cubin_a_loader_would_refuse(warm, tmp_path):
     """Defence in depth behind the cache's checks: whatever served the cubins, a bundle the
     loaders refuse is never written."""
-    from topkgen import bundle
+    from topkgen.build import bundle
 
     manifest = json.loads((warm[1] / "manifest.json").read_text())
     files = {e["cubin"]: (warm[1] / e["cubin"]).read_bytes() for e in manifest["kernels"]}
@@ -501,9 +502,9 @@ def tiny_bundle_for_run(tmp_path_factory) -> tuple[Path, Path]:
 # ----------------------------------------------------------------------------- verify compiles only what topkgen renders
 
 def test_every_rendered_kernel_includes_only_the_allowed_headers(default_policy, legacy_policy):
-    from topkgen import cache_admin
+    from topkgen.build import cache_admin
     from topkgen.policy import jit_plan, plan
-    from topkgen.render import render
+    from topkgen.build.render import render
 
     for policy in (default_policy, legacy_policy):
         for arch in policy.archs:
@@ -517,14 +518,14 @@ def test_every_rendered_kernel_includes_only_the_allowed_headers(default_policy,
     '#include <cuda_fp16.h> // and "/tmp/x"',
 ])
 def test_a_source_that_could_open_another_file_is_caught(trick):
-    from topkgen import cache_admin
+    from topkgen.build import cache_admin
 
     assert cache_admin.foreign_include(f"#include <cuda_fp16.h>\n{trick}\nextern \"C\" void k() {{}}\n")
 
 
 def test_verify_never_compiles_a_cached_source_that_includes_another_file(tmp_path):
     """NVRTC blocks opening a FIFO: a poisoned entry (a shared remote's, say) hung verify."""
-    from topkgen.compile import cache_key, toolchain
+    from topkgen.build.compile import cache_key, toolchain
 
     os.mkfifo(tmp_path / "fifo.h")
     name, arch = "topk_poisoned", "sm_90"

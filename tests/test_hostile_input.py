@@ -1,7 +1,7 @@
 """Hostile YAML and JSON (issue 11, point 2): every case the issue lists is refused with one
 line naming file, line and column, exit 2, fast and in bounded memory; the reader's rules
 (core schema, UTF-8, control characters, depth, digits) hold for policies, workload files
-and manifests alike, because all of them go through topkgen.reader."""
+and manifests alike, because all of them go through topkgen.common.reader."""
 
 from __future__ import annotations
 
@@ -19,7 +19,7 @@ import pytest
 
 from topkgen import policy as pol
 from topkgen.policy import MAX_POLICY_BYTES
-from topkgen.schema import SchemaViolation, validate
+from topkgen.common.schema import SchemaViolation, validate
 
 from .conftest import DEFAULT_POLICY, ROOT
 
@@ -152,7 +152,7 @@ def test_stored_text_and_sha256_cover_the_same_bytes(tmp_path):
     ("x: !!float 3", 3.0), ("x: |\n  a\n", "a\n"), ("'<<': 1", 1),
 ])
 def test_plain_scalars_follow_the_yaml_12_core_schema(text, value):
-    from topkgen import reader
+    from topkgen.common import reader
 
     doc = reader.parse_yaml(text, "t.yaml").value
     assert doc == {text.split(":")[0].strip("'"): value}
@@ -171,7 +171,7 @@ def test_plain_scalars_follow_the_yaml_12_core_schema(text, value):
     ("a: 123456789012345678901\n", "t.yaml:1:4: a: an integer of 21 digits is out of range (at most 20)"),
 ])
 def test_reader_refusals_name_the_place(text, message):
-    from topkgen import reader
+    from topkgen.common import reader
 
     with pytest.raises(reader.ReadError) as caught:
         reader.parse_yaml(text, "t.yaml")
@@ -212,7 +212,7 @@ def test_workload_files_go_through_the_same_reader(tmp_path):
                        "not allow; save it as UTF-8 without one"),
 ], ids=lambda v: v[:24] if isinstance(v, str) else None)
 def test_json_refusals_name_the_place(text, message):
-    from topkgen import reader
+    from topkgen.common import reader
 
     with pytest.raises(reader.ReadError) as caught:
         reader.parse_json(text, "m.json")
@@ -220,7 +220,7 @@ def test_json_refusals_name_the_place(text, message):
 
 
 def test_json_keeps_what_is_valid():
-    from topkgen import reader
+    from topkgen.common import reader
 
     text = json.dumps({"pair": "\U0001F600", "escaped": "\\u0000 is text", "nl": "a\nb", "n": [1, -2.5e3]})
     assert reader.parse_json(text, "m.json") == json.loads(text)
@@ -272,7 +272,7 @@ def test_a_policy_that_cuts_dispatch_too_finely_is_refused_at_once(tmp_path):
 def test_the_finest_dispatch_a_policy_may_cut_is_within_the_loaders_index_budget():
     """The most exact-n rules the cap admits: indexing their table takes far fewer row visits
     than a loader allows, so no bundle topkgen builds is refused by its own loaders."""
-    from topkgen import dispatch_table
+    from topkgen.policy import dispatch_table
 
     admitted = max(c for c in range(15, 30) if _admitted(c))
     policy = pol.loads(_exact_n_rules(admitted), "fine.yaml")

@@ -1,14 +1,14 @@
 """Any loader can follow the manifest: one written from the schema's descriptions alone
 (tests/independent_loader.py, no topkgen import) agrees with topkgen.policy.select on every
 decision of the boundary grid, batch sizes included, JIT on and off, AOT and JIT dtypes
-alike, and sizes a split's workspace as topkgen.split does."""
+alike, and sizes a split's workspace as topkgen.policy.split does."""
 
 from __future__ import annotations
 
 import ast
 from pathlib import Path
 
-from topkgen import dispatch_table
+from topkgen.policy import dispatch_table
 from topkgen import policy as pol
 
 from .independent_loader import IndependentLoader

@@ -25,7 +25,7 @@ import numpy as np
 import pytest
 
 from topkgen.emulator import compile_source
-from topkgen.render import device_library
+from topkgen.build.render import device_library
 
 KERNEL = Path(__file__).resolve().parent / "kernels" / "row_index.cu"
 GUARD = (8 << 30) + (1 << 20)  # more than any wrapped int index reaches before the row

@@ -110,8 +110,8 @@ def test_ctrl_c_during_a_build_does_not_wait_for_the_compiles_under_way(tmp_path
     well within the time one compile takes, measured here, of the kernel that was compiling
     when the signal came (once a kernel is reported done, the next compile has begun)."""
     from topkgen import policy
-    from topkgen.compile import compile_kernel
-    from topkgen.render import render
+    from topkgen.build.compile import compile_kernel
+    from topkgen.build.render import render
 
     def first_kernel_compiled(proc):
         assert proc.stdout.readline().startswith("[ 1/29] ")
@@ -131,7 +131,7 @@ def test_ctrl_c_during_a_build_does_not_wait_for_the_compiles_under_way(tmp_path
 
 _CTRL_C_AFTER_A_JIT_COMPILE = """\
 import os, signal, sys, threading, time
-from topkgen.compile import compile_kernel
+from topkgen.build.compile import compile_kernel
 compile_kernel('extern "C" __global__ void topk_probe() {}', "topk_probe", "sm_90", use_cache=False)
 read_end, write_end = os.pipe()
 threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()

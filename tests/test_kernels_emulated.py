@@ -15,7 +15,7 @@ import pytest
 
 from topkgen import policy as pol
 from topkgen.emulator import compile_source
-from topkgen.render import render
+from topkgen.build.render import render
 
 from .conftest import DEFAULT_POLICY, LEGACY_POLICY
 from .topk_cases import PATTERNS, check_topk, launch_kernel, make_rows

@@ -18,7 +18,7 @@ import pytest
 import yaml
 
 from topkgen import policy as pol
-from topkgen.schema import load_schema
+from topkgen.common.schema import load_schema
 
 from .conftest import ROOT
 from .test_cli_usability import ENV, on_terminal

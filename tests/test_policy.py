@@ -13,7 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from topkgen import policy as pol
-from topkgen.schema import load_schema
+from topkgen.common.schema import load_schema
 
 from .conftest import DEFAULT_POLICY, LEGACY_POLICY, ROOT
 
@@ -207,7 +207,7 @@ def test_packaged_policy_is_found_outside_the_checkout(tmp_path):
     wheel = next(wheel_dir.glob("topkgen-*.whl"))
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(target),
                     str(wheel)], check=True, capture_output=True)
-    code = ("import topkgen.policy as p, topkgen.render as r; "
+    code = ("import topkgen.policy as p, topkgen.build.render as r; "
             "print(p.default_policy_path()); print(len(p.plan(p.load(), 'sm_90'))); print(r.template_dir()); "
             "print(len(r.render(p.plan(p.load(), 'sm_90')[0])))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path,

@@ -4,7 +4,7 @@ reason (issue 11, point 3).
 The property test draws policies across the schema's space (tests/strategies.py). Each
 accepted one must plan, render every kernel it declares, dispatch drawn shapes to kernels
 that serve them, and a sample of its kernels, run on the emulator, must match
-topkgen.reference. Refused ones must say where and why.
+topkgen.runtime.reference. Refused ones must say where and why.
 
 The examples come from fixed seeds, so CI runs the same policies and reuses the emulator
 cache. They are drawn in a fresh interpreter: hypothesis also draws constants it finds in
@@ -27,7 +27,7 @@ from hypothesis import strategies as st
 
 from topkgen import policy as pol
 from topkgen.emulator import compile_source
-from topkgen.render import render
+from topkgen.build.render import render
 
 from .conftest import DEFAULT_POLICY
 from .strategies import policy_documents, policy_text

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from topkgen.destinations import DestinationError, check_bundle_destination
+from topkgen.common.destinations import DestinationError, check_bundle_destination
 
 from .test_user_files import TOPKGEN, _one_line_error, _tree, tiny_policy  # noqa: F401 (a fixture)
 

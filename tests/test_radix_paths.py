@@ -16,7 +16,7 @@ import pytest
 
 from topkgen import policy as pol
 from topkgen.emulator import compile_source
-from topkgen.render import render
+from topkgen.build.render import render
 
 from .topk_cases import PATTERNS, check_topk, launch_kernel, make_rows
 

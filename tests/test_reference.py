@@ -1,11 +1,11 @@
-"""topkgen.reference implements the kernel contract exactly."""
+"""topkgen.runtime.reference implements the kernel contract exactly."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from topkgen import reference
+from topkgen.runtime import reference
 
 
 def test_nan_ranks_above_every_number_in_both_directions():

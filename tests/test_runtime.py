@@ -1,4 +1,4 @@
-"""The runtime end to end through TopK(..., backend="emulator") against topkgen.reference."""
+"""The runtime end to end through TopK(..., backend="emulator") against topkgen.runtime.reference."""
 
 from __future__ import annotations
 
@@ -164,8 +164,8 @@ def test_concurrent_jit_compiles_leave_one_good_cache_entry(built_bundle, tmp_pa
 
 def _nvrtc_in_child(cache: str, queue) -> None:
     os.environ["TOPKGEN_CACHE_DIR"] = cache
-    from topkgen.compile import compile_kernel
-    from topkgen.render import render
+    from topkgen.build.compile import compile_kernel
+    from topkgen.build.render import render
     policy = pol.load()
     spec = pol.select(policy, "sm_90", "float16", 16, 2048).kernel
     queue.put(compile_kernel(render(spec), spec.name, "sm_90").symbol)
@@ -284,7 +284,7 @@ def test_both_backends_take_x_as_the_kernels_read_it_and_nothing_else(built_bund
 def test_calls_dispatch_by_table_lookup_alone(built_bundle, monkeypatch):
     """The runtime evaluates no rule per call: with select and the renderer gone, AOT and
     shipped JIT kernels still run (the JIT one from the source the bundle ships)."""
-    import topkgen.explain as explaining
+    import topkgen.policy.explain as explaining
     import topkgen.runtime as runtime
 
     op = TopK(built_bundle, arch="sm_90", backend="emulator")

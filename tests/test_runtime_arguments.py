@@ -86,7 +86,7 @@ def test_sizing_a_workspace_needs_the_batch_size(op):
 
 
 def test_dtypes_are_named_as_on_the_command_line(op):
-    """The CLI's short spellings (one table, topkgen.suggest's) name the same dtypes here."""
+    """The CLI's short spellings (one table, topkgen.common.suggest's) name the same dtypes here."""
     assert op.choose("bf16", 64, 4096) == op.choose("bfloat16", 64, 4096)
     assert op.workspace_bytes("FP32", 16, 262144, 1) == op.workspace_bytes("float32", 16, 262144, 1)
     assert op.explain("half", 8, 100).kernel.dtype == "float16"

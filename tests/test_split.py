@@ -1,9 +1,9 @@
 """Split rows on the emulator (issue 14): a small batch of long rows cut into chunks, each
 chunk's top k found by its own CTA, then merged by the same kernel reading candidate
-indices. Against topkgen.reference for every K rung, n at and around chunk boundaries, NaN of
+indices. Against topkgen.runtime.reference for every K rung, n at and around chunk boundaries, NaN of
 both signs, +-0, all-equal rows and ties across chunk boundaries; deterministic mode
 bit-exact and identical to the unsplit launch; the workspace the caller passes, laid out as
-topkgen.split says; and, on the default policy, a row of 131072 spread over 32 CTAs that read
+topkgen.policy.split says; and, on the default policy, a row of 131072 spread over 32 CTAs that read
 each element once.
 
 Most cases run under a copy of the default policy whose split section cuts rows of a few
@@ -21,12 +21,12 @@ import pytest
 import yaml
 
 from topkgen import policy as pol
-from topkgen import reference
+from topkgen.runtime import reference
 from topkgen.emulator import compile_source
-from topkgen.render import render
+from topkgen.build.render import render
 from topkgen.runtime import TopK, TopKError, arguments
-from topkgen.schema import load_schema
-from topkgen.split import ChunkPlan, stages
+from topkgen.common.schema import load_schema
+from topkgen.policy.split import ChunkPlan, stages
 
 from .conftest import DEFAULT_POLICY
 from .topk_cases import BITS, NUMPY_DTYPES, check_topk, launch_kernel, make_rows
@@ -185,7 +185,7 @@ def test_the_runtime_launches_what_split_stages_plans():
     stage-2 call reads the candidates stage 1 wrote and writes the output."""
     policy = pol.load(DEFAULT_POLICY)
     spec = pol.select(policy, "sm_90", "float32", 100, 131072).kernel
-    from topkgen.render import params
+    from topkgen.build.render import params
 
     first, second = stages(3, 131072, 100, True, ChunkPlan(3, 131072, 100, 32, 4))
     pointers = {name: name for name in ("x", "values", "indices", "candidate_values", "candidate_indices")}
@@ -230,7 +230,7 @@ def test_one_row_of_131072_spreads_over_32_ctas_that_read_it_once(default_policy
 
 
 def _params(spec):
-    from topkgen.render import params
+    from topkgen.build.render import params
 
     return params(spec)
 

@@ -416,7 +416,7 @@ def test_the_installed_entry_point_has_the_same_handler(tmp_path):
 
 def test_a_blank_cache_dir_is_unset_not_a_folder_named_blank(tmp_path, monkeypatch):
     """TOPKGEN_CACHE_DIR=' ' made a folder named ' ' wherever a command ran."""
-    from topkgen.paths import cache_root, unusable_message
+    from topkgen.common.paths import cache_root, unusable_message
 
     monkeypatch.chdir(tmp_path)
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))

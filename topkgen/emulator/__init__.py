@@ -33,8 +33,8 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from topkgen.emulator.counters import Counters, PhaseStats, from_phases
-from topkgen.files import atomic_write, read_regular
-from topkgen.paths import cache_root, cuda_include_dir, unusable_message
+from topkgen.common.files import atomic_write, read_regular
+from topkgen.common.paths import cache_root, cuda_include_dir, unusable_message
 
 INCLUDE_DIR = Path(__file__).resolve().parent / "include"
 # The alignment sanitizer in trap mode makes a misaligned access trap as it faults on a GPU.
@@ -157,7 +157,7 @@ def compile_source(source: str, *, name: str = "kernel", defines: Sequence[str] 
     cache = cache_root() / "emulator"
     so_path = cache / f"{key}.so"
     if not _intact(so_path):
-        from topkgen.cache import require_directories  # exit status 2: the shared object must live somewhere
+        from topkgen.build.cache import require_directories  # exit status 2: the shared object must live somewhere
 
         require_directories((cache_root(), cache), what="the emulator cache")
         tmp_dir = cache / f".build-{os.getpid()}-{os.urandom(4).hex()}"
@@ -189,7 +189,7 @@ def _cache_writes(cache: Path) -> Iterator[None]:
     try:
         yield
     except OSError as err:
-        from topkgen.cache import CacheUnusable
+        from topkgen.build.cache import CacheUnusable
 
         raise CacheUnusable(unusable_message(err.filename2 or err.filename or cache, err.strerror or str(err),
                                              "the emulator cache")) from None

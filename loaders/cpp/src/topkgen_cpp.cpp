@@ -46,7 +46,7 @@ bool whole_integer(const std::string& field, std::int64_t& value) {
 
 // What stdin said, fit for a terminal: control bytes (an escape sequence, a NUL that cut the
 // message short) and bytes beyond ASCII (a bidirectional override) as \xNN, tab as \t; a
-// valid line is ASCII, and this is how topkgen.reader.printable shows a control character.
+// valid line is ASCII, and this is how topkgen.common.reader.printable shows a control character.
 std::string shown(const std::string& text) {
   std::string out;
   char buf[8];

@@ -66,7 +66,7 @@ constexpr std::int64_t K_MAX = 1024;
 constexpr std::int64_t N_MAX = 2147483647;
 constexpr std::int64_t ROWS_MAX = 2147483647;
 constexpr int SCHEMA_VERSION = 3;
-constexpr std::uint64_t WORKSPACE_ALIGN = 256;  // candidate values start at a multiple of it (topkgen.split)
+constexpr std::uint64_t WORKSPACE_ALIGN = 256;  // candidate values start at a multiple of it (topkgen.policy.split)
 constexpr std::uint64_t WORKSPACE_ALIGNMENT = 16;  // and the workspace itself at a multiple of this
 constexpr std::int64_t GRID_MAX = 2147483647;      // CTAs of one launch (grid.x)
 constexpr std::int64_t DYNAMIC_SHARED_MAX = 232448;  // the largest opt-in shared memory per block (sm_90, sm_100)
@@ -208,7 +208,7 @@ struct Kernel {
 };
 
 // How a request is served: the kernel and its chunks per row (1: one launch, one CTA per
-// row; more: the split of topkgen.split, two launches through a workspace).
+// row; more: the split of topkgen.policy.split, two launches through a workspace).
 struct Plan {
   const Kernel* kernel = nullptr;
   std::int64_t rows = 0, n = 0, k = 0;  // the request it was made for: run() takes no other
@@ -290,8 +290,8 @@ inline std::string sha256_hex(const std::string& data) {
   return out;
 }
 
-constexpr std::size_t MAX_MANIFEST_BYTES = 64 << 20;  // topkgen.bundle's limits
-constexpr std::size_t BINARY_PROBE = 8000;  // topkgen.reader.BINARY_PROBE: a NUL among these bytes: binary
+constexpr std::size_t MAX_MANIFEST_BYTES = 64 << 20;  // topkgen.build.bundle's limits
+constexpr std::size_t BINARY_PROBE = 8000;  // topkgen.common.reader.BINARY_PROBE: a NUL among these bytes: binary
 constexpr std::size_t MAX_FILE_BYTES = 64 << 20;      // a cubin or a JIT source
 
 inline const char* file_kind(mode_t mode) {
@@ -345,7 +345,7 @@ class PurePath {
 
 // The bytes of the regular file `rel` ("sm_90/x.cubin") under the directory `root` (which
 // may be reached through a link), reached through directories only and read no further
-// than `limit` bytes (topkgen.bundle.read_bundle_file, with its messages). A bundle holds no
+// than `limit` bytes (topkgen.build.bundle.read_bundle_file, with its messages). A bundle holds no
 // symbolic links (one could lead out of it), FIFOs (which block), devices or sockets. On
 // failure returns false with the reason.
 inline bool read_bundle_file(const std::string& root, const std::string& rel, std::size_t limit, std::string& out,
@@ -405,7 +405,7 @@ inline bool read_bundle_file(const std::string& root, const std::string& rel, st
 }
 
 // ---------------------------------------------------------------------------- JSON text
-// What topkgen.reader checks in a JSON file before and while parsing it, in its order and
+// What topkgen.common.reader checks in a JSON file before and while parsing it, in its order and
 // with its messages: strict UTF-8; no control characters but tab and line breaks, no line
 // separators, bidirectional controls, surrogates or noncharacters, raw or as \u escapes;
 // nesting at most 32 deep; no NaN or Infinity; numbers of at most 40 characters; no UTF-8
@@ -442,7 +442,7 @@ inline std::size_t utf8_at(const std::string& t, std::size_t i, std::uint32_t& c
   return n;
 }
 
-inline bool forbidden(std::uint32_t c) {  // topkgen.reader._FORBIDDEN
+inline bool forbidden(std::uint32_t c) {  // topkgen.common.reader._FORBIDDEN
   return c <= 0x08 || c == 0x0B || c == 0x0C || (c >= 0x0E && c <= 0x1F) || (c >= 0x7F && c <= 0x9F) || c == 0x2028 ||
          c == 0x2029 || (c >= 0x202A && c <= 0x202E) || (c >= 0x2066 && c <= 0x2069) || (c >= 0xD800 && c <= 0xDFFF) ||
          c == 0xFFFE || c == 0xFFFF;
@@ -471,7 +471,7 @@ inline std::string describe_char(std::uint32_t c) {
 }
 
 // \u escapes in the string token t[begin, end) must not spell a forbidden character or half
-// a surrogate pair (topkgen.reader._check_escapes).
+// a surrogate pair (topkgen.common.reader._check_escapes).
 inline void check_escapes(const std::string& source, const std::string& t, std::size_t begin, std::size_t end) {
   auto hex4 = [&](std::size_t at, std::uint32_t& code) {
     if (at + 4 > end) return false;
@@ -513,7 +513,7 @@ inline void check_escapes(const std::string& source, const std::string& t, std::
   if (pending) refuse_at(source, t, pending_at, describe_char(pending_code));
 }
 
-// Python's json.dumps(key) (ASCII only), as topkgen.reader names a duplicate key.
+// Python's json.dumps(key) (ASCII only), as topkgen.common.reader names a duplicate key.
 inline std::string py_json_key(const std::string& key) {
   std::string out = "\"";
   char buf[16];
@@ -729,7 +729,7 @@ class DocumentBuilder {
   string_t key_;
 };
 
-// One JSON document read as topkgen.reader.read_json reads it (after the bounded read).
+// One JSON document read as topkgen.common.reader.read_json reads it (after the bounded read).
 template <class Json>
 Json parse_json(const std::string& t, const std::string& source) {
   std::uint32_t c = 0;
@@ -737,7 +737,7 @@ Json parse_json(const std::string& t, const std::string& source) {
     if ((n = utf8_at(t, i, c)) == 0) {
       char msg[128];
       const bool utf16 = t.compare(0, 2, "\xff\xfe") == 0 || t.compare(0, 2, "\xfe\xff") == 0;
-      const bool binary = t.find('\0') < BINARY_PROBE;  // as topkgen.reader.decode (and git) decide it
+      const bool binary = t.find('\0') < BINARY_PROBE;  // as topkgen.common.reader.decode (and git) decide it
       std::snprintf(msg, sizeof msg, "not UTF-8: byte 0x%02x cannot be decoded%s", static_cast<unsigned char>(t[i]),
                     utf16    ? " (the file looks like UTF-16); save the file as UTF-8"
                     : binary ? "; the file is binary (it holds NUL bytes), not text"
@@ -747,7 +747,7 @@ Json parse_json(const std::string& t, const std::string& source) {
   }
   for (std::size_t i = 0, n = 0; i < t.size(); i += n)
     if ((n = utf8_at(t, i, c)), forbidden(c)) refuse_at(source, t, i, describe_char(c));
-  // The token scan of topkgen.reader.parse_json: strings, brackets, numbers, NaN, Infinity.
+  // The token scan of topkgen.common.reader.parse_json: strings, brackets, numbers, NaN, Infinity.
   int depth = 0;
   auto digit = [&](std::size_t i) { return i < t.size() && t[i] >= '0' && t[i] <= '9'; };
   for (std::size_t i = 0; i < t.size();) {
@@ -783,7 +783,7 @@ Json parse_json(const std::string& t, const std::string& source) {
     }
     ++i;
   }
-  if (t.compare(0, 3, "\xef\xbb\xbf") == 0)  // nlohmann skips it; topkgen.reader refuses it, in these words
+  if (t.compare(0, 3, "\xef\xbb\xbf") == 0)  // nlohmann skips it; topkgen.common.reader refuses it, in these words
     refuse_at(source, t, 0, "not valid JSON: the file opens with a byte order mark (U+FEFF), which JSON does not "
                             "allow; save it as UTF-8 without one");
   // Duplicate keys, reported as Python's object_pairs_hook finds them: when their object
@@ -806,7 +806,7 @@ Json parse_json(const std::string& t, const std::string& source) {
   return std::move(builder.root);
 }
 
-// A schema pattern, searched as topkgen.schema searches it (Python's re.search, `$` the end
+// A schema pattern, searched as topkgen.common.schema searches it (Python's re.search, `$` the end
 // of the string) in linear time: a manifest's strings may be long, and std::regex recurses
 // per character. The syntax the shipped schema uses: literals, \-escapes, [classes] with
 // ranges and ^, `.`, the quantifiers *, + and {n}, and the anchors ^ and $.
@@ -976,7 +976,7 @@ std::string py_dumps(const Json& v) {
 }
 
 template <class Json>
-std::string describe(const Json& v) {  // topkgen.schema._describe
+std::string describe(const Json& v) {  // topkgen.common.schema._describe
   if (v.is_boolean()) return v.template get<bool>() ? "true" : "false";
   if (v.is_null()) return "null";
   if (v.is_object()) return "a mapping";
@@ -996,7 +996,7 @@ class SchemaValidator {
  public:
   explicit SchemaValidator(const Json& root) : root_(root) {}
 
-  // Throws Error("FILE: PATH: MESSAGE") for the first violation topkgen.schema.validate finds.
+  // Throws Error("FILE: PATH: MESSAGE") for the first violation topkgen.common.schema.validate finds.
   void validate(const Json& value, const std::string& file) const {
     try {
       check(value, root_, "");
@@ -1169,7 +1169,7 @@ inline int elf_sm(const std::string& d) {
 
 // Whether a little-endian ELF64 file's symbol tables (SHT_SYMTAB) define `symbol` as a
 // function (STT_FUNC, in a section): 1 yes, 0 no, -1 when the file is not such an ELF file
-// or a table lies outside it (topkgen.manifest_checks.elf_defines_function). Every offset is
+// or a table lies outside it (topkgen.manifest.checks.elf_defines_function). Every offset is
 // checked before it is read: the file may be forged.
 inline int elf_defines_function(const std::string& d, const std::string& symbol) {
   auto u = [&](std::uint64_t at, int bytes) {
@@ -1205,7 +1205,7 @@ struct Row {
   std::int64_t chunks, fallback_chunks;
 };
 
-// The row visits left for indexing a manifest's dispatch lists (topkgen.dispatch_table.
+// The row visits left for indexing a manifest's dispatch lists (topkgen.policy.dispatch_table.
 // IndexBudget): indexing is quadratic in a list's rows, and a forged manifest of a few MB
 // would take minutes and gigabytes.
 constexpr std::uint64_t MAX_INDEX_VISITS = 1 << 20;
@@ -1221,7 +1221,7 @@ struct IndexBudget {
 };
 
 // One dispatch list, checked to tile the domain and indexed for lookup (the same
-// procedure and messages as topkgen.dispatch_table.ListIndex): cut k at every row's k
+// procedure and messages as topkgen.policy.dispatch_table.ListIndex): cut k at every row's k
 // bounds; in each k segment cut n at the bounds of the rows spanning it; in each n segment
 // the rows spanning it, sorted by rows, must tile the batch sizes 1..ROWS_MAX.
 struct List {
@@ -1299,7 +1299,7 @@ struct List {
 };
 
 // The C type of each parameter a loader can pass ("{t}": the element type), in the order
-// topkgen.render.PARAM_TYPES lists them.
+// topkgen.build.render.PARAM_TYPES lists them.
 inline const std::vector<std::pair<std::string, std::string>>& param_types() {
   static const std::vector<std::pair<std::string, std::string>> types = {
       {"x", "const {t}*"}, {"x_indices", "const long long*"}, {"values", "{t}*"}, {"indices", "long long*"},
@@ -1318,7 +1318,7 @@ class Bundle {
  public:
   // Reads the manifest and every file it names, and makes every load check; throws
   // topkgen::Error naming the file and the field of the first violation. `path` is the
-  // bundle's directory or its manifest, read and named as topkgen.bundle.load_manifest does
+  // bundle's directory or its manifest, read and named as topkgen.build.bundle.load_manifest does
   // (a path that is no directory is the manifest; "a//b/." is spelled "a/b").
   explicit Bundle(const std::string& path) {
     const detail::PurePath given(path);
@@ -1331,7 +1331,7 @@ class Bundle {
     if (!detail::read_bundle_file(dir_, file.name(), detail::MAX_MANIFEST_BYTES, text, why))
       throw Error(doc_.file + ": cannot read manifest: " + why);
     const detail::json m = detail::parse_json<detail::json>(text, doc_.file);
-    check_version(m);  // the order of topkgen.bundle.load_manifest: version, schema, the load checks
+    check_version(m);  // the order of topkgen.build.bundle.load_manifest: version, schema, the load checks
     static const detail::json schema = detail::json::parse(detail::MANIFEST_SCHEMA);
     detail::SchemaValidator<detail::json>(schema).validate(m, doc_.file);
     if (auto shard = m.find("shard"); shard != m.end())  // its fields valid, as topkgen.runtime.TopK words it
@@ -1359,7 +1359,7 @@ class Bundle {
   }
 
   // How a batch of `rows` rows is served: the kernel, its chunks per row and, for a split,
-  // the workspace that run() needs (topkgen.split's arithmetic). rows = 0, an empty batch,
+  // the workspace that run() needs (topkgen.policy.split's arithmetic). rows = 0, an empty batch,
   // is served unsplit with no workspace: run() launches nothing for it.
   Plan plan(const std::string& arch, const std::string& dtype, std::int64_t k, std::int64_t n, std::int64_t rows,
             bool deterministic, bool jit_available) const {
@@ -1566,7 +1566,7 @@ class Bundle {
         e.rows_per_block = static_cast<unsigned>(doc_.integer(launch, "rows_per_block", lf, 1, 32));
         e.dynamic_shared_bytes = static_cast<unsigned>(doc_.integer(launch, "dynamic_shared_bytes", lf, 0, DYNAMIC_SHARED_MAX));
         if (!e.aot) e.nvrtc_options = doc_.strings(j, "nvrtc_options", e.field);
-        // the checks of topkgen.manifest_checks.check_entries, in its order
+        // the checks of topkgen.manifest.checks.check_entries, in its order
         if (arch_set_.count(e.arch) == 0) doc_.fail(e.field + ".arch", e.arch + " is not one of the bundle's archs");
         auto [it, fresh] = by_name_.emplace(std::make_pair(e.arch, e.name), &e);
         if (!fresh)
@@ -1581,7 +1581,7 @@ class Bundle {
     }
   }
 
-  // The parameter checks of topkgen.manifest_checks.check_entries: known names, their C types.
+  // The parameter checks of topkgen.manifest.checks.check_entries: known names, their C types.
   void read_params(const detail::json& j, Kernel& e) {
     const detail::json& params = doc_.at(j, "params", e.field);
     if (!params.is_array()) doc_.fail(e.field + ".params", "expected a list");
@@ -1610,7 +1610,7 @@ class Bundle {
     for (const std::string& arch : archs_)
       if (tables.count(arch) == 0) doc_.fail("dispatch", "no table for " + arch);
     detail::IndexBudget budget;  // one for all the lists
-    for (const auto& [arch, table] : tables) {  // in sorted order, as topkgen.manifest_checks.check_dispatch
+    for (const auto& [arch, table] : tables) {  // in sorted order, as topkgen.manifest.checks.check_dispatch
       if (arch_set_.count(arch) == 0) doc_.fail("dispatch." + arch, "not one of the bundle's archs");
       const detail::json& by_dtype = *table;
       if (!by_dtype.is_object()) doc_.fail("dispatch." + arch, "expected an object");
@@ -1645,7 +1645,7 @@ class Bundle {
     }
   }
 
-  // The checks of topkgen.manifest_checks._check_row, in its order.
+  // The checks of topkgen.manifest.checks._check_row, in its order.
   void resolve_row(const std::string& path, std::size_t i, const detail::json& j, const std::string& arch,
                    const std::string& dtype, const std::string& mode, detail::List& list) {
     const std::string rf = path + "[" + std::to_string(i) + "]";
@@ -1678,7 +1678,7 @@ class Bundle {
     list.all_jit = false;
   }
 
-  // topkgen.manifest_checks._check_split: a kernel that runs a row in chunks takes them, and
+  // topkgen.manifest.checks._check_split: a kernel that runs a row in chunks takes them, and
   // every chunk and merge of the row fits it.
   void check_split(const std::string& field, const detail::Row& row, std::int64_t chunks, const Kernel& e) const {
     if (chunks == 1) return;
@@ -1712,9 +1712,9 @@ class Bundle {
   }
 
   // Each file: sha256, then for a cubin the ELF machine, the SM and the entry's symbol
-  // (topkgen.manifest_checks.check_file).
+  // (topkgen.manifest.checks.check_file).
   void read_files() {
-    const detail::Doc doc{detail::PurePath(dir_).child("manifest.json").str()};  // topkgen.bundle.read_files' label
+    const detail::Doc doc{detail::PurePath(dir_).child("manifest.json").str()};  // topkgen.build.bundle.read_files' label
     for (auto& kern : kernels_) {
       Kernel& e = *kern;
       const std::string key = e.aot ? ".cubin" : ".source";

@@ -15,10 +15,10 @@ import struct
 from dataclasses import dataclass
 from typing import Any, Iterator
 
-from topkgen.dispatch_table import FieldError, IndexBudget, ListIndex
-from topkgen.render import C_TYPES, PARAM_TYPES
+from topkgen.policy.dispatch_table import FieldError, IndexBudget, ListIndex
+from topkgen.build.render import C_TYPES, PARAM_TYPES
 
-# The parameters a kernel must take to run a split (topkgen.split).
+# The parameters a kernel must take to run a split (topkgen.policy.split).
 SPLIT_PARAMS = ("x_indices", "chunk", "row_stride")
 GRID_MAX = 2**31 - 1  # CTAs of one launch (grid.x): a split's stage 1 runs rows x chunks
 

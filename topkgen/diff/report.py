@@ -11,7 +11,7 @@ import re
 from typing import Any, Callable
 
 from topkgen.diff import Report, Side, field_aspect, field_label
-from topkgen.reader import printable
+from topkgen.common.reader import printable
 
 SCHEMA_VERSION = 5  # schemas/diff.schema.json
 MARKDOWN_LIMIT = 60_000

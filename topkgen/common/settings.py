@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 
-from topkgen.errors import InputError
+from topkgen.common.errors import InputError
 
 FLAGS = ("TOPKGEN_CACHE_READONLY", "TOPKGEN_DEBUG", "TOPKGEN_DISABLE_JIT")
 ON = ("1", "true", "yes", "on")

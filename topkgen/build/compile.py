@@ -1,9 +1,9 @@
 """CUDA source -> cubin with NVRTC (cuda-python), with ptxas resources and the lowered
-symbol, through the compile cache (topkgen.cache: local, then a shared remote).
+symbol, through the compile cache (topkgen.build.cache: local, then a shared remote).
 
 Headers come from the nvidia-cuda-* wheels, never from a system toolkit. The cache key is
 the rendered source, the options without include paths, the name, the arch and the exact
-toolchain (topkgen.toolchain), so an unchanged rebuild compiles nothing and a machine with
+toolchain (topkgen.build.toolchain), so an unchanged rebuild compiles nothing and a machine with
 other headers or another NVRTC never receives this machine's cubins.
 """
 
@@ -15,8 +15,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from topkgen import cache, toolchain as tc, workers
-from topkgen.paths import cuda_include_dir
+from topkgen.build import cache, toolchain as tc, workers
+from topkgen.common.paths import cuda_include_dir
 
 
 class CompileError(RuntimeError):

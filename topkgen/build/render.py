@@ -11,7 +11,7 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from topkgen.errors import InputError
+from topkgen.common.errors import InputError
 from topkgen.policy import FAMILY_TEMPLATES, SHARED_BYTES_PER_BLOCK, KernelSpec, _data_dir
 
 # C types of the kernel parameters, per dtype; the same names go into the manifest.
@@ -77,7 +77,7 @@ PARAM_TYPES = {
     "n": "int",                       # elements per row
     "k": "int",
     "largest": "int",                 # 1: the k largest, 0: the k smallest
-    "chunk": "int",                   # elements per chunk (topkgen.split); n: one chunk per row
+    "chunk": "int",                   # elements per chunk (topkgen.policy.split); n: one chunk per row
     "row_stride": "long long",        # elements from one row of x (and x_indices) to the next
 }
 # The parameters of each family's kernels, in order. Radix kernels also run split rows.
@@ -177,7 +177,7 @@ def template_problem(err: Exception, where: str, kernel: str, *, other_version: 
 def render(spec: KernelSpec, env: Any = None) -> str:
     """The CUDA source of one kernel. The same text goes to NVRTC and to the emulator.
     `env` (from `environment`) renders from other templates than the installed ones; its
-    caller words the errors (topkgen.sources)."""
+    caller words the errors (topkgen.build.sources)."""
     if env is not None:
         return env.get_template(template_name(spec)).render(**context(spec))
     import jinja2

@@ -6,7 +6,7 @@ loader can use it without topkgen: its dispatch table is `select`'s answers as d
 Builds go to a temporary directory beside DIR and are swapped into place, under a lock, so
 a failed or killed build never leaves a half-written bundle (and the next build of DIR
 removes the staging directory a SIGKILL left beside it). The destination is checked
-before anything is compiled (topkgen.destinations): a directory of the user's is never
+before anything is compiled (topkgen.common.destinations): a directory of the user's is never
 replaced unasked.
 """
 
@@ -24,14 +24,18 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Callable, Iterable
 
-from topkgen import __version__, cache, dispatch_table, manifest_checks, reader, workers
-from topkgen.compile import CompiledKernel, compile_kernel, portable_options, toolchain
-from topkgen.destinations import check_bundle_destination, locked
-from topkgen.errors import InputError
-from topkgen.files import claim, file_kind, read_to_limit, remove_abandoned
+from topkgen import __version__
+from topkgen.build import cache, workers
+from topkgen.policy import dispatch_table
+from topkgen.manifest import checks as manifest_checks
+from topkgen.common import reader
+from topkgen.build.compile import CompiledKernel, compile_kernel, portable_options, toolchain
+from topkgen.common.destinations import check_bundle_destination, locked
+from topkgen.common.errors import InputError
+from topkgen.common.files import claim, file_kind, read_to_limit, remove_abandoned
 from topkgen.policy import SHARED_BYTES_PER_BLOCK, KernelSpec, Policy, in_policy_order, jit_plan, plan, rule_record
-from topkgen.render import params, render
-from topkgen.schema import SchemaViolation, format_path, load_schema, validate
+from topkgen.build.render import params, render
+from topkgen.common.schema import SchemaViolation, format_path, load_schema, validate
 
 MANIFEST = "manifest.json"
 SCHEMA_VERSION = 3
@@ -124,7 +128,7 @@ Progress = Callable[[KernelSpec, CompiledKernel, float], None]
 def compile_specs(specs: list[KernelSpec], jobs: int = 1, progress: Progress | None = None,
                   source_of: Callable[[KernelSpec], str] = render) -> list[tuple[str, CompiledKernel]]:
     """Render and compile kernels in parallel (NVRTC runs without the GIL), in threads that
-    a Ctrl-C does not wait for (topkgen.workers). `source_of` renders from other templates
+    a Ctrl-C does not wait for (topkgen.build.workers). `source_of` renders from other templates
     than the installed ones (topkgen diff --build)."""
 
     def one(spec: KernelSpec) -> tuple[str, CompiledKernel, float]:
@@ -184,7 +188,7 @@ def build(policy: Policy, archs: list[str], out: Path, *, jobs: int = 1, allow_o
     bundle to `out`, atomically. `out` is checked first (destinations.DestinationError) and
     again under the lock before the swap; `force` lets the build replace a directory that is
     not a bundle; never the policy's own file (nor anything holding it)."""
-    from topkgen import shards
+    from topkgen.build import shards
 
     inputs = (Path(policy.path),) if Path(policy.path).is_file() else ()
     check_bundle_destination(out, force=force, inputs=inputs)

@@ -63,10 +63,10 @@ def main() -> None:
 
 def _leave_abandoned_work(status: int) -> None:
     """End the process now when a command stopped (a Ctrl-C, a failed compile) while NVRTC
-    compiles were still under way in topkgen.workers' threads: everything of the command's
+    compiles were still under way in topkgen.build.workers' threads: everything of the command's
     own has been cleaned up by then, and the interpreter's exit, freeing what those threads
     still use, could crash the process (a SIGSEGV instead of exit 130)."""
-    workers = sys.modules.get("topkgen.workers")  # none ran unless it was imported
+    workers = sys.modules.get("topkgen.build.workers")  # none ran unless it was imported
     if workers is None or not workers.busy():
         return
     for stream in (sys.stdout, sys.stderr):

@@ -18,11 +18,12 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from topkgen import bundle, cache, manifest_checks, workers
-from topkgen import toolchain as tc
-from topkgen.errors import InputError
-from topkgen.paths import cache_root
-from topkgen.reader import printable
+from topkgen.build import bundle, cache, workers
+from topkgen.manifest import checks as manifest_checks
+from topkgen.build import toolchain as tc
+from topkgen.common.errors import InputError
+from topkgen.common.paths import cache_root
+from topkgen.common.reader import printable
 
 
 # What topkgen's kernels include: the CUDA headers its templates name. verify compiles a
@@ -70,9 +71,9 @@ def import_bundle(path: Path) -> ImportResult:
     cache.CacheUnusable (exit 2) naming the path. Filling the stores is import's whole job,
     so a remote write that fails (a build only warns) is a cache.CacheConfigError (exit 2)
     too, raised once the local part is done, which it says."""
-    from topkgen.compile import cache_key, toolchain
+    from topkgen.build.compile import cache_key, toolchain
     from topkgen.policy import plan
-    from topkgen.render import render
+    from topkgen.build.render import render
 
     try:
         manifest, root = bundle.load_manifest(path)
@@ -200,7 +201,7 @@ def _reading(store: cache.Store, what: str, read: Callable[[], T]) -> T:
 
 def _verify_one(store: cache.Store, key: str) -> str:
     """'identical', 'skipped', or a line that says what is wrong with the entry."""
-    from topkgen.compile import CompileError, cache_key, compile_kernel, toolchain
+    from topkgen.build.compile import CompileError, cache_key, compile_kernel, toolchain
 
     def get(rel: str) -> bytes | None:
         return _reading(store, rel, lambda: store.get(rel))

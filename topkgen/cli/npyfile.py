@@ -18,11 +18,11 @@ import stat
 
 import numpy as np
 
-from topkgen.errors import InputError
-from topkgen.files import file_kind
+from topkgen.common.errors import InputError
+from topkgen.common.files import file_kind
 from topkgen.policy import N_MAX
-from topkgen.reader import printable
-from topkgen.split import ROWS_MAX
+from topkgen.common.reader import printable
+from topkgen.policy.split import ROWS_MAX
 
 MAGIC = b"\x93NUMPY"
 MAX_HEADER_BYTES = 10_000

@@ -38,11 +38,12 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterable, Protocol
 
-from topkgen import manifest_checks, settings
-from topkgen.dispatch_table import FieldError
-from topkgen.errors import InputError
-from topkgen.files import atomic_write, directory_problem, read_regular, temporary_beside
-from topkgen.paths import cache_root, cache_url, shared_cache_directory, unusable_message
+from topkgen.manifest import checks as manifest_checks
+from topkgen.common import settings
+from topkgen.policy.dispatch_table import FieldError
+from topkgen.common.errors import InputError
+from topkgen.common.files import atomic_write, directory_problem, read_regular, temporary_beside
+from topkgen.common.paths import cache_root, cache_url, shared_cache_directory, unusable_message
 
 CACHE_FORMAT = 1  # part of every key: a new record layout never reads an old one
 LOCAL_DIR = "nvrtc-store"

@@ -4,7 +4,7 @@ An NVRTC compile cannot be interrupted, and concurrent.futures joins its workers
 its executor's `with` block ends and when the interpreter exits: a Ctrl-C during a build
 waited for every compile under way (seconds at -j 2) before the prompt came back. Here the
 workers are daemon threads, which nothing joins: once the caller stops listening, no new
-item starts, and those under way are abandoned; topkgen.launch then ends the process at
+item starts, and those under way are abandoned; topkgen.cli.launch then ends the process at
 once (`busy`). What they would write cannot be half-written by that: the compile cache
 writes each entry to a temporary file and links it into place (cache.LocalStore.create).
 
@@ -13,7 +13,7 @@ process leaves Python's SIGINT and SIGTERM handlers installed with SA_RESTART, a
 blocked call is restarted after a Ctrl-C instead of raising it (Python raises it only once it
 runs again). Once the run is over the caller puts Python's handlers back as Python installs
 them (`python_handles_signals_again`), so that what it blocks on next (the destination's
-lock, while another build writes there) wakes for a Ctrl-C too; topkgen.compile does the
+lock, while another build writes there) wakes for a Ctrl-C too; topkgen.build.compile does the
 same after a compile on the main thread, for a program that JIT-compiles through TopK.
 """
 

@@ -11,7 +11,7 @@ boundary grid before a manifest is written. No rule is restated here.
 A row is {"k": [lo, hi], "n": [lo, hi], "rows": [lo, hi], "kernel", "source", "chunks",
 "aot_fallback", "aot_chunks"}; the ranges are inclusive. `chunks` is how many chunks each
 row of the request is cut into when `kernel` serves (1: not split), `aot_chunks` the same
-for `aot_fallback` (topkgen.split says how to launch a split).
+for `aot_fallback` (topkgen.policy.split says how to launch a split).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Any
 
 from topkgen.policy import (K_MAX, MODES, N_MAX, DispatchError, Policy, check_rows, check_shape, kernels_of_rule,
                             resident_elements, select, split_capable, unknown_dtype)
-from topkgen.split import ROWS_MAX
+from topkgen.policy.split import ROWS_MAX
 
 Row = dict[str, Any]
 Answer = tuple[str, str, int, "str | None", "int | None"]  # kernel, source, chunks, aot_fallback, aot_chunks
@@ -289,7 +289,7 @@ class ListIndex:
 class Choice:
     kernel: str
     source: str      # "aot" or "jit"
-    chunks: int = 1  # per row: more than 1 runs the split (topkgen.split)
+    chunks: int = 1  # per row: more than 1 runs the split (topkgen.policy.split)
 
 
 class ArchTable:

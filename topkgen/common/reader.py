@@ -29,8 +29,8 @@ from typing import Any, Iterator
 
 import yaml
 
-from topkgen.errors import InputError
-from topkgen.schema import format_path
+from topkgen.common.errors import InputError
+from topkgen.common.schema import format_path
 
 MAX_DEPTH = 32
 MAX_INT_DIGITS = 20   # 2^63 has 19 digits; no value topkgen reads needs more

@@ -14,8 +14,8 @@ import json
 import re
 from pathlib import Path
 
-from topkgen import bundle
-from topkgen.errors import InputError
+from topkgen.build import bundle
+from topkgen.common.errors import InputError
 from topkgen.policy import KernelSpec, plan, rule_record
 
 _SHARD = re.compile(r"([0-9]{1,6})/([0-9]{1,6})")
@@ -67,9 +67,9 @@ SHARED_FIELDS = ("generator", "toolchain", "policy", "archs", "jit_only", "nvrtc
 def merge(parts: list[Path], out: Path, *, force: bool = False) -> dict:
     """Validate the parts and write the full bundle to `out`; returns its manifest. `force`
     lets it replace a directory that is not a bundle, as for build; never one of the parts."""
-    from topkgen.compile import cache_key
-    from topkgen.destinations import check_bundle_destination
-    from topkgen.render import render
+    from topkgen.build.compile import cache_key
+    from topkgen.common.destinations import check_bundle_destination
+    from topkgen.build.render import render
 
     # Before any work: never replace a directory of the user's, nor a part being read.
     check_bundle_destination(out, force=force, inputs=parts)

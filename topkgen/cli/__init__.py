@@ -23,11 +23,12 @@ from typing import Any, Iterator
 import click
 from click.shell_completion import CompletionItem
 
-from topkgen import console, errors, settings, standard_output, suggest
+from topkgen.cli import console, standard_output
+from topkgen.common import errors, settings, suggest
 from topkgen import policy as pol
-from topkgen.launch import report_stop  # also says it of a Ctrl-C during the imports
-from topkgen.reader import printable
-from topkgen.split import ROWS_MAX
+from topkgen.cli.launch import report_stop  # also says it of a Ctrl-C during the imports
+from topkgen.common.reader import printable
+from topkgen.policy.split import ROWS_MAX
 
 EXIT_INPUT = 2
 EXIT_INTERNAL = 70  # EX_SOFTWARE
@@ -100,7 +101,7 @@ class _Group(click.Group):
 
 class _Main(_Group):
     """Every command runs inside one handler, so no traceback reaches a user: input errors
-    (topkgen.errors.InputError) exit 2 with one line; anything else is a bug in topkgen and
+    (topkgen.common.errors.InputError) exit 2 with one line; anything else is a bug in topkgen and
     exits 70 with one line (and the traceback when TOPKGEN_DEBUG=1). Ctrl-C and a reader
     that left are neither (see `_interruptions`)."""
 
@@ -179,7 +180,7 @@ def version_text() -> str:
             return "not installed"
 
     try:
-        from topkgen.compile import nvrtc_version
+        from topkgen.build.compile import nvrtc_version
 
         nvrtc = f"NVRTC {nvrtc_version()} (nvidia-cuda-nvrtc {dist('nvidia-cuda-nvrtc')})"
     except Exception as err:  # noqa: BLE001 - no libnvrtc: say so, --version still answers
@@ -514,7 +515,7 @@ Examples:
 def explain_command(policy_path: str | None, arch: str, dtype: str, k: int, n: int, rows: int | None,
                     deterministic: bool, no_jit: bool, fmt: str) -> None:
     """Say which kernel serves a shape, aot or jit, and the rule that chose it."""
-    from topkgen.explain import explain
+    from topkgen.policy.explain import explain
 
     policy = pol.load(policy_path)
     _check_arch(policy, arch)
@@ -556,7 +557,7 @@ def build(policy_path: str | None, archs: tuple[str, ...], out_dir: str, jobs: i
     manifest, through the compile cache. A failed build leaves --out as it was."""
     standard_output.report_only()
 
-    from topkgen import bundle, cache, compile as nvrtc_compile, shards
+    from topkgen.build import bundle, cache, compile as nvrtc_compile, shards
 
     policy = pol.load(policy_path)
     chosen = pol.in_policy_order(policy, _archs(policy, archs))
@@ -614,7 +615,7 @@ def _cache_warnings(stats: Any) -> None:
 @click.option("--dispatch", "with_dispatch", is_flag=True, help="Also show the dispatch table.")
 def show(bundle_dir: str, archs: tuple[str, ...], fmt: str, with_dispatch: bool) -> None:
     """What a bundle holds: kernels and their resources, JIT sources, dispatch. Checks every file as a loader does."""
-    from topkgen import bundle, shards
+    from topkgen.build import bundle, shards
 
     manifest, root = bundle.load_manifest(bundle_dir)
     bundle.read_files(root, manifest)
@@ -719,7 +720,8 @@ def diff(old: str, new: str | None, policy_in_repo: str, shapes_file: str | None
     or a git revision (policy and templates read from git); OLD alone is a revision compared
     with the working tree, or a range as git diff takes one (A..B, A...B). Exit 0 when the
     same, 1 when they differ, 2 on error."""
-    from topkgen import diff as differ, diff_report
+    from topkgen import diff as differ
+    from topkgen.diff import report as diff_report
 
     if stat and fmt == "json":
         raise InputError("--stat: prints the text or markdown summary; the json always holds it under 'summary'")
@@ -755,7 +757,7 @@ def diff(old: str, new: str | None, policy_in_repo: str, shapes_file: str | None
 def _build_diff_sides(differ: Any, sides: list[Any], jobs: int, show_progress: bool) -> None:
     """Compile both sides with a progress bar on a terminal (stderr: stdout holds the
     report); any failure is trouble (exit 2)."""
-    from topkgen import compile as nvrtc_compile
+    from topkgen.build import compile as nvrtc_compile
 
     total = differ.kernels_to_build(sides) if show_progress else 0
     try:
@@ -815,9 +817,9 @@ def run(bundle_dir: str, arch: str | None, backend: str, k: int, smallest: bool,
         standard_output.report_only()
     import numpy as np
 
-    from topkgen.destinations import check_output_file
-    from topkgen.npyfile import read_npy_stored
-    from topkgen.files import atomic_write
+    from topkgen.common.destinations import check_output_file
+    from topkgen.cli.npyfile import read_npy_stored
+    from topkgen.common.files import atomic_write
     from topkgen.runtime import NoGpuError, TopK, TopKError, dtype_name
 
     if backend == "emulator" and arch is None:  # the runtime would name its own argument, arch=
@@ -858,7 +860,7 @@ def run(bundle_dir: str, arch: str | None, backend: str, k: int, smallest: bool,
 
 
 def _first_arch(bundle_dir: str) -> str:
-    from topkgen import bundle
+    from topkgen.build import bundle
 
     try:
         return bundle.load_manifest(bundle_dir)[0]["archs"][0]
@@ -895,7 +897,7 @@ def _run_on_gpu(op: Any, x: Any, k: int, smallest: bool, deterministic: bool, dt
     """Host arrays go through device buffers that cuda.core allocates."""
     import numpy as np
 
-    from topkgen.gpu_arrays import DeviceArray
+    from topkgen.runtime.gpu_arrays import DeviceArray
     from topkgen.runtime import _cuda_core
 
     device = _cuda_core().Device()
@@ -922,7 +924,7 @@ def merge(parts: tuple[str, ...], out_dir: str, force: bool) -> None:
     cubin verifies."""
     standard_output.report_only()
 
-    from topkgen import bundle, shards
+    from topkgen.build import bundle, shards
 
     try:
         manifest = shards.merge([Path(p) for p in parts], Path(out_dir), force=force)
@@ -946,7 +948,7 @@ def cache_import(bundle_dir: str) -> None:
     are not in the cubin, so they are taken from the bundle's manifest as they are."""
     standard_output.report_only()
 
-    from topkgen import cache, cache_admin
+    from topkgen.build import cache, cache_admin
 
     try:
         result = cache_admin.import_bundle(Path(bundle_dir))
@@ -975,7 +977,7 @@ def cache_import(bundle_dir: str) -> None:
 def cache_verify(percent: float, remote: bool, seed: int | None, jobs: int) -> None:
     """Recompile a sample of cache entries with this machine's toolchain and compare bytes.
     Exit 1 when an entry differs."""
-    from topkgen import cache_admin
+    from topkgen.build import cache_admin
 
     result = cache_admin.verify(percent, remote=remote, seed=seed, jobs=jobs)
     click.echo(f"verified {result.sampled} of {result.entries} entries in {printable(str(result.store))} "
@@ -987,6 +989,6 @@ def cache_verify(percent: float, remote: bool, seed: int | None, jobs: int) -> N
 
 
 if __name__ == "__main__":  # `python -m topkgen.cli`, as scripts once ran it: the one entry point
-    from topkgen.launch import main as launch
+    from topkgen.cli.launch import main as launch
 
     launch()

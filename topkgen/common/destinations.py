@@ -26,10 +26,10 @@ import zipfile
 from pathlib import Path
 from typing import Iterable, Iterator
 
-from topkgen.errors import InputError
-from topkgen.files import file_kind, open_lock
-from topkgen.paths import cache_root, shared_cache_directory
-from topkgen.reader import ReadError, printable, read_json
+from topkgen.common.errors import InputError
+from topkgen.common.files import file_kind, open_lock
+from topkgen.common.paths import cache_root, shared_cache_directory
+from topkgen.common.reader import ReadError, printable, read_json
 
 _ARCH_DIR = re.compile(r"sm_[0-9]{2,3}a?")
 RUN_OUTPUT_MEMBERS = ["indices.npy", "values.npy"]

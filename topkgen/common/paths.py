@@ -1,5 +1,5 @@
 """Where topkgen finds CUDA headers (pip wheels, never a system toolkit) and its caches.
-How it reads and writes files there is topkgen.files."""
+How it reads and writes files there is topkgen.common.files."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-from topkgen.errors import InputError
+from topkgen.common.errors import InputError
 
 
 class HeadersNotFound(InputError, RuntimeError):

@@ -18,13 +18,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
 
-from topkgen import reader, suggest
-from topkgen.errors import InputError
+from topkgen.common import reader, suggest
+from topkgen.common.errors import InputError
 from topkgen.policy import MAX_POLICY_BYTES, DispatchError, KernelSpec, Policy, PolicyError, all_kernels, loads, \
     plan, read_file, rule_record, select
-from topkgen.schema import describe
-from topkgen.split import ROWS_MAX
-from topkgen.sources import MAX_TEMPLATE_BYTES, TEMPLATES_IN_REPO, GitRepo, SourceError, Templates, \
+from topkgen.common.schema import describe
+from topkgen.policy.split import ROWS_MAX
+from topkgen.build.sources import MAX_TEMPLATE_BYTES, TEMPLATES_IN_REPO, GitRepo, SourceError, Templates, \
     directory_templates, installed_templates, repo_path
 
 DEFAULT_POLICY_IN_REPO = "policies/topk.yaml"
@@ -254,7 +254,7 @@ def _sha256(text: str) -> str:
 
 
 def _manifest_side(label: str, path: Path) -> Side:
-    from topkgen import bundle, shards  # with NVRTC's module: only when a side is a bundle
+    from topkgen.build import bundle, shards  # with NVRTC's module: only when a side is a bundle
 
     try:
         manifest, root = bundle.load_manifest(path, versions=(1, 2, 3))  # diff still reads older bundles
@@ -281,7 +281,7 @@ def build_sides(sides: list[Side], jobs: int = 1,
                 progress: Callable[[KernelSpec, Any, float], None] | None = None) -> None:
     """Compile every side not built yet through the compile cache (NVRTC in parallel); its
     kernel records become what its manifest would carry: resources, cubin size and hash."""
-    from topkgen import bundle
+    from topkgen.build import bundle
 
     for side in sides:
         if side.built:
@@ -363,7 +363,7 @@ def policy_serves(policy: Policy, shape: Shape) -> dict[str, Any]:
 def bundle_serves(side: Side, shape: Shape) -> dict[str, Any]:
     """What a bundle serves for a shape, and how, as the runtime decides it: a lookup in the
     table the runtime uses (an arch the bundle lacks is compiled at run time)."""
-    from topkgen.dispatch_table import serving_table
+    from topkgen.policy.dispatch_table import serving_table
 
     choice = policy_serves(side.policy, shape)  # the rule that chose it, or unsupported
     if choice["source"] == UNSUPPORTED:
@@ -490,7 +490,7 @@ def _over_budget(old: Side, new: Side) -> list[dict[str, Any]]:
     problems, [] within budget, None where the side is not built or lacks the kernel."""
     if not (old.built or new.built):
         return []
-    from topkgen import bundle
+    from topkgen.build import bundle
 
     def problems(side: Side, name: str) -> list[str] | None:
         entry = side.kernels.get(name)

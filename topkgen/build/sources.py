@@ -17,7 +17,8 @@ from typing import Any
 
 import jinja2
 
-from topkgen import reader, render
+from topkgen.common import reader
+from topkgen.build import render
 from topkgen.policy import KernelSpec
 
 TEMPLATES_IN_REPO = "templates"

@@ -6,7 +6,7 @@ the bundle lacks, from the same templates and the policy the manifest embeds).
 Backends: "cuda" loads cubins with cuda.core and launches on the caller's stream; it takes
 any array exposing __cuda_array_interface__ or DLPack (torch, cupy) without importing torch.
 "emulator" runs the same rendered source on the CPU (numpy arrays), which is how CI proves
-the whole runtime path. Both launch what `topkgen.split.stages` plans: one launch, or a
+the whole runtime path. Both launch what `topkgen.policy.split.stages` plans: one launch, or a
 split's two through a workspace (the caller's, or one allocated on the stream), with
 arguments passed by the names and in the order of the kernel's manifest `params`.
 """
@@ -24,20 +24,21 @@ from typing import Any
 import numpy as np
 from numpy.lib.array_utils import byte_bounds
 
-from topkgen import bundle as bundles
-from topkgen import dispatch_table, settings
-from topkgen.dispatch_table import Choice
-from topkgen.errors import InputError
-from topkgen.manifest_checks import entries
-from topkgen.explain import Explanation, explain
+from topkgen.build import bundle as bundles
+from topkgen.policy import dispatch_table
+from topkgen.common import settings
+from topkgen.policy.dispatch_table import Choice
+from topkgen.common.errors import InputError
+from topkgen.manifest.checks import entries
+from topkgen.policy.explain import Explanation, explain
 from topkgen.policy import DTYPE_SIZES, DispatchError, all_kernels, as_flag, as_integer
-from topkgen.render import params, render
-from topkgen.split import WORKSPACE_ALIGNMENT, ChunkPlan, Stage, stages
-from topkgen import suggest
-from topkgen.suggest import did_you_mean
+from topkgen.build.render import params, render
+from topkgen.policy.split import WORKSPACE_ALIGNMENT, ChunkPlan, Stage, stages
+from topkgen.common import suggest
+from topkgen.common.suggest import did_you_mean
 
 BACKENDS = ("cuda", "emulator")
-# The C types of the non-pointer parameters (topkgen.render.PARAM_TYPES) as numpy scalars,
+# The C types of the non-pointer parameters (topkgen.build.render.PARAM_TYPES) as numpy scalars,
 # which both backends pass with their C types.
 SCALAR_TYPES = {"int": np.int32, "long long": np.int64}
 
@@ -310,7 +311,7 @@ def _check_stream(stream: Any) -> None:
 
 def _dtype(dtype: Any) -> str:
     """A dtype argument with the short spellings the CLI takes (fp32, bf16, fp16, ...: one
-    table, topkgen.suggest's), so that code and command lines name types alike."""
+    table, topkgen.common.suggest's), so that code and command lines name types alike."""
     if not isinstance(dtype, str):
         raise TopKError(f"dtype: expected a name such as 'float32' or 'bf16', got {dtype!r}")
     return suggest.dtype(dtype)
@@ -516,7 +517,7 @@ class _EmulatorBackend(_Backend):
 
     @staticmethod
     def _candidates(plan: ChunkPlan, dtype: np.dtype, workspace: Any) -> dict[str, np.ndarray]:
-        """The workspace's candidate indices and values (topkgen.split's layout), in the
+        """The workspace's candidate indices and values (topkgen.policy.split's layout), in the
         caller's array (its size checked by `check`) or a new one."""
         if workspace is None:
             workspace = np.empty(plan.workspace_bytes, dtype=np.uint8)
@@ -629,7 +630,7 @@ class _CudaBackend(_Backend):
         return ObjectCode.from_cubin(cubin).get_kernel(symbol)
 
     def load_jit(self, name: str, source: str) -> Any:
-        from topkgen.compile import compile_kernel
+        from topkgen.build.compile import compile_kernel
 
         arch = self.current_arch()
         compiled = compile_kernel(source, name, arch)  # cached on disk, shared by processes

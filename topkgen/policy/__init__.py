@@ -16,10 +16,10 @@ from importlib import resources
 from pathlib import Path
 from typing import Any, Callable, Iterable
 
-from topkgen import reader, suggest
-from topkgen.errors import InputError
-from topkgen.schema import SchemaViolation, format_path, load_schema, validate
-from topkgen.split import ROWS_MAX, ChunkPlan
+from topkgen.common import reader, suggest
+from topkgen.common.errors import InputError
+from topkgen.common.schema import SchemaViolation, format_path, load_schema, validate
+from topkgen.policy.split import ROWS_MAX, ChunkPlan
 
 DTYPE_SIZES = {"float32": 4, "bfloat16": 2, "float16": 2}
 DTYPE_TAGS = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
@@ -38,7 +38,7 @@ RADIX_STATIC_SHARED_BYTES = 4 * 2048 + 8 * 1024 + 512
 REGISTER_MAX_N = 2048
 REGISTER_MAX_K = 32
 WORK_BY_FAMILY = {"register": ("ladder", "exact"), "radix": ("exact", "dynamic", "fixed_vec")}
-# The template each family's kernels render from (topkgen.render reads it from here).
+# The template each family's kernels render from (topkgen.build.render reads it from here).
 FAMILY_TEMPLATES = {"register": "register_select.cu.j2", "radix": "radix_select.cu.j2"}
 # The per-arch keys each family's kernels are built from: required when the policy declares
 # the family, optional otherwise (vector_tail is then "runtime", which no kernel reads).
@@ -48,7 +48,7 @@ MAX_POLICY_BYTES = 1 << 20
 # them: a policy may declare at most this many, over all archs, dtypes and modes.
 MAX_KERNELS = 4096
 # Dispatch is tabulated on the grid of every k, n and batch bound some rule or split sets
-# (topkgen.dispatch_table): build asks select at each cell, and every loader indexes the
+# (topkgen.policy.dispatch_table): build asks select at each cell, and every loader indexes the
 # table. A few hundred exact-n rules made that grid millions of cells (build spent 12
 # minutes on it) and the table more than loaders index; the default policy's is ~15,000.
 MAX_DISPATCH_CELLS = 1 << 17
@@ -323,7 +323,7 @@ def default_policy_path() -> Path:
 
 
 def _data_dir(name: str) -> Path:
-    top = Path(__file__).resolve().parent.parent
+    top = Path(__file__).resolve().parents[2]  # topkgen/policy/ -> the checkout
     if (top / "pyproject.toml").is_file() and (top / name).is_dir():  # a checkout (editable install)
         return top / name
     return Path(str(resources.files("topkgen").joinpath(name)))
@@ -938,7 +938,7 @@ def _check_total_dispatch(policy: Policy, loc: _Locator) -> None:
 
 
 def _check_dispatch_grid(policy: Policy, loc: _Locator) -> None:
-    from topkgen import dispatch_table  # it reads a Policy: imported once there is one
+    from topkgen.policy import dispatch_table  # it reads a Policy: imported once there is one
 
     cells = dispatch_table.grid_cells(policy)
     if cells > MAX_DISPATCH_CELLS:

@@ -1,0 +1,94 @@
+"""Why a kernel serves a shape, as one object that `topkgen explain` prints and
+`TopK.explain()` returns: str() is the text, record() the JSON document
+(schemas/explain.schema.json), so the command and the library cannot word it differently.
+
+It imports topkgen.policy only: `select` decides, this module words the answer.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+from topkgen.policy import KernelSpec, Policy, Selection, select
+
+SCHEMA_VERSION = 2
+
+
+@dataclass(frozen=True)
+class Explanation:
+    """A request (arch, dtype, k, n, mode, JIT allowed, and the batch size when known) and
+    the selection that serves it."""
+
+    arch: str
+    dtype: str
+    k: int
+    n: int
+    deterministic: bool
+    jit: bool
+    selection: Selection
+    policy: dict[str, str]  # path, name, sha256 of the policy that decided
+    rows: int | None = None
+
+    # The selection's parts, so an Explanation reads like the Selection it holds.
+    @property
+    def kernel(self) -> KernelSpec:
+        return self.selection.kernel
+
+    @property
+    def source(self) -> str:
+        return self.selection.source
+
+    @property
+    def rule(self) -> str:
+        return self.selection.rule
+
+    @property
+    def reason(self) -> str:
+        return self.selection.reason
+
+    @property
+    def mode(self) -> str:
+        return "deterministic" if self.deterministic else "fast"
+
+    def request(self) -> dict[str, Any]:
+        return {"arch": self.arch, "dtype": self.dtype, "k": self.k, "n": self.n, "rows": self.rows,
+                "mode": self.mode, "jit": self.jit}
+
+    def split_words(self) -> str:
+        """The chunk plan in words: what the split line prints."""
+        plan = self.selection.split
+        if plan is None:
+            if self.rows == 0:
+                return "none: an empty batch launches nothing"
+            return "none: one CTA per row" if self.rows is not None else "none: one CTA per row (no batch size given)"
+        return (f"{plan.chunks} chunks per row of {plan.chunk} elements (the last {plan.last_chunk}), "
+                f"{plan.rows * plan.chunks} CTAs; then {self.kernel.name} merges {plan.candidates} candidates "
+                f"per row; workspace {plan.workspace_bytes} bytes")
+
+    def __str__(self) -> str:
+        return "\n".join((
+            f"shape:  {self.arch} {self.dtype} k={self.k} n={self.n}"
+            f"{'' if self.rows is None else f' rows={self.rows}'} mode={self.mode}"
+            f"{'' if self.jit else ' (JIT disabled)'}",
+            f"kernel: {self.kernel.name}",
+            f"source: {self.source}",
+            f"rule:   {self.rule}",
+            f"split:  {self.split_words()}",
+            f"why:    {self.reason}",
+        ))
+
+    def record(self) -> dict[str, Any]:
+        """The JSON document of `topkgen explain --format json`: the request echoed, the answer."""
+        sel = self.selection
+        return {"format": "topkgen-explain", "schema_version": SCHEMA_VERSION, "policy": dict(self.policy),
+                "request": self.request(), "kernel": sel.kernel.name, "source": sel.source, "rule": sel.rule,
+                "reason": sel.reason, "skipped_jit_rules": list(sel.skipped), "spec": sel.kernel.record(),
+                "split": None if sel.split is None else {**sel.split.record(), "stage2_kernel": sel.kernel.name}}
+
+
+def explain(policy: Policy, arch: str, dtype: str, k: int, n: int, *, deterministic: bool = False,
+            jit: bool = True, rows: int | None = None) -> Explanation:
+    """`select`'s answer for a shape, with the request it answers."""
+    sel = select(policy, arch, dtype, k, n, deterministic=deterministic, jit=jit, rows=rows)
+    return Explanation(arch, dtype, k, n, deterministic, jit, sel, policy.reference(), rows)
