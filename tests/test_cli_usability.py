@@ -112,7 +112,7 @@ def test_the_epilog_gives_examples_exit_codes_and_every_topkgen_variable():
 def test_on_off_variables_take_the_same_words_blanks_and_case_aside(value, on, cli, built_bundle, monkeypatch):
     """Each was read as `not in ("", "0")`: " 0 " and "false" were on."""
     from topkgen.build import cache
-    from topkgen import policy
+    from topkgen.policy import loading as policy
     from topkgen.runtime import TopK, TopKError
 
     for name in ("TOPKGEN_CACHE_READONLY", "TOPKGEN_DISABLE_JIT", "TOPKGEN_DEBUG"):

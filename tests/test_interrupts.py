@@ -24,7 +24,7 @@ ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 
 def test_ctrl_c_is_exit_130_and_one_line_for_every_command(cli, tiny_bundle, tiny_policy, tmp_path,  # noqa: F811
                                                            monkeypatch):
-    from topkgen import policy
+    from topkgen.policy import loading as policy
 
     commands = each_command(tiny_policy, tiny_bundle, tmp_path)
 

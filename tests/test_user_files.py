@@ -378,7 +378,7 @@ def each_command(tiny_policy: Path, tiny_bundle: Path, tmp_path: Path) -> dict[s
 
 def _break_policy_building(monkeypatch) -> None:
     """A stand-in for a bug: every command loads a policy through policy._build."""
-    from topkgen import policy
+    from topkgen.policy import loading as policy
 
     def broken(*args, **kwargs):
         raise ZeroDivisionError("a bug\non two lines")

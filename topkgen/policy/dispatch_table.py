@@ -20,8 +20,9 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Any
 
-from topkgen.policy import (K_MAX, MODES, N_MAX, DispatchError, Policy, check_rows, check_shape, kernels_of_rule,
-                            resident_elements, select, split_capable, unknown_dtype)
+from topkgen.policy.model import K_MAX, MODES, N_MAX, DispatchError, Policy
+from topkgen.policy.selection import check_rows, check_shape, resident_elements, select, split_capable, unknown_dtype
+from topkgen.policy.planning import kernels_of_rule
 from topkgen.policy.split import ROWS_MAX
 
 Row = dict[str, Any]

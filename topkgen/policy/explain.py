@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from topkgen.policy import KernelSpec, Policy, Selection, select
+from topkgen.policy.model import KernelSpec, Policy, Selection
+from topkgen.policy.selection import select
 
 SCHEMA_VERSION = 2
 
