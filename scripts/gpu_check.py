@@ -404,10 +404,10 @@ def cpp_against_python(out: str, arch: str, deadline: float) -> bool:
             return True
     import torch
 
-    from topkgen.build import bundle
+    from topkgen.manifest import reading as manifests
     from topkgen.runtime import TopK
 
-    manifest, _ = bundle.load_manifest(out)
+    manifest, _ = manifests.load_manifest(out)
     os.environ["TOPKGEN_DISABLE_JIT"] = "1"
     failed = False
     try:

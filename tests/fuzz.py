@@ -305,13 +305,13 @@ class ManifestTarget(Target):
     def case(self, draw, data: bytes) -> None:
         (self.bundle / "manifest.json").write_bytes(data)
         result = _cli(["diff", str(self.bundle), str(self.work / "fuzz_policy.yaml"), "--format", "json"], (0, 1, 2))
-        from topkgen.build import bundle as bundles
+        from topkgen.manifest import reading as manifests
         from topkgen.runtime import TopK, TopKError
 
         try:
-            manifest, root = bundles.load_manifest(self.bundle)
-            policy = bundles.manifest_policy(manifest, "fuzz")
-        except bundles.ManifestError:
+            manifest, root = manifests.load_manifest(self.bundle)
+            policy = manifests.manifest_policy(manifest, "fuzz")
+        except manifests.ManifestError:
             self.count("refused")
             if result.exit_code != 2:
                 raise Failure(f"diff exited {result.exit_code} on a manifest the loader refuses") from None
@@ -324,8 +324,8 @@ class ManifestTarget(Target):
             except TopKError:
                 continue
             try:
-                bundles.read_files(root, manifest, [arch])
-            except bundles.ManifestError:
+                manifests.read_files(root, manifest, [arch])
+            except manifests.ManifestError:
                 pass
             try:
                 op.explain(draw(st.sampled_from(["float32", "bfloat16", "float16", "int8"])), draw(st.integers(-1, 1100)),

@@ -15,6 +15,7 @@ import jsonschema
 import pytest
 
 from topkgen.build import bundle
+from topkgen.manifest import reading as manifests
 from topkgen import policy as pol
 from topkgen.build.compile import CompileError, compile_kernel, options
 from topkgen.manifest.checks import elf_sm
@@ -57,7 +58,7 @@ def test_default_bundle_has_58_cubins_for_sm90_and_sm100(default_bundle):
         assert len(cubins) == 29
         for path in cubins:
             assert elf_sm(path.read_bytes()) == sm, path.name
-    files = bundle.read_files(out, manifest)
+    files = manifests.read_files(out, manifest)
     for entry in manifest["kernels"]:
         data = files[entry["name"]]
         assert entry["size_bytes"] == len(data)
@@ -88,7 +89,7 @@ def test_default_bundle_has_58_cubins_for_sm90_and_sm100(default_bundle):
 def test_jit_kernels_ship_their_rendered_source_and_exact_options(default_bundle):
     base, _ = default_bundle
     out = base / "out"
-    manifest, _ = bundle.load_manifest(out)
+    manifest, _ = manifests.load_manifest(out)
     policy = pol.load(DEFAULT_POLICY)
     for arch in ("sm_90", "sm_100"):
         specs = {s.name: s for s in pol.jit_plan(policy, arch)}
@@ -109,7 +110,7 @@ def test_the_readme_gives_loaders_each_familys_parameters_in_the_manifests_order
     """A loader passes arguments in `params` order; README listed the radix kernels'
     x_indices, chunk and row_stride after largest, as if appended (x_indices is second)."""
     base, _ = default_bundle
-    manifest, _ = bundle.load_manifest(base / "out")
+    manifest, _ = manifests.load_manifest(base / "out")
     readme = " ".join((ROOT / "README.md").read_text().split())
     listed = re.search(r"\(register kernels: (.+?); radix kernels: (.+?\))\)", readme)
     assert listed, "README no longer lists each family's parameters"
@@ -267,9 +268,9 @@ def test_concurrent_builds_into_one_directory(default_bundle, tmp_path):
     procs = [subprocess.Popen([*TOPKGEN, "build", "--arch", arch, "--out", str(out)], env=env,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE) for arch in ("sm_90", "sm_100")]
     assert [p.wait() for p in procs] == [0, 0]
-    manifest, root = bundle.load_manifest(out)
+    manifest, root = manifests.load_manifest(out)
     assert len(manifest["kernels"]) == 29
-    assert len(bundle.read_files(root, manifest)) == 29 + {"sm_90": 20, "sm_100": 23}[manifest["archs"][0]]
+    assert len(manifests.read_files(root, manifest)) == 29 + {"sm_90": 20, "sm_100": 23}[manifest["archs"][0]]
     arch = manifest["archs"][0]
     assert sorted(p.name for p in out.iterdir()) == sorted(["manifest.json", arch, "jit"])
     assert sorted(p.name for p in (out / "jit").iterdir()) == [arch]
@@ -280,6 +281,7 @@ def test_concurrent_builds_into_one_directory(default_bundle, tmp_path):
 _STOP_BEFORE_STAGING = """\
 import sys
 from topkgen.build import bundle
+from topkgen.manifest import reading as manifests
 stage = bundle._write_atomically
 def stopped(*args):
     print("locked", flush=True)
@@ -332,8 +334,8 @@ def test_builds_into_one_directory_with_different_caches_wait_for_each_other(tmp
             if proc is not None:
                 proc.kill()
                 proc.wait()
-    manifest, root = bundle.load_manifest(out)
-    assert len(bundle.read_files(root, manifest)) == 2
+    manifest, root = manifests.load_manifest(out)
+    assert len(manifests.read_files(root, manifest)) == 2
     assert [p.name for p in out.parent.iterdir()] == ["out"]  # no staging directory, no lock file
 
 
@@ -373,7 +375,7 @@ def test_ctrl_c_while_waiting_for_the_destinations_lock_stops_the_build_at_once(
             if proc is not None:
                 proc.kill()
                 proc.wait()
-    assert bundle.load_manifest(out)[0]["policy"]["name"] == "tiny"
+    assert manifests.load_manifest(out)[0]["policy"]["name"] == "tiny"
     assert sorted(p.name for p in tmp_path.iterdir()) == ["another-cache", "out", "tiny.yaml"]
 
 

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 
-from topkgen.build import bundle
+from topkgen.manifest import reading as manifests
 from topkgen.policy import dispatch_table
 from topkgen import policy as pol
 from topkgen.runtime import TopK, TopKError
@@ -281,9 +281,9 @@ def _split_beyond_the_grid(doc, root, i):
                          ids=lambda f: f.__name__.strip("_"))
 def test_both_loaders_word_other_refusals_alike(cpp, built_bundle, tmp_path, mutate):
     root, _ = _tampered_copy(built_bundle, tmp_path, mutate)
-    with pytest.raises(bundle.ManifestError) as err:
-        manifest, top = bundle.load_manifest(root)
-        bundle.read_files(top, manifest)
+    with pytest.raises(manifests.ManifestError) as err:
+        manifest, top = manifests.load_manifest(root)
+        manifests.read_files(top, manifest)
     assert str(err.value) == _cpp_refusal(cpp, root)
 
 
@@ -291,9 +291,9 @@ def test_both_loaders_word_other_refusals_alike(cpp, built_bundle, tmp_path, mut
 
 def _both_refuse(cpp: Path, root: Path) -> str:
     """The message both loaders give (the Python one: load_manifest, then read_files)."""
-    with pytest.raises(bundle.ManifestError) as err:
-        manifest, top = bundle.load_manifest(root)
-        bundle.read_files(top, manifest)
+    with pytest.raises(manifests.ManifestError) as err:
+        manifest, top = manifests.load_manifest(root)
+        manifests.read_files(top, manifest)
     python, native = str(err.value), _cpp_refusal(cpp, root)
     assert python == native
     return python.removeprefix(f"{root}/manifest.json")
@@ -544,10 +544,10 @@ def test_both_loaders_refuse_random_mutations_alike(cpp, built_bundle, tmp_path)
             parent[path[-1]] = copy.deepcopy(rng.choice(MUTANTS))
         (root / "manifest.json").write_text(json.dumps(doc, indent=1))
         try:
-            manifest, top = bundle.load_manifest(root)
-            bundle.read_files(top, manifest)
+            manifest, top = manifests.load_manifest(root)
+            manifests.read_files(top, manifest)
             python = "served"
-        except bundle.ManifestError as err:
+        except manifests.ManifestError as err:
             python = str(err)
         proc = subprocess.run([cpp, "verify", root], capture_output=True, text=True)
         native = "served" if proc.returncode == 0 else proc.stderr.removeprefix("topkgen-cpp: error: ").rstrip("\n")
@@ -611,7 +611,7 @@ def _replace(root: Path, rel: str, make) -> None:
 
 def _huge(path: Path) -> None:
     with open(path, "wb") as f:
-        f.truncate(bundle.MAX_FILE_BYTES + 1)  # sparse: nothing is written
+        f.truncate(manifests.MAX_FILE_BYTES + 1)  # sparse: nothing is written
 
 
 CUBIN, SOURCE = "{cubin}", "{source}"
@@ -682,9 +682,9 @@ def test_a_bundle_reached_through_a_link_is_served(cpp, built_bundle, tmp_path):
 def _python_outcome(given: str) -> str:
     """What `show` does with a bundle argument: "served", or the refusal."""
     try:
-        manifest, top = bundle.load_manifest(given)
-        bundle.read_files(top, manifest)
-    except bundle.ManifestError as err:
+        manifest, top = manifests.load_manifest(given)
+        manifests.read_files(top, manifest)
+    except manifests.ManifestError as err:
         return str(err)
     return "served"
 
@@ -778,17 +778,17 @@ def test_the_loader_under_sanitizers_serves_and_refuses_cleanly(cpp_sanitized, b
     assert proc.returncode == 2 and proc.stderr.startswith("topkgen-cpp: error: stdin:1: ") and proc.stderr.count("\n") == 1
     for case, mutate in HOSTILE.items():
         root, _ = _tampered_copy(built_bundle, tmp_path / case.replace(" ", "-"), mutate)
-        with pytest.raises(bundle.ManifestError) as err:
-            manifest, top = bundle.load_manifest(root)
-            bundle.read_files(top, manifest)
+        with pytest.raises(manifests.ManifestError) as err:
+            manifest, top = manifests.load_manifest(root)
+            manifests.read_files(top, manifest)
         proc = run("verify", root)
         print(f"{case}: {proc.stderr.strip()[:160]}")
         assert (proc.returncode, proc.stderr) == (2, f"topkgen-cpp: error: {err.value}\n"), case
     raw = (built_bundle / "manifest.json").read_bytes()
     for case, (change, _, _) in SYNTAX_CASES.items():  # offsets worked out from what nlohmann read: in bounds
         (root / "manifest.json").write_bytes(change(raw))
-        with pytest.raises(bundle.ManifestError) as err:
-            bundle.load_manifest(root)
+        with pytest.raises(manifests.ManifestError) as err:
+            manifests.load_manifest(root)
         assert run("verify", root).stderr == f"topkgen-cpp: error: {err.value}\n", case
 
 

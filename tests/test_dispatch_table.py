@@ -12,7 +12,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from topkgen.build import bundle
+from topkgen.manifest import reading as manifests
 from topkgen.policy import dispatch_table
 from topkgen import policy as pol
 from topkgen.policy.dispatch_table import ArchTable, FieldError
@@ -286,8 +286,8 @@ def test_the_runtime_refuses_schema_1_and_asks_for_a_rebuild(built_bundle, tmp_p
     doc = json.loads((built_bundle / "manifest.json").read_text())
     doc["schema_version"] = 1
     (tmp_path / "manifest.json").write_text(json.dumps(doc))
-    with pytest.raises(bundle.ManifestError, match="schema_version: 1 has no dispatch table; rebuild the bundle"):
-        bundle.load_manifest(tmp_path)
+    with pytest.raises(manifests.ManifestError, match="schema_version: 1 has no dispatch table; rebuild the bundle"):
+        manifests.load_manifest(tmp_path)
 
 
 # ----------------------------------------------------------------------------- the schema

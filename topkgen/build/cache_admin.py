@@ -18,7 +18,8 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Callable, TypeVar
 
-from topkgen.build import bundle, cache, workers
+from topkgen.build import cache, workers
+from topkgen.manifest import reading as manifests
 from topkgen.manifest import checks as manifest_checks
 from topkgen.build import toolchain as tc
 from topkgen.common.errors import InputError
@@ -76,13 +77,13 @@ def import_bundle(path: Path) -> ImportResult:
     from topkgen.build.render import render
 
     try:
-        manifest, root = bundle.load_manifest(path)
-        policy = bundle.manifest_policy(manifest, str(path))
-    except bundle.ManifestError as err:
+        manifest, root = manifests.load_manifest(path)
+        policy = manifests.manifest_policy(manifest, str(path))
+    except manifests.ManifestError as err:
         raise CacheInputError(str(err)) from None
     try:  # every cubin checked as a loader checks it: sha256, ELF machine, SM and symbol
-        files = bundle.read_files(root, manifest)
-    except bundle.ManifestError as err:  # it names the manifest and the key
+        files = manifests.read_files(root, manifest)
+    except manifests.ManifestError as err:  # it names the manifest and the key
         raise CacheInputError(str(err)) from None
     specs = {spec.name: spec for arch in manifest["archs"] if arch in policy.archs for spec in plan(policy, arch)}
     chosen, skipped = [], []

@@ -1,4 +1,4 @@
-"""Shards of one plan, built by separate CI jobs, and the merge that assembles them.
+"""Shards of one plan, built by separate CI jobs; merge.py assembles them.
 
 A build matrix splits NVRTC's work; the merge is where the parts are proven to belong
 together: the same policy, generator, toolchain and plan, every kernel exactly once, every
@@ -12,11 +12,9 @@ from __future__ import annotations
 import hashlib
 import json
 import re
-from pathlib import Path
 
-from topkgen.build import bundle
 from topkgen.common.errors import InputError
-from topkgen.policy import KernelSpec, plan, rule_record
+from topkgen.policy import KernelSpec
 
 _SHARD = re.compile(r"([0-9]{1,6})/([0-9]{1,6})")
 
@@ -58,111 +56,3 @@ def part_of(manifest: dict) -> str | None:
     dispatch rows name kernels that other parts hold, so it is no bundle to load or compare."""
     shard = manifest.get("shard")
     return None if shard is None else f"shard {shard['index']}/{shard['count']}"
-
-
-# Fields every part must agree on: what the full bundle's manifest takes from them.
-SHARED_FIELDS = ("generator", "toolchain", "policy", "archs", "jit_only", "nvrtc_version")
-
-
-def merge(parts: list[Path], out: Path, *, force: bool = False) -> dict:
-    """Validate the parts and write the full bundle to `out`; returns its manifest. `force`
-    lets it replace a directory that is not a bundle, as for build; never one of the parts."""
-    from topkgen.build.compile import cache_key
-    from topkgen.common.destinations import check_bundle_destination
-    from topkgen.build.render import render
-
-    # Before any work: never replace a directory of the user's, nor a part being read.
-    check_bundle_destination(out, force=force, inputs=parts)
-    loaded = []
-    for part in parts:
-        try:
-            manifest, root = bundle.load_manifest(part)
-        except bundle.ManifestError as err:
-            raise ShardError(str(err)) from None
-        if "shard" not in manifest:
-            raise ShardError(f"{part}: not a shard (its manifest has no 'shard'; build it with --shard I/N)")
-        loaded.append((part, manifest, root))
-    first_part, first, _ = loaded[0]
-    for part, manifest, _ in loaded[1:]:
-        for field in SHARED_FIELDS:
-            if manifest[field] != first[field]:
-                raise ShardError(f"{part}: {_first_difference(field, first[field], manifest[field])} differs from "
-                                 f"{first_part} (the parts come from different builds)")
-        for field in ("count", "plan_sha256"):
-            if manifest["shard"][field] != first["shard"][field]:
-                raise ShardError(f"{part}: shard.{field} differs from {first_part} (the parts come from different plans)")
-
-    count = first["shard"]["count"]
-    by_index: dict[int, Path] = {}
-    for part, manifest, _ in loaded:
-        index = manifest["shard"]["index"]
-        if index > count:
-            raise ShardError(f"{part}: shard.index {index} is larger than shard.count {count}")
-        if index in by_index:
-            raise ShardError(f"shard {index}/{count} given twice: {by_index[index]} and {part}")
-        by_index[index] = part
-    missing = [f"{i}/{count}" for i in range(1, count + 1) if i not in by_index]
-    if missing:
-        raise ShardError(f"shard{'s' if len(missing) > 1 else ''} {_first_few(missing)} missing "
-                         f"(given: {_first_few([f'{i}/{count}' for i in sorted(by_index)])})")
-
-    policy = bundle.manifest_policy(first, str(first_part / bundle.MANIFEST))
-    archs = first["archs"]
-    unknown = [a for a in archs if a not in policy.archs]
-    if unknown:
-        raise ShardError(f"{first_part}: archs {', '.join(unknown)} are not in the policy the parts embed")
-    specs = [spec for arch in archs for spec in plan(policy, arch)]
-    if plan_sha256(specs, archs) != first["shard"]["plan_sha256"]:
-        raise ShardError(f"{first_part}: shard.plan_sha256 is not the plan this topkgen makes of the parts' policy "
-                         f"(built by another topkgen version?)")
-    if [rule_record(r) for r in policy.jit_only_rules(archs)] != first["jit_only"]:
-        raise ShardError(f"{first_part}: jit_only does not match the parts' policy")
-
-    entries: dict[str, dict] = {}
-    cubins: dict[str, bytes] = {}
-    for part, manifest, root in loaded:
-        try:  # every file checked as a loader checks it: sha256, ELF machine and SM
-            files = bundle.read_files(root, manifest)
-        except bundle.ManifestError as err:
-            raise ShardError(f"{part}: {err}") from None
-        expected = share(specs, manifest["shard"]["index"], count)
-        names = [k["name"] for k in manifest["kernels"]]
-        if names != [s.name for s in expected]:
-            extra = sorted(set(names) - {s.name for s in expected})
-            absent = [s.name for s in expected if s.name not in names]
-            raise ShardError(f"{part}: kernels are not shard {manifest['shard']['index']}/{count} of the plan"
-                             + (f"; not in this share: {', '.join(extra)}" if extra else "")
-                             + (f"; missing: {', '.join(absent)}" if absent else "")
-                             + ("; listed twice or out of order" if not extra and not absent else ""))
-        for spec, entry in zip(expected, manifest["kernels"]):
-            source = render(spec)
-            planned = bundle.planned_entry(spec, source, cache_key(source, spec.name, spec.arch, first["toolchain"]))
-            wrong = [field for field, value in planned.items() if entry[field] != value]
-            if wrong:
-                raise ShardError(f"{part}: kernel {spec.name}: {', '.join(wrong)} not what the plan and "
-                                 f"this topkgen's templates give")
-            cubin = files[spec.name]
-            if len(cubin) != entry["size_bytes"]:
-                raise ShardError(f"{part}: kernel {spec.name}: the cubin's size does not match the manifest")
-            entries[spec.name] = entry
-            cubins[entry["cubin"]] = cubin
-
-    manifest, jit_files = bundle.manifest_document(policy, first["policy"], archs, [entries[s.name] for s in specs],
-                                                   first["toolchain"])
-    bundle.write_bundle(out, manifest, cubins | jit_files, force=force, inputs=tuple(parts))
-    return manifest
-
-
-def _first_few(items: list[str], shown: int = 5) -> str:
-    """A list for a one-line message: a manifest's shard count can be anything up to 999999."""
-    more = len(items) - shown
-    return ", ".join(items[:shown]) + (f" and {more} more" if more > 1 else f", {items[-1]}" if more == 1 else "")
-
-
-def _first_difference(field: str, a: object, b: object) -> str:
-    """The most specific key where two manifest values differ (policy.sha256, not policy)."""
-    if isinstance(a, dict) and isinstance(b, dict):
-        for key in sorted(set(a) | set(b)):
-            if a.get(key) != b.get(key):
-                return _first_difference(f"{field}.{key}", a.get(key), b.get(key))
-    return field

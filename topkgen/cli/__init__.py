@@ -615,10 +615,11 @@ def _cache_warnings(stats: Any) -> None:
 @click.option("--dispatch", "with_dispatch", is_flag=True, help="Also show the dispatch table.")
 def show(bundle_dir: str, archs: tuple[str, ...], fmt: str, with_dispatch: bool) -> None:
     """What a bundle holds: kernels and their resources, JIT sources, dispatch. Checks every file as a loader does."""
-    from topkgen.build import bundle, shards
+    from topkgen.build import shards
+    from topkgen.manifest import reading as manifests
 
-    manifest, root = bundle.load_manifest(bundle_dir)
-    bundle.read_files(root, manifest)
+    manifest, root = manifests.load_manifest(bundle_dir)
+    manifests.read_files(root, manifest)
     for arch in archs:
         if arch not in manifest["archs"]:
             raise InputError(f"--arch {arch}: not in the bundle {bundle_dir} (holds: {', '.join(manifest['archs'])})"
@@ -860,11 +861,11 @@ def run(bundle_dir: str, arch: str | None, backend: str, k: int, smallest: bool,
 
 
 def _first_arch(bundle_dir: str) -> str:
-    from topkgen.build import bundle
+    from topkgen.manifest import reading as manifests
 
     try:
-        return bundle.load_manifest(bundle_dir)[0]["archs"][0]
-    except (bundle.ManifestError, IndexError):
+        return manifests.load_manifest(bundle_dir)[0]["archs"][0]
+    except (manifests.ManifestError, IndexError):
         return "sm_90"
 
 
@@ -924,10 +925,10 @@ def merge(parts: tuple[str, ...], out_dir: str, force: bool) -> None:
     cubin verifies."""
     standard_output.report_only()
 
-    from topkgen.build import bundle, shards
+    from topkgen.build import bundle, merge as merging
 
     try:
-        manifest = shards.merge([Path(p) for p in parts], Path(out_dir), force=force)
+        manifest = merging.merge([Path(p) for p in parts], Path(out_dir), force=force)
     except bundle.BuildError as err:  # the bundle could not be written
         raise InputError(str(err)) from None
     click.echo(f"merged {len(parts)} shards into {printable(str(Path(out_dir) / 'manifest.json'))}: "

@@ -254,18 +254,19 @@ def _sha256(text: str) -> str:
 
 
 def _manifest_side(label: str, path: Path) -> Side:
-    from topkgen.build import bundle, shards  # with NVRTC's module: only when a side is a bundle
+    from topkgen.build import shards  # with NVRTC's module: only when a side is a bundle
+    from topkgen.manifest import reading as manifests
 
     try:
-        manifest, root = bundle.load_manifest(path, versions=(1, 2, 3))  # diff still reads older bundles
+        manifest, root = manifests.load_manifest(path, versions=(1, 2, 3))  # diff still reads older bundles
         part = shards.part_of(manifest)
         if part is not None:  # as the loaders refuse it: compared whole, it would lose most of its kernels
             raise DiffInputError(f"{label}: a part of a sharded build ({part}), not a bundle; merge the parts "
                                  f"first: topkgen merge PART... --out DIR")
-        if path.is_dir() and manifest["schema_version"] == bundle.SCHEMA_VERSION:
-            bundle.read_files(root, manifest)  # a bundle whose files would not load is not "the same"
-        policy = bundle.manifest_policy(manifest, label)
-    except bundle.ManifestError as err:
+        if path.is_dir() and manifest["schema_version"] == manifests.SCHEMA_VERSION:
+            manifests.read_files(root, manifest)  # a bundle whose files would not load is not "the same"
+        policy = manifests.manifest_policy(manifest, label)
+    except manifests.ManifestError as err:
         raise DiffInputError(str(err)) from None
     archs = list(manifest["archs"])
     side = Side(label, "manifest", f"bundle for {', '.join(archs) or 'no arch'}, NVRTC {manifest['nvrtc_version']}",

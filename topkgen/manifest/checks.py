@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import Any, Iterator
 
 from topkgen.policy.dispatch_table import FieldError, IndexBudget, ListIndex
-from topkgen.build.render import C_TYPES, PARAM_TYPES
+from topkgen.manifest.params import C_TYPES, PARAM_TYPES
 
 # The parameters a kernel must take to run a split (topkgen.policy.split).
 SPLIT_PARAMS = ("x_indices", "chunk", "row_stride")

@@ -25,6 +25,7 @@ import numpy as np
 from numpy.lib.array_utils import byte_bounds
 
 from topkgen.build import bundle as bundles
+from topkgen.manifest import reading as manifests
 from topkgen.policy import dispatch_table
 from topkgen.common import settings
 from topkgen.policy.dispatch_table import Choice
@@ -139,13 +140,13 @@ class TopK:
         if not isinstance(backend, str) or backend not in BACKENDS:
             raise TopKError(f"backend: {backend!r} is not one of {', '.join(BACKENDS)}")
         try:
-            self.manifest, self.root = bundles.load_manifest(bundle)
-            self.policy = bundles.manifest_policy(self.manifest, str(bundle))
-        except bundles.ManifestError as err:
+            self.manifest, self.root = manifests.load_manifest(bundle)
+            self.policy = manifests.manifest_policy(self.manifest, str(bundle))
+        except manifests.ManifestError as err:
             raise TopKError(str(err)) from None
         if "shard" in self.manifest:
             shard = self.manifest["shard"]
-            raise TopKError(f"{self.root / bundles.MANIFEST}: shard: part {shard['index']}/{shard['count']} of a "
+            raise TopKError(f"{self.root / manifests.MANIFEST}: shard: part {shard['index']}/{shard['count']} of a "
                             f"sharded build, not a bundle; assemble the parts with `topkgen merge` first")
         if backend == "emulator" and arch is None:
             raise TopKError("arch: the emulator backend needs an explicit arch (sm_90, sm_100, ...)")
@@ -161,8 +162,8 @@ class TopK:
         if self.in_bundle:
             self._entries = {e.record["name"]: e.record for e in entries(self.manifest) if e.record["arch"] == self.arch}
             try:  # every file checked now (sha256, ELF machine, SM) and kept: nothing is re-read later
-                self._files = bundles.read_files(self.root, self.manifest, [self.arch])
-            except bundles.ManifestError as err:
+                self._files = manifests.read_files(self.root, self.manifest, [self.arch])
+            except manifests.ManifestError as err:
                 raise TopKError(str(err)) from None
         else:  # an arch the bundle lacks: served by JIT
             self._entries = {name: bundles.spec_entry(spec) for name, spec in self._specs.items()}
