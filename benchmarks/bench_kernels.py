@@ -165,7 +165,7 @@ def measure_split(kernels: Kernels, dtype: str, n: int, k: int, batches: tuple[i
     splits it (the launches of topkgen.policy.split.stages, bound as the runtime binds them)."""
     from topkgen import policy
     from topkgen.runtime import reference
-    from topkgen.build.render import params
+    from topkgen.manifest.params import params
     from topkgen.runtime import arguments
     from topkgen.policy.split import ChunkPlan, stages
 

@@ -278,7 +278,7 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     deadline = started + args.budget_s
     from topkgen.common.paths import cache_root
-    from topkgen.runtime import _CudaBackend
+    from topkgen.runtime.cuda_backend import _CudaBackend
 
     arch = guarded("open the GPU through cuda.core", lambda: _CudaBackend().current_arch(), failed=None)
     if arch is None:
@@ -716,7 +716,7 @@ class Spinner:
         import numpy as np
 
         from topkgen.build.compile import compile_kernel
-        from topkgen.runtime import _cuda_core
+        from topkgen.runtime.cuda_backend import _cuda_core
 
         self.core = _cuda_core()
         compiled = compile_kernel(SPIN_SOURCE, "topkgen_spin", arch)
@@ -739,7 +739,7 @@ def pci_bus_id(device_index: int) -> str:
     """The PCI bus id ("0000:17:00.0") of the CUDA device `device_index` (CUDA's numbering,
     which CUDA_VISIBLE_DEVICES reorders and filters), the one name CUDA and NVML share:
     NVML's own index 0 is the machine's first GPU, which need not be the benchmark's."""
-    from topkgen.runtime import _cuda_core
+    from topkgen.runtime.cuda_backend import _cuda_core
 
     return _cuda_core().Device(device_index).pci_bus_id
 
@@ -772,7 +772,7 @@ class EventTimer:
     dispatch out of the window, and the L2 is flushed before every sample."""
 
     def __init__(self, torch, max_noise: float) -> None:
-        from topkgen.runtime import _CudaBackend
+        from topkgen.runtime.cuda_backend import _CudaBackend
 
         self.torch, self.max_noise = torch, max_noise
         self.spin = Spinner(_CudaBackend().current_arch())

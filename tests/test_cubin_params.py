@@ -22,6 +22,8 @@ import numpy as np
 import pytest
 
 from topkgen import runtime
+
+from topkgen.runtime import cuda_backend
 from topkgen.policy import SHARED_BYTES_PER_BLOCK
 
 from .cubin_info import kernel_info
@@ -165,12 +167,12 @@ def fake_core(monkeypatch):
 
     core = types.SimpleNamespace(Device=lambda: FakeDevice(log), ObjectCode=FakeObjectCode, LaunchConfig=launch_config,
                                  launch=launch, Stream=FakeStream, view_dlpack=None)
-    monkeypatch.setattr(runtime, "_cuda_core", lambda: core)
+    monkeypatch.setattr(cuda_backend, "_cuda_core", lambda: core)
 
     def allow(self, kernel, nbytes):
         kernel.max_dynamic_shared = nbytes
 
-    monkeypatch.setattr(runtime._CudaBackend, "_allow_dynamic_shared", allow)
+    monkeypatch.setattr(cuda_backend._CudaBackend, "_allow_dynamic_shared", allow)
     return log
 
 
@@ -270,11 +272,11 @@ def test_cuda_backend_raises_the_shared_limit_below_48_kib_of_dynamic_shared_mem
     manifest = json.loads((built_bundle / "manifest.json").read_text())
     entry = next(e for e in manifest["kernels"] if e["arch"] == "sm_90" and e["k"] == 1024)
     assert entry["resources"]["static_shared_bytes"] + 40960 > DEFAULT_SHARED_LIMIT
-    backend = runtime._CudaBackend()
+    backend = cuda_backend._CudaBackend()
     kernel = backend.load_aot(entry["name"], (built_bundle / entry["cubin"]).read_bytes(), entry["symbol"], "")
     x, values, indices = _arrays("float32", 2, 5000, 1000)
     view = backend.view(x, None)
-    work = runtime._Work(kernel, entry["name"], runtime.Launch(entry["launch"]["threads_per_block"], 1, 40960),
+    work = backend._Work(kernel, entry["name"], runtime.Launch(entry["launch"]["threads_per_block"], 1, 40960),
                          entry["params"], stages(2, 5000, 1000, True, None), None)
     for _ in range(2):
         backend.run(work, view, 1000, backend.check(view, 1000, (values, indices), None, None), FakeStream(7))

@@ -15,6 +15,8 @@ import pytest
 pytest.importorskip("cuda.core")
 
 from topkgen import runtime  # noqa: E402
+
+from topkgen.runtime import cuda_backend  # noqa: E402
 from topkgen.runtime import TopKError  # noqa: E402
 
 # What topkgen.runtime, topkgen.runtime.gpu_arrays and scripts/gpu_check.py read of each class.
@@ -36,8 +38,8 @@ def _package():
 def test_cuda_core_resolves_without_a_deprecation_warning():
     with warnings.catch_warnings():
         warnings.simplefilter("error")
-        runtime._cuda_core.cache_clear()  # resolved anew, under this filter
-        core = runtime._cuda_core()
+        cuda_backend._cuda_core.cache_clear()  # resolved anew, under this filter
+        core = cuda_backend._cuda_core()
     for name in ("Device", "ObjectCode", "LaunchConfig", "launch", "Stream", "view_dlpack"):
         assert callable(getattr(core, name)), name
 
@@ -48,7 +50,7 @@ def test_the_classes_have_what_the_backend_reads():
         missing = [a for a in attributes if not hasattr(getattr(package, cls), a)]
         assert not missing, f"cuda.core {cls} lacks {missing}"
     kernel = package.Kernel
-    assert hasattr(kernel, "handle") or hasattr(kernel, "_handle"), "runtime._kernel_handle finds no handle"
+    assert hasattr(kernel, "handle") or hasattr(kernel, "_handle"), "cuda_backend._kernel_handle finds no handle"
 
 
 def test_nvml_has_what_gpu_check_reads_the_clock_with():
@@ -73,7 +75,7 @@ def test_a_dlpack_view_gives_pointer_shape_and_type():
     """view_dlpack (from_dlpack from 0.5 on, the constructor before) on a host array: the
     fields _device_array reads, and the host array refused as no device array."""
     x = np.arange(12, dtype=np.float32).reshape(3, 4)
-    view = runtime._cuda_core().view_dlpack(x)
+    view = cuda_backend._cuda_core().view_dlpack(x)
     assert (view.ptr, tuple(view.shape), str(view.dtype)) == (x.ctypes.data, (3, 4), "float32")
     assert view.strides in (None, (4, 1)) and not view.is_device_accessible
 
@@ -89,7 +91,7 @@ def test_a_dlpack_view_gives_pointer_shape_and_type():
 
     with pytest.raises(TopKError, match=r"^x: expected a device array \(__cuda_array_interface__ or DLPack\), "
                                         r"got DLPackOnly$"):
-        runtime._device_array(DLPackOnly(x), "x")
+        cuda_backend._device_array(DLPackOnly(x), "x")
 
 
 def _driver_absent() -> tuple[type, str]:
@@ -117,7 +119,7 @@ def test_the_shared_memory_opt_in_binds_its_arguments_for_every_handle_type():
     handles = [driver.CUkernel(0x7F00_1234), driver.CUfunction(0x7F00_1234), 0x7F00_1234]
     kernel = _package().Kernel
     if hasattr(kernel, "from_handle"):  # 1.x: a real Kernel around a foreign CUkernel address
-        handle = runtime._kernel_handle(kernel.from_handle(0x7F00_1234))
+        handle = cuda_backend._kernel_handle(kernel.from_handle(0x7F00_1234))
         assert isinstance(handle, (driver.CUkernel, int)) and int(handle) == 0x7F00_1234
         handles.append(handle)
     for handle in handles:
@@ -146,7 +148,7 @@ def test_launch_arguments_are_packed_with_the_kernels_c_types():
     import ctypes
 
     from topkgen import policy
-    from topkgen.build.render import params
+    from topkgen.manifest.params import params
     from topkgen.policy.split import ChunkPlan, stages
 
     spec = next(s for s in policy.all_kernels(policy.load(), "sm_90")

@@ -27,7 +27,8 @@ SHAPES = [
 
 @pytest.fixture(scope="module")
 def op(tmp_path_factory):
-    from topkgen.runtime import TopK, _CudaBackend
+    from topkgen.runtime import TopK
+    from topkgen.runtime.cuda_backend import _CudaBackend
 
     arch = _CudaBackend().current_arch()
     out = tmp_path_factory.mktemp("gpu") / "bundle"
@@ -37,7 +38,7 @@ def op(tmp_path_factory):
 
 def _on_device(op, x, k, largest, det):
     from topkgen.runtime.gpu_arrays import DeviceArray
-    from topkgen.runtime import _cuda_core
+    from topkgen.runtime.cuda_backend import _cuda_core
 
     device = _cuda_core().Device()
     stream = device.default_stream
@@ -113,9 +114,10 @@ def test_arrays_are_found_on_the_device_that_holds_them(op):
     __cuda_array_interface__ (cuPointerGetAttributes) and torch's device index. A wrong answer
     here (None) would let an array on another GPU through unrefused."""
     from topkgen import runtime
+    from topkgen.runtime import cuda_backend
     from topkgen.runtime.gpu_arrays import DeviceArray
 
-    device = runtime._cuda_core().Device()
+    device = cuda_backend._cuda_core().Device()
     stream = device.default_stream
     array = DeviceArray.empty((4, 8), np.float32, device, stream)
     assert runtime.array_device(array) == device.device_id == op._backend.device_id
@@ -130,7 +132,7 @@ def test_gpu_check_reads_the_clock_of_the_benchmarked_gpu():
     import importlib.util
     from pathlib import Path
 
-    from topkgen.runtime import _cuda_core
+    from topkgen.runtime.cuda_backend import _cuda_core
 
     nvml = pytest.importorskip("cuda.bindings.nvml")
     path = Path(__file__).resolve().parent.parent / "scripts" / "gpu_check.py"

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from topkgen import policy as pol
-from topkgen import runtime
+from topkgen.runtime import cuda_backend, topk
 from topkgen.runtime import TopK, TopKError
 
 from .topk_cases import check_topk, make_rows
@@ -228,7 +228,9 @@ class _Interface:
 
 
 def test_device_arrays_are_read_from_the_cuda_array_interface():
-    from topkgen.runtime import _c_contiguous, _device_array, dtype_name
+    from topkgen.runtime import dtype_name
+    from topkgen.runtime.backend import _c_contiguous
+    from topkgen.runtime.cuda_backend import _device_array
 
     ptr, shape, strides, name = _device_array(_Interface("<f4", (3, 100)), "x")
     assert (ptr, shape, strides, dtype_name(name, None)) == (0x7F0000001000, (3, 100), None, "float32")
@@ -261,7 +263,7 @@ def test_both_backends_take_x_as_the_kernels_read_it_and_nothing_else(built_bund
     refused by both, in the same words, and the copy is left to the caller; what is
     contiguous whatever its strides say (size-1 dimensions, an empty batch) passes both."""
     op = TopK(built_bundle, arch="sm_90", backend="emulator")
-    backend = object.__new__(runtime._CudaBackend)  # its checks alone: no device is opened
+    backend = object.__new__(cuda_backend._CudaBackend)  # its checks alone: no device is opened
     backend.device_id = 0
     x = make_rows("float32", 6, 600, seed=5)
     for strided in (x[::2], x[:, :300], x.reshape(6, 2, 300)[:, 0], np.zeros((300, 6), np.float32).T):
@@ -285,7 +287,6 @@ def test_calls_dispatch_by_table_lookup_alone(built_bundle, monkeypatch):
     """The runtime evaluates no rule per call: with select and the renderer gone, AOT and
     shipped JIT kernels still run (the JIT one from the source the bundle ships)."""
     import topkgen.policy.explain as explaining
-    import topkgen.runtime as runtime
 
     op = TopK(built_bundle, arch="sm_90", backend="emulator")
     op(make_rows("float32", 1, 5000, seed=2), 40)  # an AOT kernel, loaded once (its source is checked)
@@ -294,12 +295,12 @@ def test_calls_dispatch_by_table_lookup_alone(built_bundle, monkeypatch):
         raise AssertionError("evaluated per call")
 
     monkeypatch.setattr(explaining, "select", forbidden)
-    monkeypatch.setattr(runtime, "explain", forbidden)
-    monkeypatch.setattr(runtime, "render", forbidden)
+    monkeypatch.setattr(topk, "explain", forbidden)
+    monkeypatch.setattr(topk, "render", forbidden)
     monkeypatch.setattr(pol, "select", forbidden)
     x = make_rows("float32", 2, 5000, seed=3)
     check_topk(x, *op(x, 40), 40, True, False, "float32")
-    assert op.choose("float32", 16, 2048) == runtime.Choice("topk_register_n2048_k16_det_f32_sm_90", "jit")
+    assert op.choose("float32", 16, 2048) == topk.Choice("topk_register_n2048_k16_det_f32_sm_90", "jit")
     x = make_rows("float32", 2, 2048, seed=4)
     check_topk(x, *op(x, 16), 16, True, True, "float32")
 

@@ -130,7 +130,8 @@ def test_big_endian_arrays_are_refused_for_their_byte_order(op):
         op(swapped, 5)
     converted = swapped.astype(swapped.dtype.newbyteorder("="))  # what the message says to do
     assert all(np.array_equal(a, b) for a, b in zip(op(converted, 5), op(x, 5)))
-    from topkgen.runtime import _device_array, dtype_name
+    from topkgen.runtime import dtype_name
+    from topkgen.runtime.cuda_backend import _device_array
 
     class Interface:  # a device array as the cuda backend reads it, big-endian
         __cuda_array_interface__ = {"typestr": ">f4", "shape": (2, 300), "strides": None, "data": (1 << 40, False),
@@ -294,6 +295,7 @@ def test_the_cuda_backend_refuses_overlaps_by_the_same_rule(op):
     go through the same check (no GPU needed: the refusal comes before any launch)."""
     pytest.importorskip("cuda.core")
     from topkgen import runtime
+    from topkgen.runtime import backend, cuda_backend
 
     class Device:  # a device array as cupy or numba expose one
         def __init__(self, typestr, shape, ptr):
@@ -302,7 +304,7 @@ def test_the_cuda_backend_refuses_overlaps_by_the_same_rule(op):
 
     base, rows, n, k = 1 << 40, 1, 262144, 16
     plan = op.plan("float32", k, n, rows)
-    backend = object.__new__(runtime._CudaBackend)  # its checks alone: no device is opened
+    backend = object.__new__(cuda_backend._CudaBackend)  # its checks alone: no device is opened
     backend.device_id = 0  # as on a machine whose current device is its first
     x = Device("<f4", (rows, n), base)
     view = backend.view(x, None)
@@ -332,14 +334,14 @@ def test_the_cuda_backend_refuses_overlaps_by_the_same_rule(op):
         with pytest.raises(TopKError, match=rf"^{re.escape(label)}: the array is read-only$"):
             backend.check(view, k, *arguments, plan)
     read_only_x = backend.view(read_only(Device("<f4", (rows, n), base)), None)  # x is only read: it passes
-    checks_only = runtime._Work(None, "", runtime.Launch(256, 1, 0), [], [], None)  # no launch to make
+    checks_only = backend._Work(None, "", runtime.Launch(256, 1, 0), [], [], None)  # no launch to make
     checked = backend.check(read_only_x, k, (values, indices), None, None)
     assert backend.run(checks_only, read_only_x, k, checked, None) == (values, indices)
 
     # An empty batch launches nothing, so backend.run returns the outputs check passed: an empty
     # workspace, wherever it points, passes them (it is never touched); a misaligned one does not.
     empty = backend.view(Device("<f4", (0, n), base), None)
-    none = runtime._Work(None, "", runtime.Launch(256, 1, 0), [], [], None)
+    none = backend._Work(None, "", runtime.Launch(256, 1, 0), [], [], None)
     outputs = (Device("<f4", (0, k), base + (1 << 30)), Device("<i8", (0, k), base + (2 << 30)))
     checked = backend.check(empty, k, outputs, Device("|u1", (0,), base + (3 << 30) + 3), None)
     assert backend.run(none, empty, k, checked, None) == outputs
@@ -367,8 +369,9 @@ def test_arrays_on_another_gpu_than_the_backends_are_refused_naming_both(op):
     naming both devices, before anything is loaded; managed memory (every device reads it)
     and the backend's own device pass (no GPU needed: the checks come first)."""
     from topkgen import runtime
+    from topkgen.runtime import backend, cuda_backend
 
-    backend = object.__new__(runtime._CudaBackend)  # its checks alone: no device is opened
+    backend = object.__new__(cuda_backend._CudaBackend)  # its checks alone: no device is opened
     backend.device_id = 0
     base, rows, n, k = 1 << 40, 1, 262144, 16
     plan = op.plan("float32", k, n, rows)
@@ -422,7 +425,7 @@ def test_a_masked_x_is_refused_not_read_whole(op):
     values, _ = op(x.filled(-np.inf), 5)
     assert (values < 1e30).all()
     pytest.importorskip("cuda.core")
-    from topkgen.runtime import _device_array
+    from topkgen.runtime.cuda_backend import _device_array
 
     class Masked:  # a device array with a mask, as numba's interface allows
         __cuda_array_interface__ = {"typestr": "<f4", "shape": (2, 300), "strides": None, "data": (1 << 40, False),
@@ -469,13 +472,13 @@ def test_leading_dimensions_whose_product_passes_64_bits_are_too_many_rows():
     """A device array claiming (2^32, 2^32, n) was 0 rows (numpy's int64 product wrapped):
     an empty batch, answered by launching nothing. It is 2^64 rows, refused."""
     pytest.importorskip("cuda.core")
-    from topkgen import runtime
+    from topkgen.runtime import backend, cuda_backend
 
     class Device:
         __cuda_array_interface__ = {"typestr": "<f4", "shape": (2**32, 2**32, 300), "strides": None,
                                     "data": (1 << 40, False), "version": 3}
 
-    backend = object.__new__(runtime._CudaBackend)  # its checks alone: no device is opened
+    backend = object.__new__(cuda_backend._CudaBackend)  # its checks alone: no device is opened
     backend.device_id = 0  # as on a machine whose current device is its first
     with pytest.raises(TopKError) as err:
         backend.view(Device(), None)

@@ -185,7 +185,7 @@ def test_the_runtime_launches_what_split_stages_plans():
     stage-2 call reads the candidates stage 1 wrote and writes the output."""
     policy = pol.load(DEFAULT_POLICY)
     spec = pol.select(policy, "sm_90", "float32", 100, 131072).kernel
-    from topkgen.build.render import params
+    from topkgen.manifest.params import params
 
     first, second = stages(3, 131072, 100, True, ChunkPlan(3, 131072, 100, 32, 4))
     pointers = {name: name for name in ("x", "values", "indices", "candidate_values", "candidate_indices")}
@@ -230,7 +230,7 @@ def test_one_row_of_131072_spreads_over_32_ctas_that_read_it_once(default_policy
 
 
 def _params(spec):
-    from topkgen.build.render import params
+    from topkgen.manifest.params import params
 
     return params(spec)
 

@@ -15,6 +15,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from topkgen import runtime  # noqa: E402
+
+from topkgen.runtime import cuda_backend  # noqa: E402
 from topkgen.runtime import TopKError  # noqa: E402
 
 from .test_gpu_check import gc  # noqa: E402, F401 (the fixture that imports scripts/gpu_check.py)
@@ -55,7 +57,7 @@ def test_tensors_are_read_by_their_own_attributes():
     x = torch.zeros(3, 4)
     assert type(x).__module__ == "torch"
     with pytest.raises(TopKError, match=r"^x: expected a CUDA tensor, got one on cpu$"):
-        runtime._device_array(x, "x")
+        cuda_backend._device_array(x, "x")
     names = {t: str(t).removeprefix("torch.") for t in (torch.float32, torch.bfloat16, torch.float16, torch.uint16)}
     assert [runtime.dtype_name(n, None) for n in names.values()] == ["float32", "bfloat16", "float16", "bfloat16"]
     assert str(torch.int64).removeprefix("torch.") == "int64" and x.element_size() == 4 and x.stride() == (4, 1)
@@ -63,7 +65,7 @@ def test_tensors_are_read_by_their_own_attributes():
 
 def test_dlpack_from_torch_into_cuda_core():
     x = torch.arange(12, dtype=torch.float32).reshape(3, 4)
-    view = runtime._cuda_core().view_dlpack(x)
+    view = cuda_backend._cuda_core().view_dlpack(x)
     assert (view.ptr, tuple(view.shape), str(view.dtype)) == (x.data_ptr(), (3, 4), "float32")
     assert not view.is_device_accessible
 

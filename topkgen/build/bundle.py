@@ -31,7 +31,8 @@ from topkgen.build.compile import CompiledKernel, compile_kernel, portable_optio
 from topkgen.common.destinations import check_bundle_destination, locked
 from topkgen.common.files import claim, remove_abandoned
 from topkgen.policy import SHARED_BYTES_PER_BLOCK, KernelSpec, Policy, in_policy_order, jit_plan, plan, rule_record
-from topkgen.build.render import params, render
+from topkgen.build.render import render
+from topkgen.manifest.params import params
 from topkgen.common.schema import load_schema, validate
 from topkgen.manifest.reading import MANIFEST, SCHEMAS, SCHEMA_VERSION
 GRID_RULE = "ceil_div(rows, rows_per_block)"

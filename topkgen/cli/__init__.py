@@ -899,7 +899,7 @@ def _run_on_gpu(op: Any, x: Any, k: int, smallest: bool, deterministic: bool, dt
     import numpy as np
 
     from topkgen.runtime.gpu_arrays import DeviceArray
-    from topkgen.runtime import _cuda_core
+    from topkgen.runtime.cuda_backend import _cuda_core
 
     device = _cuda_core().Device()
     stream = device.default_stream

@@ -1,0 +1,211 @@
+"""`TopK`, the front end: load a bundle, choose each call's kernel from the manifest's dispatch
+table, check the arguments, load or JIT-compile the kernel once, and hand the launch to a
+backend. Both backends launch what `topkgen.policy.split.stages` plans: one launch, or a
+split's two through a workspace (the caller's, or one allocated on the stream), with
+arguments passed by the names and in the order of the kernel's manifest `params`."""
+
+from __future__ import annotations
+
+import hashlib
+import os
+from dataclasses import replace
+from typing import Any
+
+
+from topkgen.build import bundle as bundles
+from topkgen.manifest import reading as manifests
+from topkgen.policy import DTYPE_SIZES, DispatchError, all_kernels, as_flag, as_integer, dispatch_table
+from topkgen.common import settings
+from topkgen.policy.dispatch_table import Choice
+from topkgen.manifest.checks import entries
+from topkgen.policy.explain import Explanation, explain
+from topkgen.build.render import render
+from topkgen.policy.split import ChunkPlan, stages
+from topkgen.common.suggest import did_you_mean
+from topkgen.runtime.backend import Launch, TopKError, _Backend, _Work, _dtype
+from topkgen.runtime.cuda_backend import _CudaBackend
+from topkgen.runtime.emulator_backend import _EmulatorBackend
+
+BACKENDS = ("cuda", "emulator")
+
+
+def jit_disabled() -> bool:
+    return settings.flag("TOPKGEN_DISABLE_JIT")
+
+
+class TopK:
+    """Top-k over the last dimension, served by the kernels of a bundle (or JIT)."""
+
+    def __init__(self, bundle: str | os.PathLike, *, arch: str | None = None, backend: str = "cuda") -> None:
+        """`bundle`: the bundle's directory (or its manifest.json); `arch`: the arch whose
+        kernels serve the calls ("sm_90"; default the GPU's, which the emulator has none of);
+        `backend`: "cuda" or "emulator". Each is checked before anything is read."""
+        if not isinstance(bundle, (str, os.PathLike)):
+            raise TopKError(f"bundle: expected a path (str or os.PathLike), got {type(bundle).__name__} {bundle!r}")
+        if arch is not None and not isinstance(arch, str):
+            raise TopKError(f"arch: expected a name such as 'sm_90' (a str), got {type(arch).__name__} {arch!r}")
+        if not isinstance(backend, str) or backend not in BACKENDS:
+            raise TopKError(f"backend: {backend!r} is not one of {', '.join(BACKENDS)}")
+        try:
+            self.manifest, self.root = manifests.load_manifest(bundle)
+            self.policy = manifests.manifest_policy(self.manifest, str(bundle))
+        except manifests.ManifestError as err:
+            raise TopKError(str(err)) from None
+        if "shard" in self.manifest:
+            shard = self.manifest["shard"]
+            raise TopKError(f"{self.root / manifests.MANIFEST}: shard: part {shard['index']}/{shard['count']} of a "
+                            f"sharded build, not a bundle; assemble the parts with `topkgen merge` first")
+        if backend == "emulator" and arch is None:
+            raise TopKError("arch: the emulator backend needs an explicit arch (sm_90, sm_100, ...)")
+        self._backend: _Backend = _EmulatorBackend() if backend == "emulator" else _CudaBackend()
+        self.arch = arch if arch is not None else self._backend.current_arch()
+        if self.arch not in self.policy.archs:
+            raise TopKError(f"arch: {self.arch!r} is not in the bundle's policy (knows {', '.join(self.policy.archs)})"
+                            f"{did_you_mean(self.arch, self.policy.archs)}")
+        if backend == "cuda" and arch is not None:
+            self._check_gpu_runs(arch)
+        self._specs = {spec.name: spec for spec in all_kernels(self.policy, self.arch)}
+        self._table, self.in_bundle = dispatch_table.serving_table(self.manifest, self.policy, self.arch)
+        if self.in_bundle:
+            self._entries = {e.record["name"]: e.record for e in entries(self.manifest) if e.record["arch"] == self.arch}
+            try:  # every file checked now (sha256, ELF machine, SM) and kept: nothing is re-read later
+                self._files = manifests.read_files(self.root, self.manifest, [self.arch])
+            except manifests.ManifestError as err:
+                raise TopKError(str(err)) from None
+        else:  # an arch the bundle lacks: served by JIT
+            self._entries = {name: bundles.spec_entry(spec) for name, spec in self._specs.items()}
+            self._files = {}
+        self._loaded: dict[str, Any] = {}
+
+    def _check_gpu_runs(self, arch: str) -> None:
+        """An arch named to the cuda backend must be one whose cubins this GPU runs: the same
+        major compute capability, its minor at most the GPU's. Else the first call failed in
+        the driver's cubin load (no binary for this GPU), not naming the argument."""
+        major, minor = self.policy.archs[arch].capability
+        gpu_major, gpu_minor = self._backend.device.compute_capability
+        if major != gpu_major or minor > gpu_minor:
+            gpu = self._backend.current_arch()
+            raise TopKError(f"arch: {arch!r} kernels do not run on this GPU ({gpu}); pass arch={gpu!r} or leave "
+                            f"arch out (the backend takes the GPU's)")
+
+    # ------------------------------------------------------------------ choosing
+    def choose(self, dtype: str, k: int, n: int, deterministic: bool = False, rows: int | None = None) -> Choice:
+        """The kernel for a shape, and its chunks per row for a batch of `rows` (None: the
+        batch is unknown, served unsplit): one lookup in the dispatch table."""
+        dtype, k, n, rows = _request(dtype, k, n, rows)
+        deterministic = _flag("deterministic", deterministic)
+        jit = not jit_disabled()
+        if not jit and not self.in_bundle:
+            raise TopKError(f"TOPKGEN_DISABLE_JIT is set and the bundle {self.root} has no kernels for {self.arch}")
+        try:
+            choice = self._table.lookup(dtype, k, n, deterministic, jit, rows)
+        except DispatchError as err:
+            raise TopKError(f"{err}{' (TOPKGEN_DISABLE_JIT is set)' if not jit else ''}") from None
+        return choice if self.in_bundle else replace(choice, source="jit")
+
+    def plan(self, dtype: str, k: int, n: int, rows: int, deterministic: bool = False) -> ChunkPlan | None:
+        """How a batch of `rows` rows is split (None: it is not), so that a caller can size
+        the workspace it passes (`workspace_bytes`). A batch of 0 rows launches nothing, as a
+        call on one does: it is not split (the C++ loader's plan says the same)."""
+        dtype, k, n, rows = _request(dtype, k, n, rows)
+        if rows is None:  # choose's "batch unknown": never split, but a call on 1 row of 262144 is
+            raise TopKError("rows: expected the batch's row count (an integer), got None: how a batch splits, "
+                            "and the workspace it needs, depend on it")
+        choice = self.choose(dtype, k, n, deterministic, rows)
+        return ChunkPlan(rows, n, k, choice.chunks, DTYPE_SIZES[dtype]) if choice.chunks > 1 else None
+
+    def workspace_bytes(self, dtype: str, k: int, n: int, rows: int, deterministic: bool = False) -> int:
+        """The workspace a call on rows x n elements needs (0: none). Pass at least this many
+        bytes as `workspace=` and the call allocates nothing (CUDA graphs can capture it)."""
+        plan = self.plan(dtype, k, n, rows, deterministic)
+        return plan.workspace_bytes if plan else 0
+
+    def explain(self, dtype: str, k: int, n: int, deterministic: bool = False, rows: int | None = None) -> Explanation:
+        """The kernel that serves a shape and why: the table's choice, whose str() is what
+        `topkgen explain` prints for the bundle's policy (an arch the bundle lacks is
+        served by JIT, and says so)."""
+        dtype, k, n, rows = _request(dtype, k, n, rows)
+        choice = self.choose(dtype, k, n, deterministic, rows)  # checks deterministic is a bool
+        answer = explain(self.policy, self.arch, dtype, k, n, deterministic=deterministic, jit=not jit_disabled(),
+                         rows=rows)
+        sel = answer.selection
+        if (sel.kernel.name, sel.chunks) != (choice.kernel, choice.chunks):
+            raise TopKError(f"the bundle's dispatch table sends {dtype} k={k} n={n}"
+                            f"{'' if rows is None else f' rows={rows}'} to {choice.kernel} in {choice.chunks} "
+                            f"chunk(s) per row but its policy to {sel.kernel.name} in {sel.chunks}; rebuild the bundle")
+        if sel.source != choice.source:
+            reason = f"{sel.reason}; the bundle has no {self.arch} kernel: jit"
+            sel = replace(sel, source=choice.source, why=lambda: reason)
+            answer = replace(answer, selection=sel)
+        return answer
+
+    # ------------------------------------------------------------------ running
+    def __call__(self, x: Any, k: int, *, largest: bool = True, deterministic: bool = False,
+                 out: tuple[Any, Any] | None = None, dtype: str | None = None, stream: Any = None,
+                 workspace: Any = None):
+        """Returns (values, indices) of the k largest (or smallest) along the last dimension.
+        A small batch of long rows may be split (two launches on the stream): `workspace`, an
+        array of at least `workspace_bytes(...)` bytes, serves it without an allocation;
+        without one the backend allocates it on the stream. Nothing waits for the GPU.
+        `out`: (values, indices), contiguous, of x's leading shape and k; values of x's type
+        (or uint16 bits for 16-bit types), indices int64. Neither `out` nor `workspace` may
+        share memory with x or with each other. `dtype` (short spellings too: bf16, fp16)
+        says what raw uint16 input holds. Every argument is checked before a kernel is loaded
+        (or JIT-compiled), in the same order by both backends: a refused call costs no compile."""
+        view = self._backend.view(x, dtype)
+        k, largest = _integer("k", k), _flag("largest", largest)
+        self._backend.check_stream(stream)
+        choice = self.choose(view.dtype, k, view.n, deterministic, view.rows)
+        plan = ChunkPlan(view.rows, view.n, k, choice.chunks, DTYPE_SIZES[view.dtype]) if choice.chunks > 1 else None
+        arrays = self._backend.check(view, k, out, workspace, plan)
+        kernel = self._kernel(choice) if view.rows else None  # an empty batch loads and compiles nothing
+        entry = self._entries[choice.kernel]
+        work = _Work(kernel, choice.kernel, Launch.of(entry), entry["params"],
+                     stages(view.rows, view.n, k, largest, plan) if view.rows else [], plan)
+        return self._backend.run(work, view, k, arrays, stream)
+
+
+    def _kernel(self, choice: Choice) -> Any:
+        name = choice.kernel
+        if name in self._loaded:
+            return self._loaded[name]
+        entry = self._entries[name]
+        if choice.source == "aot":
+            source = render(self._specs[name])
+            if hashlib.sha256(source.encode()).hexdigest() != entry["source_sha256"]:
+                raise TopKError(f"kernel {name}: the bundle was built from other source than this "
+                                f"topkgen renders; rebuild the bundle")
+            loaded = self._backend.load_aot(name, self._files[name], entry["symbol"], source)
+        elif name in self._files:  # the source the bundle ships, sha256 checked at load
+            loaded = self._backend.load_jit(name, self._files[name].decode())
+        else:
+            loaded = self._backend.load_jit(name, render(self._specs[name]))
+        self._loaded[name] = loaded
+        return loaded
+
+
+def _integer(label: str, value: Any) -> int:
+    """An integer argument as an int, by the rule the policy's own checks apply (any
+    integral type, numpy's too; not a bool)."""
+    try:
+        return as_integer(label, value)
+    except DispatchError as err:
+        raise TopKError(str(err)) from None
+
+
+def _flag(label: str, value: Any) -> bool:
+    """A yes/no argument as a bool, by the rule `select` applies (policy.as_flag): `largest="no"`
+    or `deterministic=None` would quietly have served the other request."""
+    try:
+        return as_flag(label, value)
+    except DispatchError as err:
+        raise TopKError(str(err)) from None
+
+
+def _request(dtype: str, k: Any, n: Any, rows: Any) -> tuple[str, int, int, int | None]:
+    """A request's arguments as `choose`, `plan`, `workspace_bytes` and `explain` all take
+    them: the dtype's short spellings expanded, k, n and rows as ints whatever integral type
+    they came as (what `__call__` takes too). The ranges are the dispatch table's to check,
+    with the messages every loader gives (rows 0, an empty batch, is served unsplit)."""
+    dtype, k, n = _dtype(dtype), _integer("k", k), _integer("n", n)
+    return dtype, k, n, None if rows is None else _integer("rows", rows)
