@@ -24,6 +24,7 @@ import pytest
 from topkgen import runtime
 
 from topkgen.runtime import cuda_backend
+from topkgen.runtime.backend import _Work
 from topkgen.policy import SHARED_BYTES_PER_BLOCK
 
 from .cubin_info import kernel_info
@@ -276,7 +277,7 @@ def test_cuda_backend_raises_the_shared_limit_below_48_kib_of_dynamic_shared_mem
     kernel = backend.load_aot(entry["name"], (built_bundle / entry["cubin"]).read_bytes(), entry["symbol"], "")
     x, values, indices = _arrays("float32", 2, 5000, 1000)
     view = backend.view(x, None)
-    work = backend._Work(kernel, entry["name"], runtime.Launch(entry["launch"]["threads_per_block"], 1, 40960),
+    work = _Work(kernel, entry["name"], runtime.Launch(entry["launch"]["threads_per_block"], 1, 40960),
                          entry["params"], stages(2, 5000, 1000, True, None), None)
     for _ in range(2):
         backend.run(work, view, 1000, backend.check(view, 1000, (values, indices), None, None), FakeStream(7))

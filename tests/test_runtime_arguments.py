@@ -295,7 +295,8 @@ def test_the_cuda_backend_refuses_overlaps_by_the_same_rule(op):
     go through the same check (no GPU needed: the refusal comes before any launch)."""
     pytest.importorskip("cuda.core")
     from topkgen import runtime
-    from topkgen.runtime import backend, cuda_backend
+    from topkgen.runtime import cuda_backend
+    from topkgen.runtime.backend import _Work
 
     class Device:  # a device array as cupy or numba expose one
         def __init__(self, typestr, shape, ptr):
@@ -334,14 +335,14 @@ def test_the_cuda_backend_refuses_overlaps_by_the_same_rule(op):
         with pytest.raises(TopKError, match=rf"^{re.escape(label)}: the array is read-only$"):
             backend.check(view, k, *arguments, plan)
     read_only_x = backend.view(read_only(Device("<f4", (rows, n), base)), None)  # x is only read: it passes
-    checks_only = backend._Work(None, "", runtime.Launch(256, 1, 0), [], [], None)  # no launch to make
+    checks_only = _Work(None, "", runtime.Launch(256, 1, 0), [], [], None)  # no launch to make
     checked = backend.check(read_only_x, k, (values, indices), None, None)
     assert backend.run(checks_only, read_only_x, k, checked, None) == (values, indices)
 
     # An empty batch launches nothing, so backend.run returns the outputs check passed: an empty
     # workspace, wherever it points, passes them (it is never touched); a misaligned one does not.
     empty = backend.view(Device("<f4", (0, n), base), None)
-    none = backend._Work(None, "", runtime.Launch(256, 1, 0), [], [], None)
+    none = _Work(None, "", runtime.Launch(256, 1, 0), [], [], None)
     outputs = (Device("<f4", (0, k), base + (1 << 30)), Device("<i8", (0, k), base + (2 << 30)))
     checked = backend.check(empty, k, outputs, Device("|u1", (0,), base + (3 << 30) + 3), None)
     assert backend.run(none, empty, k, checked, None) == outputs
@@ -369,7 +370,7 @@ def test_arrays_on_another_gpu_than_the_backends_are_refused_naming_both(op):
     naming both devices, before anything is loaded; managed memory (every device reads it)
     and the backend's own device pass (no GPU needed: the checks come first)."""
     from topkgen import runtime
-    from topkgen.runtime import backend, cuda_backend
+    from topkgen.runtime import cuda_backend
 
     backend = object.__new__(cuda_backend._CudaBackend)  # its checks alone: no device is opened
     backend.device_id = 0
@@ -472,7 +473,7 @@ def test_leading_dimensions_whose_product_passes_64_bits_are_too_many_rows():
     """A device array claiming (2^32, 2^32, n) was 0 rows (numpy's int64 product wrapped):
     an empty batch, answered by launching nothing. It is 2^64 rows, refused."""
     pytest.importorskip("cuda.core")
-    from topkgen.runtime import backend, cuda_backend
+    from topkgen.runtime import cuda_backend
 
     class Device:
         __cuda_array_interface__ = {"typestr": "<f4", "shape": (2**32, 2**32, 300), "strides": None,
