@@ -551,10 +551,11 @@ def test_legacy_against_default_in_markdown_is_review_sized():
 
 def test_markdown_folds_and_counts_what_it_leaves_out(legacy_policy, default_policy):
     from topkgen import diff
+    from topkgen.diff.sides import _rendered_side
     from topkgen.diff import report as diff_report
     from topkgen.build.sources import installed_templates
 
-    sides = [diff._rendered_side(name, "policy", "policy file", p, installed_templates())
+    sides = [_rendered_side(name, "policy", "policy file", p, installed_templates())
              for name, p in (("legacy", legacy_policy), ("default", default_policy))]
     report = diff.compare(*sides)
     full = diff_report.to_markdown(report, limit=10**9)

@@ -10,7 +10,8 @@ import json
 import re
 from typing import Any, Callable
 
-from topkgen.diff import Report, Side, field_aspect, field_label
+from topkgen.diff.compare import Report, field_aspect, field_label
+from topkgen.diff.sides import Side
 from topkgen.common.reader import printable
 
 SCHEMA_VERSION = 5  # schemas/diff.schema.json
