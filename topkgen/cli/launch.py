@@ -1,7 +1,7 @@
 """The `topkgen` command's entry point (and `python -m topkgen`'s).
 
 It exists for the first tenth of a second: a Ctrl-C that lands while the CLI and its
-libraries are still being imported comes before the CLI's own handler (`cli._interruptions`),
+libraries are still being imported comes before the CLI's own handler (`group._interruptions`),
 and Python would print its traceback. So this module imports nothing heavy itself, and turns
 such a Ctrl-C into the same one line and exit 130 as that handler does (`report_stop`).
 
@@ -18,39 +18,13 @@ import os
 import signal
 import sys
 
-EXIT_INTERRUPTED = 130  # 128 + SIGINT: what a shell reports for a command Ctrl-C ended
-INTERRUPTED = "topkgen: interrupted"
-EXIT_TERMINATED = 143  # 128 + SIGTERM
-TERMINATED = "topkgen: terminated"
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where the main thread is, so that every clean-up a Ctrl-C runs runs."""
-
-
-def _terminate(signum: int, frame: object) -> None:
-    raise Terminated
-
-
-def report_stop(err: KeyboardInterrupt) -> int:
-    """Say on stderr, in one line, that a Ctrl-C or a SIGTERM ended the command, and return
-    its exit status: the one place that does, for the CLI's handler (cli._interruptions) and
-    for a Ctrl-C that lands before it exists. stderr may be closed (2>&-: None) or a pipe
-    nobody reads: the status still says it (the CLI's own line once became a BrokenPipeError
-    there, and the exit 1 of a failed build)."""
-    line, status = (TERMINATED, EXIT_TERMINATED) if isinstance(err, Terminated) else (INTERRUPTED, EXIT_INTERRUPTED)
-    try:
-        sys.stderr.write(("\n" if sys.stderr.isatty() else "") + line + "\n")
-        sys.stderr.flush()
-    except (AttributeError, OSError, ValueError):
-        pass
-    return status
+from topkgen.cli.stops import report_stop, terminate
 
 
 def main() -> None:
-    signal.signal(signal.SIGTERM, _terminate)
+    signal.signal(signal.SIGTERM, terminate)
     try:
-        from topkgen.cli import main as cli
+        from topkgen.cli.app import main as cli
 
         cli(prog_name="topkgen")
     except KeyboardInterrupt as err:  # during the imports, before the CLI's handler exists

@@ -1,0 +1,147 @@
+"""`topkgen run`: top-k of a .npy file through the runtime, on a GPU or the emulator."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import click
+
+from topkgen.cli import standard_output
+from topkgen.common.reader import printable
+from topkgen.cli.group import InputError, main
+from topkgen.cli.options import ArchType, BundleArg, DtypeType, K_OPTION, PathArg, _NPZ_OUT
+
+
+# ----------------------------------------------------------------------------- run
+
+ROWS_SHOWN = 10    # rows `run` prints without -o
+VALUES_SHOWN = 8   # values per row it prints
+
+
+@main.command(short_help="Top-k of a .npy file with a bundle's kernels.", epilog="""\b
+Examples:
+  topkgen run --bundle out --k 8 x.npy                on the GPU, rows printed
+  topkgen run --bundle out --k 8 x.npy -o top8.npz    saved: values, indices
+  topkgen run --bundle out --backend emulator --arch sm_90 --k 8 x.npy
+
+The emulator backend runs the same kernels on the CPU, without a GPU. bfloat16 input is
+read as numpy saves ml_dtypes.bfloat16 (2-byte records), or as raw uint16 bits (--dtype says
+which 16-bit type those hold); the values are saved the same way.""")
+@click.option("--bundle", "bundle_dir", required=True, type=BundleArg(), metavar="DIR",
+              help="Bundle directory (from topkgen build).")
+@click.option("--arch", type=ArchType(), default=None, metavar="ARCH",
+              help="Target arch, one of the bundle's policy (default: the GPU's; required for the emulator).")
+@click.option("--backend", type=click.Choice(["cuda", "emulator"]), default="cuda", show_default=True,
+              help="cuda: the GPU; emulator: the same kernels on the CPU (slow, needs no GPU).")
+@K_OPTION
+@click.option("--smallest", is_flag=True, help="The k smallest instead of the k largest.")
+@click.option("--deterministic", is_flag=True, help="Ties by lower index, bit-exact run to run.")
+@click.option("--dtype", type=DtypeType(("bfloat16", "float16")), default=None,
+              help="What raw uint16 input holds: bfloat16 (default) or float16 (bf16, fp16 too).")
+@click.argument("input_path", metavar="IN.npy", type=PathArg(dir_okay=False))
+@click.option("-o", "--output", "output_path", default=None, type=_NPZ_OUT, metavar="OUT.npz",
+              help="Save arrays 'values' and 'indices' here (a file: not '-'). Without it, each row's top-k is "
+                   "printed.")
+@click.option("--force", is_flag=True, help="Replace -o even when it is not the output of an earlier run.")
+def run(bundle_dir: str, arch: str | None, backend: str, k: int, smallest: bool, deterministic: bool,
+        dtype: str | None, input_path: str, output_path: str | None, force: bool) -> None:
+    """Top-k over the last dimension of IN.npy with the bundle's kernels (or JIT)."""
+    import io
+
+    if output_path is not None:  # the product is -o; without it, the rows printed are
+        standard_output.report_only()
+    import numpy as np
+
+    from topkgen.common.destinations import check_output_file
+    from topkgen.cli.npyfile import read_npy_stored
+    from topkgen.common.files import atomic_write
+    from topkgen.runtime import NoGpuError, TopK, TopKError, dtype_name
+
+    if backend == "emulator" and arch is None:  # the runtime would name its own argument, arch=
+        raise InputError(f"--arch: the emulator backend runs one arch's kernels; name it, e.g. "
+                         f"--arch {_first_arch(bundle_dir)}")
+    if output_path is not None:
+        check_output_file(Path(output_path), force=force, inputs=(Path(input_path), Path(bundle_dir)))
+    x, stored = read_npy_stored(input_path)
+    found = "bfloat16" if stored.kind == "V" else str(x.dtype)  # 2-byte records: how numpy saves ml_dtypes' bfloat16
+    try:
+        op = TopK(bundle_dir, arch=arch, backend=backend)
+        try:  # what the input's shape and type allow: the message names the file
+            name = dtype_name(found, dtype)
+            answer = op.explain(name, k, x.shape[-1], deterministic)
+        except TopKError as err:
+            raise InputError(f"{input_path}: {found}{list(x.shape)}: {err}") from None
+        if backend == "cuda":
+            values, indices = _run_on_gpu(op, x, k, smallest, deterministic, name)
+        else:
+            values, indices = op(x, k, largest=not smallest, deterministic=deterministic, dtype=name)
+    except NoGpuError as err:
+        raise InputError(f"{err}; without a GPU, run the same kernels on the CPU: --backend emulator "
+                         f"--arch {arch or _first_arch(bundle_dir)}") from None
+    if stored.kind == "V":  # bfloat16 came as 2-byte records (ml_dtypes): saved the same way
+        values = values.view(stored)
+    by = f"by {answer.kernel.name} ({answer.source})"
+    if output_path is None:
+        _print_rows(input_path, x.shape, name, values, indices, k, smallest, by)
+        return
+    buffer = io.BytesIO()
+    np.savez(buffer, values=values, indices=indices)
+    try:
+        atomic_write(Path(output_path), buffer.getvalue())
+    except OSError as err:
+        raise InputError(f"-o {output_path}: cannot write: {err.strerror}") from None
+    click.echo(f"{printable(output_path)}: values {values.dtype}{list(values.shape)}, "
+               f"indices int64{list(indices.shape)} {by}")
+
+
+def _first_arch(bundle_dir: str) -> str:
+    from topkgen.manifest import reading as manifests
+
+    try:
+        return manifests.load_manifest(bundle_dir)[0]["archs"][0]
+    except (manifests.ManifestError, IndexError):
+        return "sm_90"
+
+
+def _print_rows(input_path: str, shape: tuple[int, ...], dtype: str, values: Any, indices: Any, k: int,
+                smallest: bool, by: str) -> None:
+    """Each row's top-k, value[index], for the first rows: what -o would save, to read."""
+    import numpy as np
+
+    if dtype == "bfloat16":  # 16-bit values come as uint16 bits or 2-byte records
+        import ml_dtypes
+
+        values = values.view(ml_dtypes.bfloat16)
+    elif dtype == "float16":
+        values = values.view(np.float16)
+    values = values.astype(np.float32).reshape(-1, k)
+    indices = indices.reshape(-1, k)
+    rows = values.shape[0]
+    click.echo(f"{printable(input_path)}: {'smallest' if smallest else 'largest'} {k} of {rows} row(s) of {shape[-1]} "
+               f"{dtype} {by}")
+    for row in range(min(rows, ROWS_SHOWN)):
+        label = row if len(shape) <= 2 else [int(i) for i in np.unravel_index(row, shape[:-1])]
+        items = [f"{v:.6g}[{i}]" for v, i in zip(values[row, :VALUES_SHOWN], indices[row, :VALUES_SHOWN])]
+        more = f" ... {k - VALUES_SHOWN} more" if k > VALUES_SHOWN else ""
+        click.echo(f"  row {label}: {' '.join(items)}{more}")
+    if rows > ROWS_SHOWN:
+        click.echo(f"  ... {rows - ROWS_SHOWN} more rows; -o OUT.npz saves them all")
+
+
+def _run_on_gpu(op: Any, x: Any, k: int, smallest: bool, deterministic: bool, dtype: str | None):
+    """Host arrays go through device buffers that cuda.core allocates."""
+    import numpy as np
+
+    from topkgen.runtime.gpu_arrays import DeviceArray
+    from topkgen.runtime.cuda_backend import _cuda_core
+
+    device = _cuda_core().Device()
+    stream = device.default_stream
+    dx = DeviceArray.from_host(np.ascontiguousarray(x), device, stream)
+    shape = (*x.shape[:-1], k)
+    values = DeviceArray.empty(shape, x.dtype, device, stream)
+    indices = DeviceArray.empty(shape, np.dtype(np.int64), device, stream)
+    op(dx, k, largest=not smallest, deterministic=deterministic, out=(values, indices), dtype=dtype, stream=stream)
+    stream.sync()
+    return values.to_host(stream), indices.to_host(stream)
