@@ -17,7 +17,10 @@ SHARED_FIELDS = ("generator", "toolchain", "policy", "archs", "jit_only", "nvrtc
 
 def merge(parts: list[Path], out: Path, *, force: bool = False) -> dict:
     """Validate the parts and write the full bundle to `out`; returns its manifest. `force`
-    lets it replace a directory that is not a bundle, as for build; never one of the parts."""
+    lets it replace a directory that is not a bundle, as for build; never one of the parts.
+
+    Kept whole: its checks run in the order a reader of a refusal needs (the parts, then what
+    they share, then every kernel exactly once), each naming the part it found wrong."""
     from topkgen.build.compile import cache_key
     from topkgen.common.destinations import check_bundle_destination
     from topkgen.build.render import render

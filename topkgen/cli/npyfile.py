@@ -49,7 +49,10 @@ def read_npy(path: str | os.PathLike) -> np.ndarray:
 
 def read_npy_stored(path: str | os.PathLike) -> tuple[np.ndarray, np.dtype]:
     """read_npy's array and the dtype the file stores it as, so that an output can be
-    saved in the input's convention (bfloat16 as 2-byte records, or as uint16 bits)."""
+    saved in the input's convention (bfloat16 as 2-byte records, or as uint16 bits).
+
+    Kept whole: each header check refuses in its own words before the next reads further, and
+    split across functions the order in which an untrusted header is read would be hidden."""
     label = printable(os.fspath(path))
 
     def fail(reason: str) -> NpyError:

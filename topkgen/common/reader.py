@@ -155,7 +155,10 @@ class _Frame:
 
 def parse_yaml(text: str, source: str, *, max_depth: int = MAX_DEPTH) -> Document:
     """One YAML document as plain data (dict, list, str, int, float, bool, None) with the
-    position of every value. An empty stream gives Document(None)."""
+    position of every value. An empty stream gives Document(None).
+
+    Kept whole: one pass over PyYAML's events, with the frame stack, the bounds and the
+    positions it keeps as local state; split up, that state would have to travel between parts."""
     check_text(text, source)
     loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
     positions: dict[tuple, tuple[int, int]] = {}

@@ -68,6 +68,10 @@ def loads(text: str | bytes, source: str = "<policy>") -> Policy:
 
 
 def _build(doc: dict, loc: _Locator, source: str, sha: str, text: str) -> Policy:
+    """A schema-valid document -> a Policy, every cross-key check made on the way.
+
+    Kept whole: it reads the document top to bottom (families, archs, dtypes, rules, then the
+    checks over all of them), the order in which a policy file's author reads its errors."""
     families = {}
     for name, f in doc["families"].items():
         template = f.get("template", FAMILY_TEMPLATES[name])
