@@ -54,7 +54,7 @@ test: $(STAMP) $(CPP_BIN)
 # between them); a failing or hanging input is left in fuzz-out/. FUZZ_SEED=N draws other
 # inputs than CI's (hypothesis seeds N+1, N+2, ...).
 fuzz: $(STAMP)
-	TOPKGEN_CACHE_DIR=$(CURDIR)/.cache $(BIN)/python -m tests.fuzz --seconds $(FUZZ_SECONDS) --seed $(FUZZ_SEED)
+	TOPKGEN_CACHE_DIR=$(CURDIR)/.cache $(BIN)/python -m tests.support.fuzz --seconds $(FUZZ_SECONDS) --seed $(FUZZ_SEED)
 
 bench: bench-plan bench-diff bench-dispatch bench-emulator bench-build bench-kernels
 

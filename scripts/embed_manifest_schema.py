@@ -1,6 +1,6 @@
 """Writes loaders/cpp/include/topkgen/manifest_schema.hpp: topkgen/schemas/manifest.schema.json
 as a C++ string, so that the header-only C++ loader validates a manifest against the very
-schema the Python loader uses (tests/test_cpp_loader.py checks that the two are the same).
+schema the Python loader uses (tests/loaders/test_cpp_loader.py checks that the two are the same).
 
     python scripts/embed_manifest_schema.py
 """

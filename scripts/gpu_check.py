@@ -1,7 +1,7 @@
 """`make gpu-check`: the device checks, as one prepared script for the accelerator machine.
 
 1. build the default bundle for the GPU's arch;
-2. run the GPU tests (tests/test_gpu.py), after the checks of the cuda-core, cuda-bindings
+2. run the GPU tests (tests/runtime/test_gpu.py), after the checks of the cuda-core, cuda-bindings
    and torch APIs the backend uses (API_TESTS: the versions there are not CI's);
 3. launch every AOT kernel through the C++ loader (build/cpp/topkgen-cpp, `make cpp`) and
    through the Python runtime on the same input, and compare the outputs;
@@ -76,7 +76,7 @@ NCU_METRICS = ("dram__bytes_read.sum", "dram__bytes_write.sum")
 SANITIZER_REFUSED = "Device not supported"  # what compute-sanitizer says on machines that refuse it
 T = TypeVar("T")
 SAMPLES = "gpu_check_samples.json"
-API_TESTS = ("tests/test_cuda_core_api.py", "tests/test_torch_api.py")
+API_TESTS = ("tests/runtime/test_cuda_core_api.py", "tests/runtime/test_torch_api.py")
 NO_GPU_STATUS = 3  # no GPU: nothing was measured, which `make gpu-check` must not report as success
 
 
@@ -268,7 +268,7 @@ def main(argv: list[str] | None = None) -> int:
         step("build (sm_90)")
         status = run([*topkgen, "build", "--arch", "sm_90", "--out", args.out])
         step("GPU tests: collection only")
-        status |= run([sys.executable, "-m", "pytest", "-q", "--collect-only", "tests/test_gpu.py"])
+        status |= run([sys.executable, "-m", "pytest", "-q", "--collect-only", "tests/runtime/test_gpu.py"])
         if "crossover" not in args.skip:
             step("split crossover: the two bundles (sm_90)")
             status |= crossover_listing(args, "sm_90", topkgen)
@@ -298,7 +298,7 @@ def main(argv: list[str] | None = None) -> int:
     if "tests" not in args.skip:
         step("GPU tests")
         failed |= run([sys.executable, "-m", "pytest", "-q", "-rs", "-p", "no:cacheprovider", *API_TESTS,
-                       "tests/test_gpu.py"], early) != 0
+                       "tests/runtime/test_gpu.py"], early) != 0
     if "cpp" not in args.skip:
         step("C++ loader against the Python runtime: every AOT kernel")
         failed |= run_stage(args, "cpp", arch, early)

@@ -1,6 +1,6 @@
 """The load checks of manifest schema 3 that a JSON schema cannot express, made by every
 loader before it serves anything (loaders/cpp makes the same checks, in the same order,
-with the same messages; tests/test_cpp_loader.py holds the two to that).
+with the same messages; tests/loaders/test_cpp_loader.py holds the two to that).
 
 Order: kernel entries (arch, unique name per arch, file path, parameters), then the
 dispatch section (one table per arch; per list in sorted order, the tiling, then what each

@@ -1,0 +1,180 @@
+"""Emulator traffic counters: exact counts on small hand-written kernels and on real top-k
+kernels (global bytes per pass, shared atomics, bank lanes, barriers, shuffles)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from topkgen import policy as pol
+from topkgen.emulator import EmulationError, compile_source
+from topkgen.build.render import render, template_dir
+
+from ..support.topk_cases import launch_kernel
+
+KERNELS = Path(__file__).resolve().parents[1] / "support" / "kernels"
+
+
+def _source() -> str:
+    return (template_dir() / "topk_memory.cuh").read_text() + (KERNELS / "counters.cu").read_text()
+
+
+@pytest.fixture(scope="module")
+def module():
+    return compile_source(_source(), name="counters")
+
+
+def test_global_bytes_through_the_helpers(module):
+    blocks, threads = 3, 64
+    n = blocks * threads
+    arrays = [np.arange(4 * n, dtype=np.uint32).view(np.uint32), np.zeros(4 * n, np.uint32),
+              np.arange(n, dtype=np.uint16), np.zeros(n, np.uint16), np.arange(n, dtype=np.int64), np.zeros(n, np.int64)]
+    c = module.launch("copy", blocks, threads, arrays, counters=True)
+    assert c.global_load_bytes == n * (16 + 2 + 8)
+    assert c.global_store_bytes == n * (16 + 2 + 8)
+    assert (c.shared_atomics, c.global_atomics, c.barriers, c.shuffles, c.votes) == (0, 0, 0, 0, 0)
+    np.testing.assert_array_equal(arrays[1], arrays[0])
+    assert module.launch("copy", blocks, threads, arrays) is None  # counting off: nothing returned
+
+
+@pytest.mark.parametrize("stride,degree", [(1, 1), (2, 2), (16, 16), (32, 32), (0, 32), (3, 1)])
+def test_bank_lanes_per_warp_instruction(module, stride, degree):
+    blocks, threads, rounds = 2, 96, 5
+    warps = blocks * threads // 32
+    counter, out = np.zeros(1, np.int32), np.zeros(blocks, np.int32)
+    c = module.launch("banks", blocks, threads, [np.int32(stride), np.int32(rounds), counter, out], counters=True)
+    p = c.phases
+    assert (p["stride"].shared_atomics, p["stride"].shared_atomic_instructions) == (blocks * threads, warps)
+    assert p["stride"].bank_lanes_max == degree and p["stride"].bank_lanes_mean == degree
+    assert (p["loop"].shared_atomics, p["loop"].shared_atomic_instructions) == (blocks * threads * rounds, warps * rounds)
+    assert (p["loop"].bank_lanes_max, p["even lanes"].bank_lanes_max) == (1, 1)
+    assert (p["even lanes"].shared_atomics, p["even lanes"].shared_atomic_instructions) == (blocks * threads // 2, warps)
+    assert (p["global"].global_atomics, p["global"].shared_atomics) == (blocks * threads, 0)
+    assert c.barriers == 2 * blocks and p[""].barriers == blocks and p["global"].barriers == blocks
+    assert c.global_store_bytes == 4 * blocks and counter[0] == blocks * threads
+    assert c.shared_atomics == sum(ph.shared_atomics for ph in p.values())
+    assert c.bank_lanes_max == max(degree, 1)
+    instructions = warps * (1 + rounds + 1)
+    assert c.bank_lanes_mean == pytest.approx((warps * degree + warps * rounds + warps) / instructions)
+
+
+def test_warp_aggregated_atomics_count_leaders_only(module):
+    blocks, threads = 2, 64
+    lane = np.arange(blocks * threads) % 32
+    bins = (lane // 4 + 8 * (np.arange(blocks * threads) // 32 % 2)).astype(np.int32)  # 8 bins per warp
+    hist = np.zeros(256, np.int32)
+    c = module.launch("aggregated_histogram", blocks, threads, [bins, hist], counters=True)
+    warps = blocks * threads // 32
+    np.testing.assert_array_equal(hist, np.bincount(bins, minlength=256))
+    assert (c.shared_atomics, c.shared_atomic_instructions) == (8 * warps, warps)
+    assert (c.bank_lanes_max, c.bank_lanes_mean) == (1, 1.0)
+    assert (c.votes, c.global_atomics, c.global_load_bytes) == (warps, 256 * blocks, 4 * blocks * threads)
+
+
+def test_barriers_shuffles_and_votes(module):
+    blocks, threads = 3, 64
+    values = np.arange(blocks * threads, dtype=np.int32)
+    out = np.zeros(3 * blocks * threads // 32, np.int32)
+    c = module.launch("collectives", blocks, threads, [values, out], counters=True)
+    warps = blocks * threads // 32
+    assert (c.barriers, c.shuffles, c.votes) == (3 * blocks, 5 * warps, 3 * warps)
+    assert (c.global_load_bytes, c.global_store_bytes) == (4 * blocks * threads, 12 * warps)
+    sums = values.reshape(warps, 32).sum(axis=1)
+    np.testing.assert_array_equal(out[0::3], sums)
+    np.testing.assert_array_equal(out[1::3], np.where(sums & 1, -1, 0).astype(np.int32))
+    np.testing.assert_array_equal(out[2::3], 32)  # __match_all_sync: all equal, then none
+
+
+def test_counts_do_not_depend_on_the_schedule(module):
+    args = lambda: [np.int32(2), np.int32(3), np.zeros(1, np.int32), np.zeros(4, np.int32)]  # noqa: E731
+    first = module.launch("banks", 4, 128, args(), counters=True)
+    for seed, workers in ((1, 1), (2, 3), (3, 2)):
+        assert module.launch("banks", 4, 128, args(), counters=True, schedule_seed=seed, workers=workers) == first
+
+
+def test_counting_compiled_out_refuses_to_count():
+    module = compile_source(_source(), name="counters_off", defines=("TK_COUNTERS=0",))
+    out = np.zeros(4, np.int32)
+    module.launch("banks", 1, 32, [np.int32(1), np.int32(1), np.zeros(1, np.int32), out])
+    assert out[0] == 3  # s[0] takes lane 0's stride, first loop round and even-lane atomics
+    with pytest.raises(EmulationError, match="TK_COUNTERS=0"):
+        module.launch("banks", 1, 32, [np.int32(1), np.int32(1), np.zeros(1, np.int32), out], counters=True)
+    with pytest.raises(EmulationError, match="NAME=INTEGER"):
+        compile_source(_source(), name="counters_bad", defines=("TK_COUNTERS=0;rm",))
+
+
+# ----------------------------------------------------------------------------- real kernels
+
+def _kernel(dtype: str, k: int, n: int, mode: str = "fast"):
+    policy = pol.load()
+    spec = pol.select(policy, "sm_90", dtype, k, n, deterministic=mode == "deterministic").kernel
+    return spec, compile_source(render(spec), name=spec.name)
+
+
+def _launch(spec, module, x: np.ndarray, k: int):
+    return launch_kernel(module, spec, x, k, counters=True)[2]
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_radix_kernel_reads_a_resident_row_once(dtype):
+    """Rows that fit in shared memory are read once (NaN payloads come from the copy), and
+    the k <= 64 sort runs in one warp without a block barrier."""
+    from ..support.topk_cases import make_rows
+
+    k, rows, n = 64, 4, 3001
+    spec, module = _kernel(dtype, k, n)
+    assert spec.family == "radix" and spec.mode == "fast" and n * np.dtype(np.float32).itemsize < spec.dynamic_shared_bytes
+    x = make_rows(dtype, rows, n, seed=5)  # random, ties, all-equal, NaN of both signs and +-0
+    size = x.itemsize
+    c = _launch(spec, module, x, k)
+    assert c.global_load_bytes == rows * n * size
+    assert c.phases["histogram, first pass"].global_load_bytes == rows * n * size
+    assert c.global_store_bytes == rows * k * (size + 8)
+    assert c.phases["histogram, first pass"].shared_atomics < rows * n  # lanes of one bin add once
+    assert c.phases["sort and output"].barriers == 0
+
+
+def test_radix_kernel_bank_lanes_on_crafted_rows():
+    """All-equal rows give one lane per warp atomic instruction (the lanes of one bin add
+    once); rows whose first 11-bit digit's bank is the lane number spread the lanes."""
+    k, rows, n = 64, 2, 4096
+    spec, module = _kernel("float32", k, n)
+    # one instruction per warp and element slot, plus each warp's min and max of the keys
+    instructions = rows * n // 32 + rows * (spec.threads // 32) * 2
+    same = _launch(spec, module, np.full((rows, n), 3.0, np.float32), k).phases["histogram, first pass"]
+    assert (same.bank_lanes_max, same.bank_lanes_mean) == (1, 1.0)
+    assert same.shared_atomic_instructions == instructions
+    lane = (np.arange(n) // 4) % 32  # element i is in vector i // 4, loaded by thread (i // 4) % 256
+    bits = (lane.astype(np.uint32) << 21) | np.uint32(0x123)
+    spread = _launch(spec, module, np.tile(bits.view(np.float32), (rows, 1)), k).phases["histogram, first pass"]
+    assert (spread.bank_lanes_max, spread.bank_lanes_mean) == (1, 1.0)
+    assert spread.shared_atomic_instructions == instructions
+
+
+def test_register_kernel_counts():
+    k, rows, n = 16, 5, 1000
+    spec, module = _kernel("float32", k, n)
+    assert spec.family == "register"
+    x = np.random.default_rng(1).standard_normal((rows, n)).astype(np.float32)
+    c = _launch(spec, module, x, k)
+    assert c.global_load_bytes == rows * n * 4  # output values are rebuilt from the keys
+    assert c.global_store_bytes == rows * k * 12
+    assert (c.barriers, c.shared_atomics, c.shuffles) == (0, 0, rows * k * 5)
+
+
+def test_bench_emulator_launches_kernels_with_their_dynamic_shared_memory(capsys):
+    """`make bench-emulator` launched the radix kernels without the dynamic shared memory
+    their spec asks for: the first write to it faulted at address 0 (EmulationError), and
+    the target failed before printing any counter cost."""
+    import importlib.util
+
+    from ..conftest import ROOT
+
+    spec = importlib.util.spec_from_file_location("bench_emulator", ROOT / "benchmarks" / "bench_emulator.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    bench.counter_costs((("float32", 256, 8192, 1),), repeat=1)  # a dynamic-work radix kernel, 96 KiB of it
+    rows = [line.split()[:2] for line in capsys.readouterr().out.splitlines()[2:]]
+    assert rows == [["topk_radix_dyn_k256_fast_f32_sm_90", "1"]]

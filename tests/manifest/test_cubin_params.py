@@ -1,0 +1,331 @@
+"""The GPU path's launches against the cubins themselves, without a GPU.
+
+The driver copies each kernel argument by the size the cubin records for that parameter
+(tests/support/cubin_info.py reads those records). Two checks:
+- every AOT kernel's cubin takes exactly the parameters its manifest entry lists, in that
+  order and with those C types' sizes (the C++ loader packs by the manifest's names);
+- the Python runtime's cuda backend, run against a stand-in for cuda.core that accepts
+  what the real one accepts (str symbol names are refused as cuda.bindings refuses them;
+  arguments go through cuda.core's own ParamHolder, read back at the cubin's sizes: a
+  Python int is an intptr_t, a numpy scalar its own type), launches every AOT kernel, a split and a JIT kernel with arguments
+  the cubin takes, in a block its launch bounds allow, and raises the dynamic shared memory
+  limit whenever static plus dynamic shared memory passes the driver's default of 48 KiB.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import json
+import types
+
+import numpy as np
+import pytest
+
+from topkgen import runtime
+
+from topkgen.runtime import cuda_backend
+from topkgen.runtime.backend import _Work
+from topkgen.policy import SHARED_BYTES_PER_BLOCK
+
+from ..support.cubin_info import kernel_info
+from ..tools.test_gpu_check import gc as gpu_check  # noqa: F401 (the fixture that imports scripts/gpu_check.py)
+
+C_SIZES = {"int": 4, "long long": 8}
+DEFAULT_SHARED_LIMIT = 48 * 1024  # CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: static + dynamic without opt-in
+
+
+def c_size(ctype: str) -> int:
+    return 8 if ctype.endswith("*") else C_SIZES[ctype]
+
+
+def test_every_cubin_takes_the_parameters_its_manifest_lists(built_bundle):
+    manifest = json.loads((built_bundle / "manifest.json").read_text())
+    assert manifest["kernels"]
+    for entry in manifest["kernels"]:
+        info = kernel_info((built_bundle / entry["cubin"]).read_bytes(), entry["symbol"])
+        sizes = [c_size(p["ctype"]) for p in entry["params"]]
+        offsets, at = [], 0
+        for size in sizes:  # the C layout: each parameter at a multiple of its size
+            at = -(-at // size) * size
+            offsets.append(at)
+            at += size
+        assert [(p.ordinal, p.offset, p.size) for p in info.params] == list(zip(range(len(sizes)), offsets, sizes)), \
+            entry["name"]
+        assert info.param_bytes == at, entry["name"]
+        assert info.max_threads is not None and info.max_threads[0] >= entry["launch"]["threads_per_block"], entry["name"]
+        shared = entry["resources"]["static_shared_bytes"] + entry["launch"]["dynamic_shared_bytes"]
+        assert shared <= SHARED_BYTES_PER_BLOCK[entry["arch"]], entry["name"]
+
+
+# ----------------------------------------------------------------------------- a stand-in for cuda.core
+
+def _arg_size(arg) -> int:
+    """The bytes cuda.core's ParamHolder passes for an argument (cuda/core/_kernel_arg_handler.pyx)."""
+    if isinstance(arg, bool):
+        pytest.fail("a bool argument: cuda.core passes it as a C++ bool (0.5+) or int (before)")
+    if isinstance(arg, int):
+        return 8  # intptr_t: "treat it as a pointer address"
+    if isinstance(arg, np.generic) and arg.dtype.kind in "iuf":
+        return arg.dtype.itemsize
+    pytest.fail(f"cuda.core refuses a kernel argument of type {type(arg).__name__}")
+
+
+def _param_holder():
+    """cuda.core's own argument packer (it needs no GPU), wherever this version keeps it."""
+    try:
+        from cuda.core.experimental._kernel_arg_handler import ParamHolder
+    except ImportError:
+        from cuda.core._kernel_arg_handler import ParamHolder
+    return ParamHolder
+
+
+def _as_the_driver_reads(args, params) -> list[int]:
+    """The values the driver copies: `size` bytes of each argument as cuda.core packs it."""
+    holder = _param_holder()(list(args))
+    slots = (ctypes.c_void_p * len(args)).from_address(holder.ptr)
+    types_ = {4: ctypes.c_int32, 8: ctypes.c_int64}
+    return [types_[p.size].from_address(slots[i]).value for i, p in enumerate(params)]
+
+
+class FakeStream:
+    def __init__(self, handle: int = 0) -> None:
+        self.handle = handle
+
+    @staticmethod
+    def from_handle(handle: int) -> "FakeStream":
+        assert isinstance(handle, int)
+        return FakeStream(handle)
+
+
+class FakeBuffer:
+    def __init__(self, handle: int, size: int) -> None:
+        self.handle, self.size, self.closed_on = handle, size, None
+
+    def close(self, stream=None) -> None:
+        self.closed_on = stream
+
+
+class FakeKernel:
+    def __init__(self, symbol: str, cubin: bytes) -> None:
+        self.symbol, self.info = symbol, kernel_info(cubin, symbol)
+        self.max_dynamic_shared = None  # raised by the backend's _allow_dynamic_shared
+
+
+class FakeObjectCode:
+    def __init__(self, cubin: bytes, symbol_mapping: dict | None) -> None:
+        self.cubin, self.symbol_mapping = cubin, symbol_mapping or {}
+
+    @staticmethod
+    def from_cubin(module: bytes, *, name: str = "", symbol_mapping: dict | None = None) -> "FakeObjectCode":
+        assert isinstance(module, bytes)
+        return FakeObjectCode(module, symbol_mapping)
+
+    def get_kernel(self, name):
+        # cuda.core: `name = self._sym_map[name]` falling back to `name.encode()`, then
+        # cuLibraryGetKernel(handle, name), whose `char*` parameter refuses a str.
+        try:
+            symbol = self.symbol_mapping[name]
+        except KeyError:
+            symbol = name.encode()
+        if not isinstance(symbol, bytes):
+            raise TypeError(f"expected bytes, {type(symbol).__name__} found")
+        return FakeKernel(symbol.decode(), self.cubin)
+
+
+class FakeDevice:
+    def __init__(self, log: dict) -> None:
+        self.log, self.device_id, self.compute_capability = log, 0, (9, 0)
+        self.default_stream = FakeStream(0)
+
+    def set_current(self) -> None:
+        pass
+
+    def allocate(self, size: int, *, stream) -> FakeBuffer:
+        assert isinstance(stream, FakeStream)
+        buffer = FakeBuffer(0x7000_0000_0000 + 0x1_0000_0000 * len(self.log["buffers"]), size)
+        self.log["buffers"].append(buffer)
+        return buffer
+
+
+class DeviceArray:
+    """An array at a made-up device address, through __cuda_array_interface__."""
+
+    def __init__(self, shape: tuple[int, ...], typestr: str, ptr: int) -> None:
+        self.__cuda_array_interface__ = {"shape": shape, "typestr": typestr, "data": (ptr, False), "strides": None,
+                                         "version": 3}
+
+
+@pytest.fixture
+def fake_core(monkeypatch):
+    log: dict = {"launches": [], "buffers": []}
+
+    def launch(stream, config, kernel, *args):
+        log["launches"].append((stream, config, kernel, args))
+
+    def launch_config(*, grid, block, shmem_size=None):
+        assert all(isinstance(v, int) and not isinstance(v, bool) for v in (grid, block, shmem_size or 0))
+        return types.SimpleNamespace(grid=grid, block=block, shmem_size=shmem_size or 0)
+
+    core = types.SimpleNamespace(Device=lambda: FakeDevice(log), ObjectCode=FakeObjectCode, LaunchConfig=launch_config,
+                                 launch=launch, Stream=FakeStream, view_dlpack=None)
+    monkeypatch.setattr(cuda_backend, "_cuda_core", lambda: core)
+
+    def allow(self, kernel, nbytes):
+        kernel.max_dynamic_shared = nbytes
+
+    monkeypatch.setattr(cuda_backend._CudaBackend, "_allow_dynamic_shared", allow)
+    return log
+
+
+def _check_launch(log_entry, entry: dict, static_shared: int) -> dict:
+    """One launch against the cubin and the manifest entry; returns its arguments by name."""
+    stream, config, kernel, args = log_entry
+    name = entry["name"]
+    assert isinstance(stream, FakeStream), name
+    assert kernel.symbol == entry["symbol"], name
+    assert [_arg_size(a) for a in args] == [p.size for p in kernel.info.params], name
+    assert _as_the_driver_reads(args, kernel.info.params) == [int(a) for a in args], name
+    for arg, param in zip(args, entry["params"]):  # a pointer goes as a Python int (0: null), a scalar as numpy
+        assert isinstance(arg, int) == param["ctype"].endswith("*"), (name, param)
+    assert config.block == entry["launch"]["threads_per_block"] <= kernel.info.max_threads[0], name
+    assert 1 <= config.grid <= 2**31 - 1, name
+    assert config.shmem_size == entry["launch"]["dynamic_shared_bytes"], name
+    if static_shared + config.shmem_size > DEFAULT_SHARED_LIMIT:  # else the launch fails: CUDA_ERROR_INVALID_VALUE
+        assert (kernel.max_dynamic_shared or 0) >= config.shmem_size, f"{name}: no opt-in for {config.shmem_size} B"
+    return {p["name"]: (a if isinstance(a, int) else int(a)) for p, a in zip(entry["params"], args)}
+
+
+def _arrays(dtype: str, rows: int, n: int, k: int):
+    typestr = {"float32": "<f4", "bfloat16": "<u2", "float16": "<f2"}[dtype]
+    return (DeviceArray((rows, n), typestr, 0x1000_0000), DeviceArray((rows, k), typestr, 0x2000_0000),
+            DeviceArray((rows, k), "<i8", 0x3000_0000))
+
+
+def test_cuda_backend_launches_every_aot_kernel_as_its_cubin_expects(built_bundle, fake_core, gpu_check,
+                                                                     monkeypatch):
+    manifest = json.loads((built_bundle / "manifest.json").read_text())
+    entries = {e["name"]: e for e in manifest["kernels"] if e["arch"] == "sm_90"}
+    monkeypatch.setenv("TOPKGEN_DISABLE_JIT", "1")
+    op = runtime.TopK(built_bundle, backend="cuda")
+    assert op.arch == "sm_90"
+    cases = gpu_check.aot_launch_cases(manifest, "sm_90")
+    assert {c[0] for c in cases} == set(entries)
+    for name, dtype, k, n, det in cases:
+        x, values, indices = _arrays(dtype, 5, n, k)
+        for largest in (True, False):
+            fake_core["launches"].clear()
+            op(x, k, largest=largest, deterministic=det, out=(values, indices), dtype=dtype, stream=FakeStream(7))
+            (launch,) = fake_core["launches"]
+            entry = entries[name]
+            args = _check_launch(launch, entry, entry["resources"]["static_shared_bytes"])
+            expect = {"x": 0x1000_0000, "values": 0x2000_0000, "indices": 0x3000_0000, "rows": 5, "n": n, "k": k,
+                      "largest": int(largest)}
+            if entry["family"] == "radix":
+                expect |= {"x_indices": 0, "chunk": n, "row_stride": n}
+            assert args == expect, name
+
+
+def test_cuda_backend_split_rows_pass_the_workspace_as_both_stages_expect(built_bundle, fake_core):
+    manifest = json.loads((built_bundle / "manifest.json").read_text())
+    entries = {e["name"]: e for e in manifest["kernels"]}
+    op = runtime.TopK(built_bundle, backend="cuda")
+    dtype, k, n, rows = "float32", 16, 262144, 4
+    plan = op.plan(dtype, k, n, rows)
+    assert plan is not None and plan.chunks > 1
+    x, values, indices = _arrays(dtype, rows, n, k)
+    op(x, k, out=(values, indices), stream=FakeStream(7))
+    first, second = fake_core["launches"]
+    (buffer,) = fake_core["buffers"]  # no workspace passed: one allocation on the stream, freed behind the launches
+    assert buffer.size >= plan.workspace_bytes and buffer.closed_on is first[0]
+    entry = entries[op.choose(dtype, k, n, rows=rows).kernel]
+    one, two = (_check_launch(launch, entry, entry["resources"]["static_shared_bytes"]) for launch in (first, second))
+    assert (one["x"], one["x_indices"], one["values"], one["indices"]) == \
+        (0x1000_0000, 0, buffer.handle + plan.values_offset, buffer.handle)
+    assert (two["x"], two["x_indices"], two["values"], two["indices"]) == \
+        (buffer.handle + plan.values_offset, buffer.handle, 0x2000_0000, 0x3000_0000)
+    assert first[1].grid * entry["launch"]["rows_per_block"] >= rows * plan.chunks
+    assert second[1].grid * entry["launch"]["rows_per_block"] >= rows
+    assert (one["n"], one["chunk"], one["row_stride"]) == (n, plan.chunk, n)
+    assert (two["n"], two["chunk"], two["row_stride"]) == (plan.candidates,) * 3
+
+
+def test_cuda_backend_jit_kernels_are_launched_as_compiled(built_bundle, fake_core):
+    """float16 is served by JIT: the bundle's source, compiled here by NVRTC."""
+    from topkgen.build.compile import compile_kernel
+
+    manifest = json.loads((built_bundle / "manifest.json").read_text())
+    op = runtime.TopK(built_bundle, backend="cuda")
+    dtype, k, n = "float16", 100, 30000
+    entry = next(e for e in manifest["jit_kernels"] if e["name"] == op.choose(dtype, k, n).kernel)
+    x, values, indices = _arrays(dtype, 3, n, k)
+    op(x, k, out=(values, indices), stream=FakeStream(7))
+    (launch,) = fake_core["launches"]
+    static = compile_kernel((built_bundle / entry["source"]).read_text(), entry["name"], "sm_90").resources
+    _check_launch(launch, entry, static.static_shared_bytes)
+
+
+def test_cuda_backend_raises_the_shared_limit_below_48_kib_of_dynamic_shared_memory(built_bundle, fake_core):
+    """A policy's shared_row_bytes may leave dynamic shared memory under 48 KiB while static
+    plus dynamic pass it (K=1024's 16.2 KiB of static and 40 KiB of rows): the launch then
+    needs the raised limit too. Same kernel, same launch as the runtime's, other launch record."""
+    from topkgen.policy.split import stages
+
+    manifest = json.loads((built_bundle / "manifest.json").read_text())
+    entry = next(e for e in manifest["kernels"] if e["arch"] == "sm_90" and e["k"] == 1024)
+    assert entry["resources"]["static_shared_bytes"] + 40960 > DEFAULT_SHARED_LIMIT
+    backend = cuda_backend._CudaBackend()
+    kernel = backend.load_aot(entry["name"], (built_bundle / entry["cubin"]).read_bytes(), entry["symbol"], "")
+    x, values, indices = _arrays("float32", 2, 5000, 1000)
+    view = backend.view(x, None)
+    work = _Work(kernel, entry["name"], runtime.Launch(entry["launch"]["threads_per_block"], 1, 40960),
+                         entry["params"], stages(2, 5000, 1000, True, None), None)
+    for _ in range(2):
+        backend.run(work, view, 1000, backend.check(view, 1000, (values, indices), None, None), FakeStream(7))
+    entry = {**entry, "launch": {**entry["launch"], "dynamic_shared_bytes": 40960}}
+    for launch in fake_core["launches"]:
+        _check_launch(launch, entry, entry["resources"]["static_shared_bytes"])
+
+
+def test_cuda_backend_takes_a_torch_stream_by_its_handle(built_bundle, fake_core):
+    """torch.cuda.Stream has `cuda_stream` (an int); the __cuda_stream__ protocol only in
+    recent torch: the launch goes on that stream either way."""
+    op = runtime.TopK(built_bundle, backend="cuda")
+    x, values, indices = _arrays("float32", 2, 1000, 16)
+    op(x, 16, out=(values, indices), stream=types.SimpleNamespace(cuda_stream=0x5150))
+    (launch,) = fake_core["launches"]
+    assert launch[0].handle == 0x5150
+
+
+@pytest.mark.parametrize("dtype,values_type,indices_type,message", [
+    ("float32", "<f4", "<i4", "out[1] (indices): expected int64 elements, got int32"),
+    ("bfloat16", "<f4", "<i8", "out[0] (values): expected bfloat16 or uint16 elements, got float32"),
+    ("float32", "<u2", "<i8", "out[0] (values): expected float32 elements, got uint16"),
+])
+def test_cuda_backend_refuses_out_arrays_of_another_type_before_launching(built_bundle, fake_core, dtype,
+                                                                           values_type, indices_type, message):
+    """The kernels write x's type and int64: a narrower `out` would be written past its end."""
+    op = runtime.TopK(built_bundle, backend="cuda")
+    x, _, _ = _arrays(dtype, 2, 1000, 16)
+    out = (DeviceArray((2, 16), values_type, 0x2000_0000), DeviceArray((2, 16), indices_type, 0x3000_0000))
+    with pytest.raises(runtime.TopKError) as err:
+        op(x, 16, out=out, dtype=dtype, stream=FakeStream(7))
+    assert str(err.value) == message and not fake_core["launches"]
+
+
+def test_fake_get_kernel_refuses_a_str_symbol_as_cuda_bindings_does():
+    """The stand-in's one strictness that the tests above rely on, held to the real binding."""
+    driver = pytest.importorskip("cuda.bindings.driver")
+    with pytest.raises(TypeError, match="expected bytes, str found"):
+        driver.cuLibraryGetKernel(driver.CUlibrary(), "topk_x")
+    with pytest.raises(TypeError):
+        FakeObjectCode.from_cubin(b"", symbol_mapping={"a": "topk_x"}).get_kernel("a")
+
+
+def test_the_cuda_backend_refuses_an_arch_whose_cubins_this_gpu_cannot_run(built_bundle, fake_core):
+    """TopK(bundle, arch="sm_100", backend="cuda") on a 9.0 GPU was built, and its first call
+    failed in the driver's cubin load; it is refused by name when created."""
+    assert runtime.TopK(built_bundle, arch="sm_90", backend="cuda").arch == "sm_90"
+    with pytest.raises(runtime.TopKError) as err:
+        runtime.TopK(built_bundle, arch="sm_100", backend="cuda")
+    assert str(err.value) == ("arch: 'sm_100' kernels do not run on this GPU (sm_90); pass arch='sm_90' or leave "
+                              "arch out (the backend takes the GPU's)")

@@ -1,0 +1,195 @@
+"""The radix kernels' three ways through a row, told apart by the emulator's traffic counters:
+a row that fits in dynamic shared memory is read once; a longer row is read once more to
+collect its candidates there; when the candidates never fit, every pass reads the row (the
+fallback). A small policy (a few hundred bytes of shared memory) reaches all of them with
+short rows, on block sizes of 128, 512 and 1024 threads and with 0 to 4 loads in flight.
+Every case is checked against the reference; deterministic kernels bit-exact under two
+schedules."""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from topkgen import policy as pol
+from topkgen.emulator import compile_source
+from topkgen.build.render import render
+
+from ..support.topk_cases import PATTERNS, check_topk, launch_kernel, make_rows
+
+POLICY = """
+version: 1
+name: radix_paths
+archs:
+  sm_90:   # 1 KB of shared memory: fp32 rows of up to 253 keys fit, 128 candidates
+    capability: [9, 0]
+    threads: 128
+    warps_per_block: 4
+    vector_tail: {policy: fixed, max_iterations: 2}
+    shared_row_bytes: 1024
+    loads_in_flight: 4
+  sm_100:  # no shared memory: the fallback only
+    capability: [10, 0]
+    threads: 512
+    warps_per_block: 4
+    vector_tail: {policy: runtime}
+    shared_row_bytes: 0
+  sm_80:   # 4 KB of shared memory, 1024 threads
+    capability: [8, 0]
+    threads: 1024
+    warps_per_block: 4
+    vector_tail: {policy: runtime}
+    shared_row_bytes: 4096
+    loads_in_flight: 2
+dtypes: {aot: [float32, bfloat16]}
+families:
+  radix: {template: radix_select.cu.j2, budget: {max_registers: 96, spills: false}}
+rules:
+  - {name: radix_dynamic, family: radix, work: dynamic, k: [64, 1024], n: {min: 1, max: 2147483647},
+     modes: [fast, deterministic]}
+dispatch_order: [radix_dynamic]
+"""
+KERNELS = [("sm_90", "float32", "fast"), ("sm_90", "float32", "deterministic"), ("sm_90", "bfloat16", "fast"),
+           ("sm_90", "bfloat16", "deterministic"), ("sm_100", "float32", "deterministic"),
+           ("sm_80", "float32", "fast"), ("sm_80", "bfloat16", "deterministic")]
+K = 64
+NP_TYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}
+
+
+@lru_cache(maxsize=None)
+def _policy() -> pol.Policy:
+    return pol.loads(POLICY, source="radix_paths")
+
+
+def _spec(arch: str, dtype: str, mode: str) -> pol.KernelSpec:
+    return pol.select(_policy(), arch, dtype, K, 100_000, deterministic=mode == "deterministic").kernel
+
+
+@lru_cache(maxsize=None)
+def _module():
+    return compile_source("".join(render(_spec(*kernel)) for kernel in KERNELS), name="radix_paths")
+
+
+def _run(kernel: tuple[str, str, str], x: np.ndarray, k: int = K, largest: bool = True):
+    """Runs one kernel under two schedules; checks the result; returns the counters."""
+    spec = _spec(*kernel)
+    n = x.shape[1]
+    results, counts = [], []
+    for seed in (1, 2):
+        values, indices, counters = launch_kernel(_module(), spec, x, k, largest, schedule_seed=seed, workers=1,
+                                                  counters=True)
+        counts.append(counters)
+        check_topk(x, values, indices, k, largest, spec.mode == "deterministic", spec.dtype,
+                   what=f"{spec.name} n={n} k={k} largest={largest} seed={seed}")
+        results.append((values.tobytes(), indices.tobytes()))
+    if spec.mode == "deterministic":
+        assert results[0] == results[1], f"{spec.name}: not bit-exact run to run"
+    return counts[0]
+
+
+def _reads(counters, x: np.ndarray) -> float:
+    """Global bytes loaded per input byte."""
+    return counters.global_load_bytes / x.nbytes
+
+
+def _normal(dtype: str, rows: int, n: int, seed: int = 0) -> np.ndarray:
+    return np.random.default_rng(seed).standard_normal((rows, n)).astype(NP_TYPES[dtype])
+
+
+def _near_equal(rows: int, n: int) -> np.ndarray:
+    """float32 keys that share their top 22 bits: the k-th key's bucket holds the whole row
+    until the last pass, so candidates never fit (distinct values, no early exit)."""
+    bits = np.uint32(0x3F800000) + np.arange(n, dtype=np.uint32) % 1024
+    return np.stack([np.random.default_rng(r).permutation(bits) for r in range(rows)]).view(np.float32)
+
+
+def _masked(dtype: str, rows: int, n: int, finite: int) -> np.ndarray:
+    """-inf everywhere but `finite` random places per row."""
+    rng = np.random.default_rng(finite)
+    x = np.full((rows, n), -np.inf, np.float32)
+    for r in range(rows):
+        x[r, rng.choice(n, finite, replace=False)] = rng.standard_normal(finite)
+    return x.astype(NP_TYPES[dtype])
+
+
+# ----------------------------------------------------------------------------- the three ways
+
+@pytest.mark.parametrize("dtype,fits", [("float32", 253), ("bfloat16", 505)])
+@pytest.mark.parametrize("mode", ["fast", "deterministic"])
+def test_rows_that_fit_are_read_once(dtype, fits, mode):
+    """1 KB holds a row of `fits` keys (its copy keeps 16-byte alignment: V - 1 keys of room);
+    NaN payloads of both signs, +-0, infinities, ties, all-equal rows: one read."""
+    for n in (K, fits - 1, fits):
+        x = make_rows(dtype, len(PATTERNS), n, seed=n)
+        assert _reads(_run(("sm_90", dtype, mode), x), x) == 1.0, n
+        assert _reads(_run(("sm_90", dtype, mode), x, largest=False), x) == 1.0, n
+
+
+@pytest.mark.parametrize("dtype,fits", [("float32", 253), ("bfloat16", 505)])
+def test_rows_just_over_the_threshold_collect_candidates(dtype, fits):
+    for n in (fits + 1, fits + 2, 3001):
+        x = _normal(dtype, 3, n, seed=n)
+        c = _run(("sm_90", dtype, "fast"), x, k=16)
+        assert _reads(c, x) == 2.0, n  # the first pass, then the pass that collects
+        if dtype == "float32":  # 3 passes: the last ones and the gather read the candidates
+            assert c.phases["histogram, later passes"].global_load_bytes == x.nbytes, n
+            assert c.phases["gather"].global_load_bytes == 0, n
+
+
+def test_candidates_that_never_fit_fall_back_to_the_row():
+    x = _near_equal(2, 3000)
+    for kernel in (("sm_90", "float32", "fast"), ("sm_90", "float32", "deterministic")):
+        assert _reads(_run(kernel, x), x) == 4.0  # three passes and the gather read the row
+
+
+def test_without_shared_memory_every_pass_reads_the_row():
+    x = _normal("float32", 2, 3000)
+    assert _reads(_run(("sm_100", "float32", "deterministic"), x), x) >= 3.0
+    x = make_rows("float32", len(PATTERNS), 2999, seed=3)
+    _run(("sm_100", "float32", "deterministic"), x)
+
+
+def test_deterministic_ties_split_by_index_read_the_row_in_order():
+    """Ties at the k-th key of which only some are taken: fast mode takes them from the
+    candidates; deterministic mode takes the lowest indices, reading the row in order."""
+    x = _normal("float32", 2, 3000, seed=4)
+    for r in range(2):
+        order = np.argsort(-x[r], kind="stable")
+        x[r, order[K - 4:K + 6]] = x[r, order[K - 4]]  # 10 equal keys at ranks 61..70
+    assert _reads(_run(("sm_90", "float32", "fast"), x), x) == 2.0
+    assert _reads(_run(("sm_90", "float32", "deterministic"), x), x) == 3.0
+
+
+# ----------------------------------------------------------------------------- degenerate rows
+
+@pytest.mark.parametrize("kernel", KERNELS, ids=["-".join(k) for k in KERNELS])
+def test_all_equal_and_masked_rows(kernel):
+    """All-equal rows: one pass finds the single key, the gather reads the row again. Rows
+    of -inf with fewer finite values than k: the second pass finds -inf alone in its
+    bucket. With more finite values than k: their bucket is collected."""
+    n = 3001
+    same = np.full((2, n), 0.75, NP_TYPES[kernel[1]])
+    few = _masked(kernel[1], 2, n, finite=20)
+    many = _masked(kernel[1], 2, n, finite=300)
+    reads = tuple(_reads(_run(kernel, x), x) for x in (same, few, many))
+    if _spec(*kernel).dynamic_shared_bytes == 0:
+        assert reads[:2] == (2.0, 3.0) and reads[2] <= 4.0
+    else:  # deterministic mode reads the row once more when ties at the k-th key are split
+        assert reads[:2] == (2.0, 3.0) and reads[2] in ((2.0,) if kernel[2] == "fast" else (2.0, 3.0))
+
+
+@pytest.mark.parametrize("kernel", KERNELS, ids=["-".join(k) for k in KERNELS])
+def test_every_pattern_around_the_thresholds(kernel):
+    """n around the resident threshold and the block's vector tiles; k = 1, middle and 64."""
+    arch, dtype, _ = kernel
+    spec = _spec(*kernel)
+    fits = spec.dynamic_shared_bytes // np.dtype(NP_TYPES[dtype]).itemsize - (spec.vector_width - 1)
+    for n in sorted({K, fits, fits + 1, spec.threads * spec.vector_width + 3, 1500}):
+        if n < K:
+            continue
+        x = make_rows(dtype, len(PATTERNS), n, seed=n)
+        for k in (1, 33, K):
+            _run(kernel, x, k=k, largest=k != 33)
