@@ -108,7 +108,7 @@ def _accepted_policies_yield_correct_kernels(doc, data) -> None:
 
 
 def test_accepted_policies_yield_correct_kernels():
-    proc = subprocess.run([sys.executable, "-m", "tests.test_policy_space"], capture_output=True, text=True,
+    proc = subprocess.run([sys.executable, "-m", "tests.policy.test_policy_space"], capture_output=True, text=True,
                           cwd=Path(__file__).resolve().parents[2])
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-8000:]
     stats = json.loads(proc.stdout.splitlines()[-1])

@@ -402,7 +402,7 @@ def test_an_unexpected_error_is_one_line_and_exit_70_for_every_command(cli, tiny
 
 
 def test_the_installed_entry_point_has_the_same_handler(tmp_path):
-    code = ("import sys, topkgen.policy as p\n"
+    code = ("import sys, topkgen.policy.loading as p\n"
             "p._build = lambda *a, **k: 1 / 0\n"
             "from topkgen.cli import main\n"
             "sys.argv = ['topkgen', 'plan']\n"

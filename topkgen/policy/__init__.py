@@ -26,8 +26,10 @@ from topkgen.policy.selection import (
     select, unknown_dtype, check_rows, resident_elements, split_capable, check_shape, as_integer,
     as_flag)
 from topkgen.policy.coverage import COVERAGE_RULE, GAP_FIX_AOT, GAP_FIX_JIT
+from topkgen.policy.split import ROWS_MAX, ChunkPlan
 
 __all__ = [
+    "ROWS_MAX", "ChunkPlan",
     "DTYPE_SIZES", "DTYPE_TAGS", "MODE_TAGS", "MODES", "K_MAX", "N_MAX", "VECTOR_BYTES",
     "THREADS_PER_SM", "SHARED_BYTES_PER_BLOCK", "RADIX_STATIC_SHARED_BYTES", "REGISTER_MAX_N",
     "REGISTER_MAX_K", "WORK_BY_FAMILY", "FAMILY_TEMPLATES", "FAMILY_ARCH_KEYS", "MAX_POLICY_BYTES",
