@@ -1,7 +1,13 @@
-"""Shared fixtures: the checkout's policies and a CLI runner that runs topkgen in-process."""
+"""Shared fixtures: the checkout's policies, a CLI runner that runs topkgen in-process, the tiny
+policy and its bundle, the C++ loader and scripts/gpu_check.py as a module. Shared helpers that
+are not fixtures live in tests/support/."""
 
 from __future__ import annotations
 
+import fcntl
+import importlib.util
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -55,3 +61,49 @@ def _isolated_cache(tmp_path_factory):
     """Tests never touch the user's cache; one cache serves the whole session."""
     import os
     os.environ.setdefault("TOPKGEN_CACHE_DIR", str(tmp_path_factory.mktemp("topkgen-cache")))
+
+
+@pytest.fixture(scope="module")
+def tiny_policy(tmp_path_factory) -> Path:
+    path = tmp_path_factory.mktemp("policy") / "tiny.yaml"
+    from .support.tiny import TINY_POLICY
+
+    path.write_text(TINY_POLICY)
+    return path
+
+
+@pytest.fixture(scope="module")
+def tiny_bundle(tmp_path_factory, tiny_policy) -> Path:
+    out = tmp_path_factory.mktemp("bundle") / "out"
+    proc = subprocess.run([sys.executable, "-m", "topkgen", "build", "--policy", str(tiny_policy), "--out", str(out)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return out
+
+
+@pytest.fixture(scope="session")
+def cpp():
+    """`make cpp`, once per session; a lock keeps pytest-xdist workers from building twice."""
+    from .support.cpp import CPP
+
+    CPP.parent.mkdir(parents=True, exist_ok=True)
+    with open(CPP.parent / ".build.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        proc = subprocess.run(["make", "-s", "cpp"], cwd=ROOT, capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    return CPP
+
+
+@pytest.fixture(scope="module")
+def gc():
+    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules["gpu_check"] = module  # its dataclasses look their module up
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="module")
+def gpu_check(gc):
+    """scripts/gpu_check.py, under the name some tests give it."""
+    return gc

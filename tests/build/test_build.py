@@ -24,8 +24,9 @@ from topkgen.manifest.params import PARAMS
 from topkgen.common.schema import load_schema
 
 from ..conftest import DEFAULT_POLICY, LEGACY_POLICY, ROOT
+from ..support.commands import TOPKGEN, tree
+from ..support.tiny import TINY_POLICY
 
-TOPKGEN = [sys.executable, "-m", "topkgen"]
 
 
 def run(*args, cache: Path, check: bool = True) -> subprocess.CompletedProcess:
@@ -34,10 +35,6 @@ def run(*args, cache: Path, check: bool = True) -> subprocess.CompletedProcess:
     if check:
         assert proc.returncode == 0, proc.stderr
     return proc
-
-
-def tree(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 @pytest.fixture(scope="module")
@@ -132,7 +129,6 @@ def test_a_bundle_built_through_the_library_does_not_depend_on_the_order_of_its_
     """bundle.build wrote the archs, and their kernels, in the order it was given them (only
     the CLI put them in the policy's order); an arch named twice was built once, and one
     that is not in the policy is refused by name."""
-    from ..system.test_user_files import TINY_POLICY
 
     two_archs = TINY_POLICY.replace("archs:\n", "archs:\n  sm_100:\n    capability: [10, 0]\n    threads: 256\n"
                                     "    warps_per_block: 4\n    vector_tail: {policy: fixed, max_iterations: 4}\n")
@@ -306,7 +302,6 @@ def test_builds_into_one_directory_with_different_caches_wait_for_each_other(tmp
     different caches (TOPKGEN_CACHE_DIR per CI job, say) took different locks and staged and
     swapped at once. The lock lives beside the destination now: the second waits until the
     first has swapped its bundle in, then swaps its own; nothing else is left beside it."""
-    from ..system.test_user_files import TINY_POLICY
 
     policy = tmp_path / "tiny.yaml"
     policy.write_text(TINY_POLICY)
@@ -345,7 +340,6 @@ def test_ctrl_c_while_waiting_for_the_destinations_lock_stops_the_build_at_once(
     handlers with SA_RESTART) and then waits for another build's lock on --out took a
     Ctrl-C only once the other build let go: flock() was restarted after the signal. It
     stops at once now (130, one line), and the other build goes on to write its bundle."""
-    from ..system.test_user_files import TINY_POLICY
 
     policy = tmp_path / "tiny.yaml"
     policy.write_text(TINY_POLICY)

@@ -18,16 +18,9 @@ import pytest
 from topkgen.build import cache, toolchain
 from topkgen.common.paths import cuda_include_dir
 
-from .test_build import TOPKGEN, tree
+from ..support.commands import TOPKGEN, topkgen, tree
 
 SHARD = "1/29"  # 2 of the 58 kernels (one per arch): a plan small enough to compile cold in a test
-
-
-def topkgen(*args, env: dict[str, str], check: bool = True) -> subprocess.CompletedProcess:
-    proc = subprocess.run([*TOPKGEN, *map(str, args)], capture_output=True, text=True, env={**os.environ, **env})
-    if check:
-        assert proc.returncode == 0, proc.stderr
-    return proc
 
 
 def stats_line(stdout: str) -> str:

@@ -9,9 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from .test_build import tree
-from .test_cache import topkgen
-from ..loaders.test_cpp_loader import cpp  # noqa: F401 (the fixture that builds the C++ loader)
+from ..support.commands import topkgen, tree
 
 
 @pytest.fixture(scope="module")

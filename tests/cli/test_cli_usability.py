@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import json
 import os
-import pty
 import re
 import shutil
 import subprocess
@@ -20,10 +19,8 @@ from topkgen import cli as cli_module
 from topkgen.cli import console
 
 from ..conftest import ROOT
-from ..system.test_user_files import tiny_bundle, tiny_policy  # noqa: F401 (fixtures)
+from ..support.commands import ENV, on_terminal
 
-ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
-ENV.pop("NO_COLOR", None)
 
 
 def topkgen(*args, env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:
@@ -31,23 +28,7 @@ def topkgen(*args, env: dict | None = None, **kwargs) -> subprocess.CompletedPro
                           env=env or ENV, **kwargs)
 
 
-def on_terminal(*args, env: dict | None = None, cwd=None) -> tuple[int, str]:
-    """Run topkgen with stdout and stderr on a pseudo-terminal: (exit status, what it showed)."""
-    leader, follower = pty.openpty()
-    proc = subprocess.Popen([sys.executable, "-m", "topkgen", *map(str, args)], stdout=follower, stderr=follower,
-                            env=env or ENV, cwd=cwd)
-    os.close(follower)
-    chunks = []
-    while True:
-        try:
-            chunk = os.read(leader, 65536)
-        except OSError:
-            break
-        if not chunk:
-            break
-        chunks.append(chunk)
-    os.close(leader)
-    return proc.wait(), b"".join(chunks).decode()
+
 
 
 def _commands(group: click.Group, prefix: str = "") -> dict[str, click.Command]:

@@ -19,9 +19,8 @@ from topkgen import policy as pol
 from topkgen.common.schema import load_schema
 
 from ..conftest import DEFAULT_POLICY, LEGACY_POLICY, ROOT
-from ..cli.test_cli_usability import on_terminal
+from ..support.commands import TOPKGEN, on_terminal
 
-TOPKGEN = [sys.executable, "-m", "topkgen"]
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 ENV.pop("NO_COLOR", None)
 

@@ -22,7 +22,7 @@ from ..conftest import ROOT
 
 pytest.importorskip("nlohmann_json")  # loader.hpp's JSON headers (a dev dependency, as for `make cpp`)
 
-from .test_cpp_loader import _loader_flags  # noqa: E402
+from ..support.cpp import loader_flags  # noqa: E402
 
 LOADER = ROOT / "loaders" / "cpp" / "include" / "topkgen" / "loader.hpp"
 
@@ -72,7 +72,7 @@ def _compile(tmp_path, checks: list[str]) -> subprocess.CompletedProcess:
     """g++ -fsyntax-only of the static_asserts `checks` against the CUDA headers and loader.hpp."""
     source = tmp_path / "abi.cpp"
     source.write_text(ABI_PRELUDE + "\n".join(checks) + "\nint main() { return 0; }\n")
-    return subprocess.run(["g++", *_loader_flags(), "-isystem", str(cuda_include_dir()), "-fsyntax-only",
+    return subprocess.run(["g++", *loader_flags(), "-isystem", str(cuda_include_dir()), "-fsyntax-only",
                            str(source)], capture_output=True, text=True)
 
 

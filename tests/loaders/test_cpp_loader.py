@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import copy
 import ctypes
-import fcntl
 import functools
 import importlib.util
 import json
@@ -30,26 +29,8 @@ from topkgen.runtime import TopK, TopKError
 from topkgen.common.schema import _resolve, format_path, load_schema
 
 from ..conftest import ROOT
-from ..tools.test_gpu_check import gc as gpu_check  # noqa: F401 (the fixture that imports scripts/gpu_check.py)
+from ..support.cpp import loader_flags
 
-CPP = ROOT / "build" / "cpp" / "topkgen-cpp"
-
-
-@pytest.fixture(scope="session")
-def cpp():
-    """`make cpp`, once per session; a lock keeps pytest-xdist workers from building twice."""
-    CPP.parent.mkdir(parents=True, exist_ok=True)
-    with open(CPP.parent / ".build.lock", "w") as lock:
-        fcntl.flock(lock, fcntl.LOCK_EX)
-        proc = subprocess.run(["make", "-s", "cpp"], cwd=ROOT, capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stdout + proc.stderr
-    return CPP
-
-
-def _loader_flags() -> list[str]:
-    """g++ flags for a program that includes loader.hpp (the headers the Makefile gives topkgen-cpp)."""
-    nlohmann = Path(importlib.util.find_spec("nlohmann_json").origin).parent / "include"
-    return ["-std=c++17", f"-I{ROOT}/loaders/cpp/include", "-isystem", str(nlohmann)]
 
 
 def cpp_select(cpp: Path, bundle_dir: Path, shapes: list[tuple]) -> list[str]:
@@ -716,7 +697,7 @@ def test_both_loaders_read_and_name_a_bundle_however_it_is_given(cpp, built_bund
 def cpp_sanitized(tmp_path_factory) -> Path:
     """topkgen-cpp built with AddressSanitizer and UBSan, any report fatal (-O0: ~15 s of g++)."""
     out = tmp_path_factory.mktemp("sanitized") / "topkgen-cpp"
-    proc = subprocess.run(["g++", *_loader_flags(), "-O0", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
+    proc = subprocess.run(["g++", *loader_flags(), "-O0", "-fsanitize=address,undefined", "-fno-sanitize-recover=all",
                            "-fno-omit-frame-pointer", ROOT / "loaders/cpp/src/topkgen_cpp.cpp", "-o", out, "-lcrypto",
                            "-ldl"], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
@@ -817,7 +798,7 @@ static_assert(topkgen::cu::SUCCESS == CUDA_SUCCESS);
 static_assert(sizeof(CUresult) == sizeof(topkgen::cu::Result));  // an enum in cuda.h, returned as int
 int main() {}
 """)
-    proc = subprocess.run(["g++", *_loader_flags(), "-fsyntax-only", f"-I{cuda_include_dir()}", str(probe)],
+    proc = subprocess.run(["g++", *loader_flags(), "-fsyntax-only", f"-I{cuda_include_dir()}", str(probe)],
                           capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
 
@@ -850,7 +831,7 @@ int main(int, char** argv) {
 }
 """)
     exe = tmp_path / "run_checks"
-    subprocess.run(["g++", *_loader_flags(), "-O1", str(probe), "-o", str(exe), "-lcrypto", "-ldl"], check=True,
+    subprocess.run(["g++", *loader_flags(), "-O1", str(probe), "-o", str(exe), "-lcrypto", "-ldl"], check=True,
                    capture_output=True)
     out = subprocess.run([exe, built_bundle], capture_output=True, text=True, check=True).stdout.splitlines()
     shared = "{a}: shares memory with {b}; the kernels write {a} while they read or write {b}: pass separate arrays"

@@ -28,7 +28,6 @@ from topkgen.runtime.backend import _Work
 from topkgen.policy import SHARED_BYTES_PER_BLOCK
 
 from ..support.cubin_info import kernel_info
-from ..tools.test_gpu_check import gc as gpu_check  # noqa: F401 (the fixture that imports scripts/gpu_check.py)
 
 C_SIZES = {"int": 4, "long long": 8}
 DEFAULT_SHARED_LIMIT = 48 * 1024  # CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: static + dynamic without opt-in

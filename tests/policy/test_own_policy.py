@@ -8,7 +8,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import sys
 from pathlib import Path
 
 import jsonschema
@@ -21,10 +20,9 @@ from topkgen import policy as pol
 from topkgen.common.schema import load_schema
 
 from ..conftest import ROOT
-from ..cli.test_cli_usability import ENV, on_terminal
+from ..support.commands import ENV, TOPKGEN, on_terminal
 from ..support.topk_cases import check_topk, make_rows
 
-TOPKGEN = [sys.executable, "-m", "topkgen"]
 
 
 def readme_policy() -> str:

@@ -19,7 +19,6 @@ from topkgen import runtime  # noqa: E402
 from topkgen.runtime import cuda_backend  # noqa: E402
 from topkgen.runtime import TopKError  # noqa: E402
 
-from ..tools.test_gpu_check import gc  # noqa: E402, F401 (the fixture that imports scripts/gpu_check.py)
 
 
 def _binds(fn, *args, **kwargs) -> None:

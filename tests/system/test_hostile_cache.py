@@ -22,7 +22,8 @@ import pytest
 from topkgen.build import cache
 from topkgen.common import files
 
-from ..build.test_build import TOPKGEN, tree
+from ..support.commands import TOPKGEN, tree
+from ..support.tiny import TINY_POLICY
 
 SHARD = ["--arch", "sm_90", "--shard", "1/15"]  # 2 kernels
 ADDRESS_SPACE = 4 << 30  # NVRTC needs well under this; reading /dev/zero to the end needs all there is
@@ -489,7 +490,6 @@ def tiny_bundle_for_run(tmp_path_factory) -> tuple[Path, Path]:
     """A whole (unsharded) bundle `run` accepts, and an input for it."""
     import numpy as np
 
-    from .test_user_files import TINY_POLICY
 
     base = tmp_path_factory.mktemp("run")
     (base / "tiny.yaml").write_text(TINY_POLICY)

@@ -11,7 +11,6 @@ import os
 import resource
 import shutil
 import subprocess
-import sys
 import time
 from pathlib import Path
 
@@ -22,9 +21,9 @@ from topkgen.policy import MAX_POLICY_BYTES
 from topkgen.common.schema import SchemaViolation, validate
 
 from ..conftest import DEFAULT_POLICY, ROOT
+from ..support.commands import TOPKGEN
 
 BASE = DEFAULT_POLICY.read_text()
-TOPKGEN = [sys.executable, "-m", "topkgen"]
 
 
 def _variant(old: str, new: str) -> str:

@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from ..conftest import DEFAULT_POLICY, ROOT
-from .test_user_files import TINY_POLICY, TOPKGEN, each_command, tiny_bundle, tiny_policy  # noqa: F401 (fixtures)
+from ..support.commands import TOPKGEN
+from ..support.tiny import TINY_POLICY, each_command
 
 ENV = {**os.environ, "PYTHONPATH": str(ROOT)}
 

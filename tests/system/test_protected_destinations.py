@@ -14,7 +14,7 @@ import pytest
 
 from topkgen.common.destinations import DestinationError, check_bundle_destination
 
-from .test_user_files import TOPKGEN, _one_line_error, _tree, tiny_policy  # noqa: F401 (a fixture)
+from ..support.commands import TOPKGEN, one_line_error, tree
 
 NEVER = "the --out directory is replaced as a whole, --force or not"
 
@@ -34,7 +34,7 @@ def _precious(directory: Path) -> dict[str, bytes]:
     """A directory of the user's, with something in it that must survive."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "precious.txt").write_text("mine\n")
-    return _tree(directory)
+    return tree(directory)
 
 
 # ----------------------------------------------------------------------------- merge
@@ -42,27 +42,27 @@ def _precious(directory: Path) -> dict[str, bytes]:
 def test_merge_never_writes_over_its_own_parts(cli, tmp_path, tiny_shards, monkeypatch):
     parts = tmp_path / "parts"
     shutil.copytree(tiny_shards, parts)
-    before = _tree(parts)
+    before = tree(parts)
     monkeypatch.chdir(tmp_path)
     for out, relation, force in (("parts/s1", "is the input parts/s1", ()),
                                  ("parts/s1", "is the input parts/s1", ("--force",)),
                                  ("parts/s1/sub", "lies inside the input parts/s1", ("--force",)),
                                  ("parts", "holds the input parts/s1", ("--force",))):
         result = cli("merge", "parts/s1", "parts/s2", "--out", out, *force)
-        _one_line_error(result, f"--out {out}: {relation}; {NEVER}")
-    assert _tree(parts) == before  # s1 was replaced by the merged bundle (exit 0)
+        one_line_error(result, f"--out {out}: {relation}; {NEVER}")
+    assert tree(parts) == before  # s1 was replaced by the merged bundle (exit 0)
 
 
 def test_merge_force_replaces_a_directory_that_is_not_a_bundle(cli, tmp_path, tiny_shards):
     target = tmp_path / "target"
     _precious(target)
     result = cli("merge", tiny_shards / "s1", tiny_shards / "s2", "--out", target)
-    _one_line_error(result, "is not a topkgen bundle (no manifest.json, and it holds precious.txt); "
+    one_line_error(result, "is not a topkgen bundle (no manifest.json, and it holds precious.txt); "
                             "pass --force to replace it")
     assert (target / "precious.txt").exists()
     result = cli("merge", tiny_shards / "s1", tiny_shards / "s2", "--out", target, "--force")  # was: no such option
     assert result.exit_code == 0, result.stderr
-    assert sorted(_tree(target)) == ["manifest.json", "sm_90/topk_radix_dyn_k1024_det_f32_sm_90.cubin",
+    assert sorted(tree(target)) == ["manifest.json", "sm_90/topk_radix_dyn_k1024_det_f32_sm_90.cubin",
                                      "sm_90/topk_radix_dyn_k64_det_f32_sm_90.cubin"]
 
 
@@ -118,11 +118,11 @@ def test_force_never_replaces_a_protected_directory(cli, tmp_path, tiny_policy, 
     work.mkdir()
     monkeypatch.chdir(work)  # not the current directory: that refusal would come first
     setup(tmp_path, monkeypatch)
-    before = _tree(tmp_path)
+    before = tree(tmp_path)
     target = (tmp_path / out).resolve()
     result = cli("build", "--policy", tiny_policy, "--out", target, "--force")
-    _one_line_error(result, f"--out {target}: {reason.format(tmp=tmp_path)}; {NEVER}")
-    assert _tree(tmp_path) == before
+    one_line_error(result, f"--out {target}: {reason.format(tmp=tmp_path)}; {NEVER}")
+    assert tree(tmp_path) == before
 
 
 def test_force_never_replaces_the_policy_it_builds(cli, tmp_path, tiny_policy, monkeypatch):  # noqa: F811
@@ -130,7 +130,7 @@ def test_force_never_replaces_the_policy_it_builds(cli, tmp_path, tiny_policy, m
     (tmp_path / "pol").mkdir()
     (tmp_path / "pol" / "topk.yaml").write_bytes(tiny_policy.read_bytes())
     result = cli("build", "--policy", "pol/topk.yaml", "--out", "pol", "--force")
-    _one_line_error(result, f"--out pol: holds the input pol/topk.yaml; {NEVER}")
+    one_line_error(result, f"--out pol: holds the input pol/topk.yaml; {NEVER}")
     assert (tmp_path / "pol" / "topk.yaml").read_bytes() == tiny_policy.read_bytes()
 
 
@@ -138,10 +138,10 @@ def test_force_never_replaces_a_tree_holding_a_repository(cli, tmp_path, tiny_po
     monkeypatch.chdir(tmp_path)
     (tmp_path / "src" / "project" / ".git").mkdir(parents=True)
     (tmp_path / "src" / "notes.txt").write_text("mine\n")
-    before = _tree(tmp_path / "src")
+    before = tree(tmp_path / "src")
     result = cli("build", "--policy", tiny_policy, "--out", "src", "--force")
-    _one_line_error(result, "--out src: holds a git repository (project/.git); --force replaces the whole directory")
-    assert _tree(tmp_path / "src") == before
+    one_line_error(result, "--out src: holds a git repository (project/.git); --force replaces the whole directory")
+    assert tree(tmp_path / "src") == before
 
 
 def test_force_never_replaces_a_top_level_directory():
@@ -182,7 +182,7 @@ def test_a_write_that_fails_leaves_the_destination_as_it_was(tmp_path, tiny_shar
             "build": ["build", "--policy", str(tiny_policy)]}[command]
     work = tmp_path / "work"
     shutil.copytree(tiny_shards / "s1", work / "out")  # a bundle the command may replace
-    before = _tree(work)
+    before = tree(work)
     proc = subprocess.run([*TOPKGEN, *args, "--out", "out"], cwd=work, capture_output=True, text=True,
                           preexec_fn=_with_file_size_limit(4096))
     assert proc.stdout == "" or command == "build"  # build's progress lines are on stdout
@@ -190,7 +190,7 @@ def test_a_write_that_fails_leaves_the_destination_as_it_was(tmp_path, tiny_shar
                 "build": "topkgen: error: build failed, out left as it was:\ncannot write the bundle out: "
                          "File too large\n"}[command]
     assert (proc.returncode, proc.stderr) == ({"merge": 2, "build": 1}[command], expected)
-    assert _tree(work) == before and sorted(p.name for p in work.iterdir()) == ["out"]
+    assert tree(work) == before and sorted(p.name for p in work.iterdir()) == ["out"]
 
 
 # ----------------------------------------------------------------------------- symbolic-link loops
@@ -207,8 +207,8 @@ def test_a_symbolic_link_loop_on_the_way_is_one_message_not_an_internal_error(cl
                            (["build", "--policy", tiny_policy, "--out", "loop/a/b", "--force"], "--out loop/a/b: "),
                            (["merge", *parts, "--out", "loop/out"], "--out loop/out: "),
                            (["merge", "loop/part", "--out", "merged"], "loop/part: cannot read manifest: ")):
-        _one_line_error(cli(*args), fragment + loop_error)
+        one_line_error(cli(*args), fragment + loop_error)
     monkeypatch.setenv("TOPKGEN_CACHE_DIR", str(tmp_path / "loop" / "cache"))
-    _one_line_error(cli("build", "--policy", tiny_policy, "--out", "out"),
+    one_line_error(cli("build", "--policy", tiny_policy, "--out", "out"),
                     f"TOPKGEN_CACHE_DIR={tmp_path}/loop/cache: cannot use the compile cache: ", loop_error)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["loop"]

@@ -20,66 +20,9 @@ import numpy as np
 import pytest
 
 from ..conftest import ROOT
+from ..support.commands import TOPKGEN, one_line_error, tree
+from ..support.tiny import each_command
 from ..support.topk_cases import check_topk, make_rows
-
-TOPKGEN = [sys.executable, "-m", "topkgen"]
-# Two kernels (sm_90, float32, K 64 and 1024), tuned as the default policy's sm_90 kernels
-# so that the compile and emulator caches serve both.
-TINY_POLICY = """\
-version: 1
-name: tiny
-archs:
-  sm_90:
-    capability: [9, 0]
-    threads: 256
-    warps_per_block: 4
-    vector_tail: {policy: fixed, max_iterations: 4}
-    min_ctas_per_sm: {1024: 2}
-dtypes:
-  aot: [float32]
-families:
-  radix:
-    template: radix_select.cu.j2
-    budget: {max_registers: 96, spills: false}
-rules:
-  - name: radix_all
-    family: radix
-    work: dynamic
-    k: [64, 1024]
-    n: {min: 1, max: 2147483647}
-    modes: [deterministic]
-    serves: [fast, deterministic]
-aot_covers_all: true
-dispatch_order: [radix_all]
-"""
-
-
-@pytest.fixture(scope="module")
-def tiny_policy(tmp_path_factory) -> Path:
-    path = tmp_path_factory.mktemp("policy") / "tiny.yaml"
-    path.write_text(TINY_POLICY)
-    return path
-
-
-@pytest.fixture(scope="module")
-def tiny_bundle(tmp_path_factory, tiny_policy) -> Path:
-    out = tmp_path_factory.mktemp("bundle") / "out"
-    proc = subprocess.run([*TOPKGEN, "build", "--policy", str(tiny_policy), "--out", str(out)],
-                          capture_output=True, text=True)
-    assert proc.returncode == 0, proc.stderr
-    return out
-
-
-def _tree(root: Path) -> dict[str, bytes]:
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
-
-
-def _one_line_error(result, *fragments: str) -> None:
-    assert result.exit_code == 2, (result.exit_code, result.stderr)
-    assert result.stderr.startswith("topkgen: error: ") and result.stderr.count("\n") == 1, result.stderr
-    for fragment in fragments:
-        assert fragment in result.stderr, result.stderr
-
 
 # ----------------------------------------------------------------------------- build --out
 
@@ -88,18 +31,18 @@ def test_build_never_replaces_a_directory_that_is_not_a_bundle(cli, tmp_path, ti
     (tmp_path / "victim" / "src").mkdir(parents=True)
     (tmp_path / "victim" / "src" / "important.txt").write_text("precious\n")
     result = cli("build", "--policy", tiny_policy, "--out", "victim")
-    _one_line_error(result, "--out victim: exists, is not empty and is not a topkgen bundle (no manifest.json, "
+    one_line_error(result, "--out victim: exists, is not empty and is not a topkgen bundle (no manifest.json, "
                             "and it holds src); pass --force to replace it")
     assert (tmp_path / "victim" / "src" / "important.txt").read_text() == "precious\n"
     # A bundle with something of the user's inside is not a bundle either.
     assert cli("build", "--policy", tiny_policy, "--out", "bundle").exit_code == 0
     (tmp_path / "bundle" / "sm_90" / "notes.txt").write_text("mine\n")
-    _one_line_error(cli("build", "--policy", tiny_policy, "--out", "bundle"), "it holds sm_90/notes.txt")
+    one_line_error(cli("build", "--policy", tiny_policy, "--out", "bundle"), "it holds sm_90/notes.txt")
     assert (tmp_path / "bundle" / "sm_90" / "notes.txt").exists()
     # --force is the user asking for it.
     result = cli("build", "--policy", tiny_policy, "--out", "victim", "--force")
     assert result.exit_code == 0, result.stderr
-    assert sorted(_tree(tmp_path / "victim")) == ["manifest.json", "sm_90/topk_radix_dyn_k1024_det_f32_sm_90.cubin",
+    assert sorted(tree(tmp_path / "victim")) == ["manifest.json", "sm_90/topk_radix_dyn_k1024_det_f32_sm_90.cubin",
                                                   "sm_90/topk_radix_dyn_k64_det_f32_sm_90.cubin"]
 
 
@@ -123,7 +66,7 @@ def test_build_refuses_the_current_directory_and_its_parents(cli, tmp_path, tiny
     monkeypatch.setenv("TOPKGEN_CACHE_DIR", str(tmp_path / "cache"))
     for out in (".", "..", str(tmp_path), "/"):
         result = cli("build", "--policy", tiny_policy, "--out", out)
-        _one_line_error(result, f"--out {out}: is the current directory or one of its parents")
+        one_line_error(result, f"--out {out}: is the current directory or one of its parents")
     # Nothing compiled, nothing left behind (it used to leave a `..lock` file).
     assert not (tmp_path / "cache").exists()
     assert sorted(p.name for p in tmp_path.iterdir()) == ["work"] and not any(work.iterdir())
@@ -132,13 +75,13 @@ def test_build_refuses_the_current_directory_and_its_parents(cli, tmp_path, tiny
 def test_an_unwritable_destination_is_refused_before_compiling(cli, tmp_path, tiny_policy, monkeypatch):
     monkeypatch.setenv("TOPKGEN_CACHE_DIR", str(tmp_path / "cache"))
     (tmp_path / "file").write_text("x")
-    _one_line_error(cli("build", "--policy", tiny_policy, "--out", tmp_path / "file" / "out"),
+    one_line_error(cli("build", "--policy", tiny_policy, "--out", tmp_path / "file" / "out"),
                     f"{tmp_path / 'file'} is not a directory")
     if os.geteuid() != 0:  # root writes anywhere; a read-only mount would be needed
         locked = tmp_path / "locked"
         locked.mkdir(mode=0o500)
-        _one_line_error(cli("build", "--policy", tiny_policy, "--out", locked / "out"), "cannot write in")
-    _one_line_error(cli("build", "--policy", tiny_policy, "--out", "/proc/topkgen-out"), "cannot write in /proc")
+        one_line_error(cli("build", "--policy", tiny_policy, "--out", locked / "out"), "cannot write in")
+    one_line_error(cli("build", "--policy", tiny_policy, "--out", "/proc/topkgen-out"), "cannot write in /proc")
     assert not (tmp_path / "cache").exists()  # nothing was compiled
 
 
@@ -182,9 +125,9 @@ def _tampered(tiny_bundle: Path, tmp_path: Path, edit) -> Path:
 ], ids=["surrogate", "deep", "list_rule", "nul_in_cubin"])
 def test_broken_manifests_get_one_clear_error(cli, tiny_bundle, tiny_policy, tmp_path, case, edit, fragment):
     bundle = _tampered(tiny_bundle, tmp_path, edit)
-    _one_line_error(cli("diff", bundle, tiny_policy), str(bundle / "manifest.json"), fragment)
+    one_line_error(cli("diff", bundle, tiny_policy), str(bundle / "manifest.json"), fragment)
     np.save(tmp_path / "x.npy", np.zeros((1, 100), np.float32))
-    _one_line_error(cli("run", "--bundle", bundle, "--arch", "sm_90", "--backend", "emulator", "--k", "5",
+    one_line_error(cli("run", "--bundle", bundle, "--arch", "sm_90", "--backend", "emulator", "--k", "5",
                         tmp_path / "x.npy", "-o", tmp_path / "o.npz"), fragment)
 
 
@@ -267,7 +210,7 @@ def test_run_refuses_bad_arrays_by_name(cli, tiny_bundle, tmp_path, case):
     write(path)
     result = cli("run", "--bundle", tiny_bundle, "--arch", "sm_90", "--backend", "emulator", "--k", "1",
                  path, "-o", tmp_path / "out.npz")
-    _one_line_error(result, f"{path}: {fragment}")
+    one_line_error(result, f"{path}: {fragment}")
     assert not (tmp_path / "out.npz").exists()
 
 
@@ -287,12 +230,12 @@ def test_run_takes_fortran_order_and_big_endian_arrays(cli, tiny_bundle, tmp_pat
 def test_run_checks_its_arguments_and_output_before_running(cli, tiny_bundle, tmp_path):
     np.save(tmp_path / "in.npy", np.zeros((2, 100), np.float32))
     args = ["run", "--bundle", tiny_bundle, "--backend", "emulator", "--k", "3", tmp_path / "in.npy"]
-    _one_line_error(cli(*args, "--arch", "", "-o", tmp_path / "o.npz"), "arch: '' is not in the bundle's policy")
-    _one_line_error(cli(*args, "--arch", "sm_90", "-o", "/dev/null/x.npz"), "-o /dev/null/x.npz: /dev/null is not "
+    one_line_error(cli(*args, "--arch", "", "-o", tmp_path / "o.npz"), "arch: '' is not in the bundle's policy")
+    one_line_error(cli(*args, "--arch", "sm_90", "-o", "/dev/null/x.npz"), "-o /dev/null/x.npz: /dev/null is not "
                                                                            "an existing directory")
-    _one_line_error(cli(*args, "--arch", "sm_90", "-o", tmp_path / "in.npy"), "is the input file")
+    one_line_error(cli(*args, "--arch", "sm_90", "-o", tmp_path / "in.npy"), "is the input file")
     (tmp_path / "notes.npz").write_text("my notes\n")
-    _one_line_error(cli(*args, "--arch", "sm_90", "-o", tmp_path / "notes.npz"),
+    one_line_error(cli(*args, "--arch", "sm_90", "-o", tmp_path / "notes.npz"),
                     "exists and is not the output of an earlier topkgen run")
     assert (tmp_path / "notes.npz").read_text() == "my notes\n"
     for _ in range(2):  # an earlier run's output may be replaced
@@ -336,45 +279,31 @@ def test_run_force_never_replaces_a_device_a_fifo_or_the_bundle_it_reads(cli, ti
     deleted /dev/null, and `-o BUNDLE/manifest.json --force` the bundle being read."""
     bundle = tmp_path / "bundle"
     shutil.copytree(tiny_bundle, bundle)
-    before = _tree(bundle)
+    before = tree(bundle)
     np.save(tmp_path / "in.npy", np.zeros((2, 100), np.float32))
     args = ["run", "--bundle", bundle, "--backend", "emulator", "--arch", "sm_90", "--k", "3", tmp_path / "in.npy",
             "--force", "-o"]
     os.mkfifo(tmp_path / "fifo")
-    _one_line_error(cli(*args, tmp_path / "fifo"), f"-o {tmp_path / 'fifo'}: is a FIFO, not a regular file, and -o "
+    one_line_error(cli(*args, tmp_path / "fifo"), f"-o {tmp_path / 'fifo'}: is a FIFO, not a regular file, and -o "
                                                    f"replaces regular files only, --force or not")
     assert stat.S_ISFIFO(os.lstat(tmp_path / "fifo").st_mode)
     (tmp_path / "to-fifo.npz").symlink_to(tmp_path / "fifo")  # as /dev/stdout leads to a pipe or a terminal
-    _one_line_error(cli(*args, tmp_path / "to-fifo.npz"), "to-fifo.npz: points to a FIFO, not a regular file")
+    one_line_error(cli(*args, tmp_path / "to-fifo.npz"), "to-fifo.npz: points to a FIFO, not a regular file")
     with tempfile.TemporaryDirectory(dir="/tmp") as short, socket.socket(socket.AF_UNIX) as sock:  # 108-byte names
         sock.bind(f"{short}/sock")
-        _one_line_error(cli(*args, f"{short}/sock"), "is a socket, not a regular file")
+        one_line_error(cli(*args, f"{short}/sock"), "is a socket, not a regular file")
         assert stat.S_ISSOCK(os.lstat(f"{short}/sock").st_mode)
     (bundle / "escape.npz").symlink_to(tmp_path / "elsewhere.npz")  # the name in the bundle is what is replaced
     for target in (bundle / "manifest.json", bundle / "sm_90" / "new.npz", bundle / "escape.npz"):
-        _one_line_error(cli(*args, target), f"-o {target}: lies inside the input {bundle}")
+        one_line_error(cli(*args, target), f"-o {target}: lies inside the input {bundle}")
     (bundle / "escape.npz").unlink()
-    assert _tree(bundle) == before
+    assert tree(bundle) == before
     (tmp_path / "into-bundle.npz").symlink_to(bundle / "manifest.json")  # the link is replaced, not the bundle
     assert cli(*args, tmp_path / "into-bundle.npz").exit_code == 0
-    assert _tree(bundle) == before and not (tmp_path / "into-bundle.npz").is_symlink()
+    assert tree(bundle) == before and not (tmp_path / "into-bundle.npz").is_symlink()
 
 
 # ----------------------------------------------------------------------------- internal errors
-
-def each_command(tiny_policy: Path, tiny_bundle: Path, tmp_path: Path) -> dict[str, list]:
-    """One small invocation of every command that loads a policy (so that a failure planted
-    in policy._build reaches each), writing only under tmp_path (out/, o.npz)."""
-    np.save(tmp_path / "x.npy", np.zeros((1, 100), np.float32))
-    return {
-        "plan": ["plan"],
-        "explain": ["explain", "--arch", "sm_90", "--dtype", "float32", "--k", "1", "--n", "8"],
-        "build": ["build", "--policy", tiny_policy, "--out", tmp_path / "out"],
-        "diff": ["diff", tiny_policy, tiny_policy],
-        "run": ["run", "--bundle", tiny_bundle, "--arch", "sm_90", "--backend", "emulator", "--k", "1",
-                tmp_path / "x.npy", "-o", tmp_path / "o.npz"],
-    }
-
 
 def _break_policy_building(monkeypatch) -> None:
     """A stand-in for a bug: every command loads a policy through policy._build."""

@@ -3,7 +3,6 @@ nvbench's and ncu's output, and the path taken where no GPU exists."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -15,15 +14,6 @@ import pytest
 from topkgen.common.paths import CUDA_HEADERS
 
 ROOT = Path(__file__).resolve().parents[2]
-
-
-@pytest.fixture(scope="module")
-def gc():
-    spec = importlib.util.spec_from_file_location("gpu_check", ROOT / "scripts" / "gpu_check.py")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules["gpu_check"] = module  # its dataclasses look their module up
-    spec.loader.exec_module(module)
-    return module
 
 
 def test_cases_cover_the_bench_shapes_and_the_seed_grid_at_132_and_4096_rows(gc):

@@ -1,0 +1,52 @@
+"""The tiny policy (two kernels) that the user-file, interrupt and build tests share, and one
+small invocation of every command that loads a policy."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+
+# Two kernels (sm_90, float32, K 64 and 1024), tuned as the default policy's sm_90 kernels
+# so that the compile and emulator caches serve both.
+TINY_POLICY = """\
+version: 1
+name: tiny
+archs:
+  sm_90:
+    capability: [9, 0]
+    threads: 256
+    warps_per_block: 4
+    vector_tail: {policy: fixed, max_iterations: 4}
+    min_ctas_per_sm: {1024: 2}
+dtypes:
+  aot: [float32]
+families:
+  radix:
+    template: radix_select.cu.j2
+    budget: {max_registers: 96, spills: false}
+rules:
+  - name: radix_all
+    family: radix
+    work: dynamic
+    k: [64, 1024]
+    n: {min: 1, max: 2147483647}
+    modes: [deterministic]
+    serves: [fast, deterministic]
+aot_covers_all: true
+dispatch_order: [radix_all]
+"""
+
+
+def each_command(tiny_policy: Path, tiny_bundle: Path, tmp_path: Path) -> dict[str, list]:
+    """One small invocation of every command that loads a policy (so that a failure planted
+    in policy._build reaches each), writing only under tmp_path (out/, o.npz)."""
+    np.save(tmp_path / "x.npy", np.zeros((1, 100), np.float32))
+    return {
+        "plan": ["plan"],
+        "explain": ["explain", "--arch", "sm_90", "--dtype", "float32", "--k", "1", "--n", "8"],
+        "build": ["build", "--policy", tiny_policy, "--out", tmp_path / "out"],
+        "diff": ["diff", tiny_policy, tiny_policy],
+        "run": ["run", "--bundle", tiny_bundle, "--arch", "sm_90", "--backend", "emulator", "--k", "1",
+                tmp_path / "x.npy", "-o", tmp_path / "o.npz"],
+    }
