@@ -19,8 +19,10 @@ is a corrupt entry, handled as one whose sha256 is wrong: the kernel is compiled
 the local entry repaired. A local cache that cannot be used at all (TOPKGEN_CACHE_DIR names a
 file, or a directory this user cannot read) stops a command before any compile, exit 2, with
 one message naming TOPKGEN_CACHE_DIR and the path: a build that silently compiled everything
-on every run, in CI, would hide the misconfiguration behind slowness. One this user can only
-read still serves its hits. A write that fails during a build (read-only, disk full) is not
+on every run, in CI, would hide the misconfiguration behind slowness. So does a folder inside
+a cache (nvrtc-store, its ac/ and cas/, the emulator's folder, a file:// store's ac/ and cas/)
+that is a symbolic link: entries written through it would land in its target, outside the
+cache. One this user can only read still serves its hits. A write that fails during a build (read-only, disk full) is not
 fatal: the kernels were compiled, and the CLI warns that they were not cached.
 """
 
@@ -270,15 +272,18 @@ def local_store() -> LocalStore:
     each write that fails is a warning where it happens."""
     base = cache_root()
     root = base / LOCAL_DIR
-    require_directories((base, root, root / "ac", root / "cas"), writable=False)
+    require_directories((base,), writable=False)
+    require_directories((root, root / "ac", root / "cas"), writable=False, link=False)  # never written through
     return LocalStore(root)
 
 
-def require_directories(paths: Iterable[Path], *, what: str = "the compile cache", writable: bool = True) -> None:
+def require_directories(paths: Iterable[Path], *, what: str = "the compile cache", writable: bool = True,
+                        link: bool = True) -> None:
     """Each of `paths` usable as a cache directory (created if absent; see
-    files.directory_problem), else CacheUnusable (exit 2) naming the first that is not."""
+    files.directory_problem; `link=False`: not a symbolic link), else CacheUnusable (exit 2)
+    naming the first that is not."""
     for path in paths:
-        problem = directory_problem(path, writable=writable)
+        problem = directory_problem(path, writable=writable, link=link)
         if problem:
             raise CacheUnusable(unusable_message(path, problem, what))
 
@@ -298,6 +303,10 @@ def remote_store() -> RemoteStore | None:
         raise CacheConfigError(f"TOPKGEN_CACHE_URL={url}: a {scheme}:// URL names an absolute path, with three "
                                f"slashes: {scheme}:///shared/dir")
     if directory is not None:
+        for folder in ("ac", "cas"):  # written through, entries would land in the link's target, outside the store
+            if os.path.islink(directory / folder):
+                raise CacheConfigError(f"TOPKGEN_CACHE_URL={display_url(url)}: {directory / folder} is a symbolic "
+                                       f"link (a folder inside a cache must be a real directory)")
         return LocalStore(directory, url)  # atomic create-if-absent with a hard link
     return _remote(url)
 

@@ -181,10 +181,14 @@ def _require_regular(mode: int, path: Path) -> None:
         raise OSError(errno.EINVAL, f"not a regular file but {file_kind(mode)}", str(path))
 
 
-def directory_problem(path: Path, *, writable: bool = True) -> str | None:
+def directory_problem(path: Path, *, writable: bool = True, link: bool = True) -> str | None:
     """Why `path` cannot serve as a cache directory (it is created if absent), or None: for
     a message that begins with the path ("/x is not a directory", "/x: Permission denied").
-    `writable=False`: reading it is enough (a read-only cache still serves its hits)."""
+    `writable=False`: reading it is enough (a read-only cache still serves its hits).
+    `link=False`: a folder inside a cache, which is never a symbolic link (entries written
+    through one would land in its target, outside the cache)."""
+    if not link and os.path.islink(path):
+        return "is a symbolic link (a folder inside a cache must be a real directory)"
     try:
         mode = os.stat(path).st_mode
     except FileNotFoundError:

@@ -156,9 +156,11 @@ def compile_source(source: str, *, name: str = "kernel", defines: Sequence[str] 
         return _loaded[key]
     cache = cache_root() / "emulator"
     so_path = cache / f"{key}.so"
-    if not _intact(so_path):
-        from topkgen.build.cache import require_directories  # exit status 2: the shared object must live somewhere
+    from topkgen.build.cache import require_directories  # exit status 2: the shared object must live somewhere
 
+    require_directories((cache_root(),), what="the emulator cache", writable=False)
+    require_directories((cache,), what="the emulator cache", writable=False, link=False)  # never through a link
+    if not _intact(so_path):
         require_directories((cache_root(), cache), what="the emulator cache")
         tmp_dir = cache / f".build-{os.getpid()}-{os.urandom(4).hex()}"
         src, out = tmp_dir / f"{name}.cpp", tmp_dir / "module.so"
