@@ -92,3 +92,84 @@ def test_an_emulator_cache_folder_that_is_a_symlink_is_refused(tiny, tmp_path):
                    tmp_path / "x.npy", cache_dir=cache_dir, timeout=120)
     one_line_error(proc, f"cannot use the emulator cache: {cache_dir / 'emulator'} is a symbolic link")
     assert _files(outside) == []
+
+
+# ----------------------------------------------------------------------------- 5: ELF bombs
+
+def _bomb(cubin: bytes, how: str) -> bytes:
+    """A cubin grown to just under 64 MiB (the bundle and cache bound on a file) whose
+    sections make a naive walk endless: `headers`, 65535 section headers that each name one
+    60 MiB symbol table (10^11 symbol visits); `symbols`, one table of 2.6 million symbols."""
+    shoff, = struct.unpack_from("<Q", cubin, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", cubin, 0x3A)
+    headers = [cubin[shoff + i * shentsize:shoff + (i + 1) * shentsize] for i in range(shnum)]
+    symtab = next(h for h in headers if struct.unpack_from("<I", h, 4)[0] == 2)
+    link, = struct.unpack_from("<I", symtab, 40)
+    table_at = (len(cubin) + 63) // 64 * 64
+    table_size = (59 << 20) // 24 * 24
+    body = cubin.ljust(table_at, b"\0") + bytes(table_size)
+    forged = struct.pack("<IIQQQQIIQQ", 0, 2, 0, 0, table_at, table_size, link, 0, 8, 24)
+    if how == "headers":
+        headers = [h for h in headers if h is not symtab] + [forged] * (65535 - shnum + 1)
+    else:
+        headers = [forged if h is symtab else h for h in headers]
+    new_shoff = len(body)
+    out = bytearray(body + b"".join(headers))
+    struct.pack_into("<Q", out, 0x28, new_shoff)
+    struct.pack_into("<H", out, 0x3C, len(headers))
+    assert len(out) < 64 << 20
+    return bytes(out)
+
+
+def _bombed_bundle(tiny, tmp_path: Path, how: str) -> tuple[Path, dict]:
+    import hashlib
+
+    bundle = tmp_path / "bundle"
+    shutil.copytree(tiny["bundle"], bundle)
+    manifest = json.loads((bundle / "manifest.json").read_text())
+    kernel = manifest["kernels"][0]
+    data = _bomb((bundle / kernel["cubin"]).read_bytes(), how)
+    (bundle / kernel["cubin"]).write_bytes(data)
+    kernel["sha256"], kernel["size_bytes"] = hashlib.sha256(data).hexdigest(), len(data)
+    (bundle / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    return bundle, kernel
+
+
+BOMBS = {"headers": "it has 65535 section headers (a loader reads at most 1024)",
+         "symbols": f"its symbol table holds {(59 << 20) // 24} symbols (a loader reads at most 65536)"}
+
+
+@pytest.mark.parametrize("how", list(BOMBS))
+def test_an_elf_bomb_in_a_bundle_is_refused_by_show_import_and_the_cpp_loader(tiny, tmp_path, how):
+    """Before: `show`, `cache import` and `topkgen-cpp verify` walked 65535 x 2.6 million
+    symbols (or 2.6 million, in Python) without end; each now refuses at once, in the same words."""
+    bundle, kernel = _bombed_bundle(tiny, tmp_path, how)
+    why = f"kernels[0].cubin: {kernel['cubin']} is not a CUDA ELF file a loader reads: {BOMBS[how]}"
+    for command in (("show", bundle), ("cache", "import", bundle)):
+        proc = topkgen(*command, cache_dir=tmp_path / "cache", timeout=30)
+        one_line_error(proc, why)
+    proc = subprocess.run([str(CPP), "verify", str(bundle)], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and why in proc.stderr, (proc.returncode, proc.stderr)
+
+
+@pytest.mark.parametrize("how", list(BOMBS))
+def test_a_cache_entry_that_is_an_elf_bomb_is_compiled_again_not_walked(tiny, private, tmp_path, how):
+    """A build served from a cache entry whose cubin is an ELF bomb ran without end: the
+    entry fails verification, so the kernel is compiled again and the entry repaired."""
+    import hashlib
+
+    manifest = json.loads((tiny["bundle"] / "manifest.json").read_text())
+    kernel = manifest["kernels"][0]
+    store = private / cache.LOCAL_DIR
+    record_path = store / cache.ac_path(kernel["cache_key"])
+    record = json.loads(record_path.read_text())
+    data = _bomb((tiny["bundle"] / kernel["cubin"]).read_bytes(), how)
+    digest = hashlib.sha256(data).hexdigest()
+    (store / cache.cas_path(digest)).write_bytes(data)
+    record.update(cubin_sha256=digest, cubin_size=len(data))
+    record_path.write_text(json.dumps(record))
+    proc = topkgen("build", "--policy", tiny["policy"], "--out", tmp_path / "out", cache_dir=private, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert "1 local hits, 0 remote hits, 1 compiled" in proc.stdout, proc.stdout
+    assert (tmp_path / "out" / kernel["cubin"]).read_bytes() == (tiny["bundle"] / kernel["cubin"]).read_bytes()
+    assert json.loads(record_path.read_text())["cubin_sha256"] == kernel["sha256"]  # repaired

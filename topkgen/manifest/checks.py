@@ -25,6 +25,11 @@ GRID_MAX = 2**31 - 1  # CTAs of one launch (grid.x): a split's stage 1 runs rows
 EM_CUDA = 190
 SHT_SYMTAB, SHT_NOBITS, STT_FUNC, SHN_UNDEF = 2, 8, 2, 0
 ELF64_SHDR, ELF64_SYM = 64, 24  # bytes of a section header, of a symbol
+# The most of an ELF file a loader walks (loaders/cpp has the same bounds and messages): a
+# cubin holds about 20 sections and 30 symbols, in one symbol table (the gABI allows one), and
+# its .nv.info a few hundred records. A forged one of 65535 section headers, each naming one
+# 64 MiB symbol table, had every loader walk 10^11 symbols.
+MAX_ELF_SECTIONS, MAX_ELF_SYMBOLS, MAX_NV_INFO_BYTES = 1024, 1 << 16, 1 << 20
 
 
 @dataclass(frozen=True)
@@ -177,16 +182,47 @@ def elf_sm(data: bytes) -> int | None:
 
 def _section_headers(data: bytes) -> tuple[list[tuple], int] | None:
     """A little-endian ELF64 file's section headers (Elf64_Shdr's ten fields each) and the
-    index of its section names' header (e_shstrndx); None when the file is no such file or
-    the headers lie outside it. The sections themselves are left to the caller to check."""
+    index of its section names' header (e_shstrndx); None when the file is no such file, the
+    headers lie outside it or there are more than a loader walks (elf_bounds_problem). The
+    sections themselves are left to the caller to check."""
     size = len(data)
     if size < 64 or data[4] != 2 or data[5] != 1:  # ELFCLASS64, ELFDATA2LSB
         return None
     shoff, = struct.unpack_from("<Q", data, 0x28)
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", data, 0x3A)
-    if shentsize < ELF64_SHDR or shoff > size or shnum > (size - shoff) // shentsize:
+    if shentsize < ELF64_SHDR or shoff > size or shnum > (size - shoff) // shentsize or shnum > MAX_ELF_SECTIONS:
         return None
-    return [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)], shstrndx
+    headers = [struct.unpack_from("<IIQQQQIIQQ", data, shoff + i * shentsize) for i in range(shnum)]
+    symtabs = [h for h in headers if h[1] == SHT_SYMTAB]
+    if len(symtabs) > 1 or any(h[5] > MAX_ELF_SYMBOLS * ELF64_SYM for h in symtabs):
+        return None
+    return headers, shstrndx
+
+
+def elf_bounds_problem(data: bytes) -> str | None:
+    """Why a loader does not walk this ELF file's sections (more section headers, symbol
+    tables or symbols than any cubin holds: MAX_ELF_SECTIONS, one table, MAX_ELF_SYMBOLS),
+    or None. Read from the ELF header and the section headers alone, each bound checked
+    before anything is walked, so that a forged file is refused at once."""
+    if len(data) < 64 or data[4] != 2 or data[5] != 1:
+        return None  # not an ELF64 file: the caller's checks say so
+    shoff, = struct.unpack_from("<Q", data, 0x28)
+    shentsize, shnum = struct.unpack_from("<HH", data, 0x3A)
+    if shnum > MAX_ELF_SECTIONS:
+        return f"it has {shnum} section headers (a loader reads at most {MAX_ELF_SECTIONS})"
+    if shentsize < ELF64_SHDR or shoff > len(data) or shnum > (len(data) - shoff) // shentsize:
+        return None  # headers outside the file: the caller's checks say so
+    tables = symbols = 0
+    for i in range(shnum):
+        sh_type, = struct.unpack_from("<I", data, shoff + i * shentsize + 4)
+        if sh_type == SHT_SYMTAB:
+            tables += 1
+            symbols = max(symbols, struct.unpack_from("<Q", data, shoff + i * shentsize + 32)[0] // ELF64_SYM)
+    if tables > 1:
+        return f"it has {tables} symbol tables (a loader reads one)"
+    if symbols > MAX_ELF_SYMBOLS:
+        return f"its symbol table holds {symbols} symbols (a loader reads at most {MAX_ELF_SYMBOLS})"
+    return None
 
 
 def elf_defines_function(data: bytes, symbol: str) -> bool | None:
@@ -242,7 +278,7 @@ def elf_function_counts(data: bytes, symbol: str) -> dict[str, int] | None:
     names = contents(headers[shstrndx])
     info = next((h for h in headers if names[h[0]:h[0] + 9] == b".nv.info\0"), None)
     symtab = next((h for h in headers if h[1] == SHT_SYMTAB), None)
-    if info is None or symtab is None or symtab[6] >= shnum or symtab[9] != ELF64_SYM:
+    if info is None or symtab is None or symtab[6] >= shnum or symtab[9] != ELF64_SYM or info[5] > MAX_NV_INFO_BYTES:
         return None
     strtab, table, wanted = contents(headers[symtab[6]]), contents(symtab), symbol.encode() + b"\0"
     index = next((i for i in range(len(table) // ELF64_SYM)
@@ -275,6 +311,9 @@ def check_file(entry: Entry, data: bytes) -> None:
         raise FieldError(f"{entry.field}.cubin", f"{entry.path} is not a CUDA ELF file")
     if f"sm_{sm}" != record["arch"]:
         raise FieldError(f"{entry.field}.cubin", f"{entry.path} is compiled for sm_{sm}, not {record['arch']}")
+    too_big = elf_bounds_problem(data)
+    if too_big is not None:
+        raise FieldError(f"{entry.field}.cubin", f"{entry.path} is not a CUDA ELF file a loader reads: {too_big}")
     defined = elf_defines_function(data, record["symbol"])
     if defined is None:
         raise FieldError(f"{entry.field}.cubin", f"{entry.path} is not a CUDA ELF file: its symbol table cannot be read")

@@ -1167,11 +1167,48 @@ inline int elf_sm(const std::string& d) {
   return static_cast<int>(byte(8) >= 8 ? (flags >> 8) & 0xFF : flags & 0xFF);
 }
 
+// The most of an ELF file a loader walks (topkgen.manifest.checks.MAX_ELF_SECTIONS ...): a
+// cubin holds about 20 sections and 30 symbols in its one symbol table. A forged one of 65535
+// section headers, each naming one 64 MiB symbol table, was a walk of 10^11 symbols.
+constexpr std::uint64_t MAX_ELF_SECTIONS = 1024, MAX_ELF_SYMBOLS = 1 << 16;
+
+// Why a loader does not walk this ELF file's sections (more section headers, symbol tables or
+// symbols than any cubin holds), or "" (topkgen.manifest.checks.elf_bounds_problem, the same
+// words). Read from the ELF header and the section headers alone.
+inline std::string elf_bounds_problem(const std::string& d) {
+  auto u = [&](std::uint64_t at, int bytes) {
+    std::uint64_t v = 0;
+    for (int i = bytes - 1; i >= 0; --i) v = v << 8 | static_cast<unsigned char>(d[at + i]);
+    return v;
+  };
+  const std::uint64_t size = d.size();
+  if (size < 64 || d[4] != 2 || d[5] != 1) return "";
+  const std::uint64_t shoff = u(0x28, 8), shentsize = u(0x3A, 2), shnum = u(0x3C, 2);
+  if (shnum > MAX_ELF_SECTIONS)
+    return "it has " + std::to_string(shnum) + " section headers (a loader reads at most " +
+           std::to_string(MAX_ELF_SECTIONS) + ")";
+  if (shentsize < 64 || shoff > size || shnum > (size - shoff) / shentsize) return "";
+  std::uint64_t tables = 0, symbols = 0;
+  for (std::uint64_t i = 0; i < shnum; ++i) {
+    const std::uint64_t h = shoff + i * shentsize;
+    if (u(h + 4, 4) != 2) continue;  // SHT_SYMTAB
+    ++tables;
+    symbols = std::max(symbols, u(h + 32, 8) / 24);
+  }
+  if (tables > 1) return "it has " + std::to_string(tables) + " symbol tables (a loader reads one)";
+  if (symbols > MAX_ELF_SYMBOLS)
+    return "its symbol table holds " + std::to_string(symbols) + " symbols (a loader reads at most " +
+           std::to_string(MAX_ELF_SYMBOLS) + ")";
+  return "";
+}
+
 // Whether a little-endian ELF64 file's symbol tables (SHT_SYMTAB) define `symbol` as a
-// function (STT_FUNC, in a section): 1 yes, 0 no, -1 when the file is not such an ELF file
-// or a table lies outside it (topkgen.manifest.checks.elf_defines_function). Every offset is
-// checked before it is read: the file may be forged.
+// function (STT_FUNC, in a section): 1 yes, 0 no, -1 when the file is not such an ELF file,
+// a table lies outside it or it is more than a loader walks (elf_bounds_problem)
+// (topkgen.manifest.checks.elf_defines_function). Every offset is checked before it is read:
+// the file may be forged.
 inline int elf_defines_function(const std::string& d, const std::string& symbol) {
+  if (!elf_bounds_problem(d).empty()) return -1;
   auto u = [&](std::uint64_t at, int bytes) {
     std::uint64_t v = 0;
     for (int i = bytes - 1; i >= 0; --i) v = v << 8 | static_cast<unsigned char>(d[at + i]);
@@ -1728,6 +1765,8 @@ class Bundle {
       if (sm < 0) doc.fail(e.field + ".cubin", e.path + " is not a CUDA ELF file");
       if ("sm_" + std::to_string(sm) != e.arch)
         doc.fail(e.field + ".cubin", e.path + " is compiled for sm_" + std::to_string(sm) + ", not " + e.arch);
+      if (const std::string too_big = detail::elf_bounds_problem(e.data); !too_big.empty())
+        doc.fail(e.field + ".cubin", e.path + " is not a CUDA ELF file a loader reads: " + too_big);
       const int defined = detail::elf_defines_function(e.data, e.symbol);
       if (defined < 0) doc.fail(e.field + ".cubin", e.path + " is not a CUDA ELF file: its symbol table cannot be read");
       if (defined == 0) doc.fail(e.field + ".symbol", e.path + " defines no function '" + e.symbol + "'");
