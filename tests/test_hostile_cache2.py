@@ -173,3 +173,58 @@ def test_a_cache_entry_that_is_an_elf_bomb_is_compiled_again_not_walked(tiny, pr
     assert "1 local hits, 0 remote hits, 1 compiled" in proc.stdout, proc.stdout
     assert (tmp_path / "out" / kernel["cubin"]).read_bytes() == (tiny["bundle"] / kernel["cubin"]).read_bytes()
     assert json.loads(record_path.read_text())["cubin_sha256"] == kernel["sha256"]  # repaired
+
+
+# ----------------------------------------------------------------------------- 2: records that lie
+
+def _lie(store: Path, key: str, **resources: int) -> Path:
+    record_path = store / cache.ac_path(key)
+    record = json.loads(record_path.read_text())
+    record["resources"].update(resources)
+    record_path.write_text(json.dumps(record))
+    return record_path
+
+
+@pytest.mark.parametrize("lie", [{"registers": 1}, {"stack_bytes": 4096}])
+@pytest.mark.parametrize("tier", ["local", "remote"])
+def test_a_record_that_lies_about_its_cubin_is_a_loud_error_naming_it(tiny, private, tmp_path, lie, tier):
+    """A record claiming 1 register for a cubin of 51 was built into the manifest (budgets
+    checked against the lie), and show and the C++ loader took that bundle: the record is
+    checked against its cubin's ELF, and a build stops, exit 2, naming the entry."""
+    kernel = json.loads((tiny["bundle"] / "manifest.json").read_text())["kernels"][0]
+    env = {}
+    if tier == "local":
+        record_path = _lie(private / cache.LOCAL_DIR, kernel["cache_key"], **lie)
+        label, cache_dir = str(private / cache.LOCAL_DIR), private
+    else:
+        shutil.copytree(private / cache.LOCAL_DIR, tmp_path / "remote")
+        record_path = _lie(tmp_path / "remote", kernel["cache_key"], **lie)
+        env = {"TOPKGEN_CACHE_URL": f"file://{tmp_path / 'remote'}"}
+        label, cache_dir = f"file://{tmp_path / 'remote'}", tmp_path / "empty-cache"
+    (field, value), = lie.items()
+    proc = topkgen("build", "--policy", tiny["policy"], "--out", tmp_path / "out", cache_dir=cache_dir, env=env)
+    one_line_error(proc, f"{label}/{cache.ac_path(kernel['cache_key'])}: kernel {kernel['name']} (sm_90): its record "
+                         f"says resources.{field} {value}, but its cubin {cache.cas_path(kernel['sha256'])} records "
+                         f"{kernel['resources'][field]}; no compile wrote this record")
+    assert not (tmp_path / "out").exists()
+    assert json.loads(record_path.read_text())["resources"][field] == value  # left for the user to see, not replaced
+    if tier == "remote":  # and never copied into the local tier
+        assert not (cache_dir / cache.LOCAL_DIR / cache.ac_path(kernel["cache_key"])).exists()
+
+
+def test_a_merge_part_that_lies_about_its_cubin_is_not_written(tiny, tmp_path):
+    """No source of cubins reaches a bundle with resources its cubin contradicts: a part of a
+    sharded build whose manifest claims 1 register was merged as it said."""
+    shared = Path(os.environ["TOPKGEN_CACHE_DIR"])
+    parts = [tmp_path / f"part{i}" for i in (1, 2)]
+    for i, part in enumerate(parts, 1):
+        proc = topkgen("build", "--policy", tiny["policy"], "--shard", f"{i}/2", "--out", part, cache_dir=shared)
+        assert proc.returncode == 0, proc.stderr
+    manifest = json.loads((parts[0] / "manifest.json").read_text())
+    kernel = manifest["kernels"][0]
+    kernel["resources"]["registers"] = 1
+    (parts[0] / "manifest.json").write_text(json.dumps(manifest, indent=2, sort_keys=True) + "\n")
+    proc = topkgen("merge", *parts, "--out", tmp_path / "merged", cache_dir=shared)
+    one_line_error(proc, f"kernels[0] ({kernel['name']}): its record says resources.registers 1, but its cubin "
+                         f"{kernel['cubin']} records")
+    assert not (tmp_path / "merged").exists()

@@ -214,6 +214,9 @@ def write_bundle(out: Path, manifest: dict, files: dict[str, bytes], *, force: b
             manifest_checks.check_file(entry, files[entry.path])
         except dispatch_table.FieldError as err:
             raise BuildError(f"not writing {out}: it would hold what a loader refuses: {err}") from None
+        lie = cache.resources_lie(entry.record, files[entry.path]) if entry.aot else None
+        if lie is not None:  # a part of a merge, or a cache record, that lies about its cubin
+            raise BuildError(f"not writing {out}: {entry.field} ({entry.record['name']}): {lie}")
     with locked(out):
         check_bundle_destination(out, force=force, inputs=inputs)  # another process may have written there meanwhile
         try:

@@ -69,6 +69,12 @@ class CacheUnusable(CacheConfigError):
     """The local cache directory (TOPKGEN_CACHE_DIR) is not a directory this user can use."""
 
 
+class CacheRecordLies(CacheConfigError):
+    """An action record whose resources contradict its own cubin's ELF (registers, stack
+    frame): no compile wrote it, so it is refused loudly, naming the entry (exit 2), never
+    built into a bundle nor quietly replaced."""
+
+
 class CacheConflict(CacheError):
     """An action record names a different cubin than the one just compiled for its key."""
 
@@ -351,7 +357,28 @@ def _read(store: Store, key: str, name: str, arch: str) -> tuple[dict[str, Any],
     if problem is not None:
         raise ValueError(f"{store.label}/{ac_path(key)}: {problem}")
     assert cubin is not None
+    lie = resources_lie(record, cubin)
+    if lie is not None:
+        raise CacheRecordLies(f"{store.label}/{ac_path(key)}: kernel {name} ({arch}): {lie}; no compile wrote this "
+                              f"record (tampered with or damaged): delete the entry, and run `topkgen cache verify` "
+                              f"on that store")
     return record, cubin, len(data) + len(cubin)
+
+
+def resources_lie(record: dict[str, Any], cubin: bytes) -> str | None:
+    """How a record's resources contradict what its cubin's ELF records for its symbol
+    (registers and stack frame: what a cubin can prove; spills, shared memory and barriers
+    it does not record as plain), or None. Builds check budgets against a record's
+    resources and manifests ship them, so a record claiming 1 register for a cubin of 48
+    reached every loader."""
+    where = record["cubin"] if "cubin" in record else cas_path(record["cubin_sha256"])  # a manifest's entry, a record
+    counts = manifest_checks.elf_function_counts(cubin, record["symbol"])
+    if counts is None:
+        return f"{where} records no register count and stack frame for '{record['symbol']}'"
+    for field, value in counts.items():
+        if record["resources"].get(field) != value:
+            return f"its record says resources.{field} {record['resources'].get(field)}, but its cubin {where} records {value}"
+    return None
 
 
 def store_failure(err: Exception) -> str:
@@ -378,6 +405,8 @@ def lookup(key: str, source: str, name: str, arch: str) -> Hit | Outcome:
         found = _read(remote, key, name, arch)
     except ValueError:
         return Outcome("compiled", rejected=1)
+    except CacheRecordLies:
+        raise  # loud, as for the local tier: a remote that lies is no outage
     except Exception as err:  # network, credentials: an outage of the shared tier must not fail a build
         return Outcome("compiled", errors=(store_failure(err),))
     if found is None:
