@@ -228,3 +228,64 @@ def test_a_merge_part_that_lies_about_its_cubin_is_not_written(tiny, tmp_path):
     one_line_error(proc, f"kernels[0] ({kernel['name']}): its record says resources.registers 1, but its cubin "
                          f"{kernel['cubin']} records")
     assert not (tmp_path / "merged").exists()
+
+
+# ----------------------------------------------------------------------------- 1: planted emulator objects
+
+EMULATED = 'extern "C" __global__ void twice(int* out) { out[threadIdx.x] = 2 * threadIdx.x; }\n'
+EMULATE = """
+import sys
+import numpy as np
+from topkgen.emulator import compile_source
+out = np.zeros(4, dtype=np.int32)
+compile_source(sys.argv[1], name="twice").launch("twice", 1, 4, [out])
+print(out.tolist())
+"""
+PLANTED = r"""
+#include <stdio.h>
+__attribute__((constructor)) static void planted(void) {
+  FILE* f = fopen(MARKER, "w");
+  if (f) { fputs("ran", f); fclose(f); }
+}
+"""
+
+
+def _emulate(cache_dir: Path, state: Path) -> subprocess.CompletedProcess:
+    from .test_hostile_cache import _bounded
+
+    env = {**os.environ, "TOPKGEN_CACHE_DIR": str(cache_dir), "XDG_STATE_HOME": str(state)}
+    return subprocess.run([sys.executable, "-c", EMULATE, EMULATED], capture_output=True, text=True, env=env,
+                          timeout=120, preexec_fn=_bounded)
+
+
+@pytest.mark.parametrize("record", ["own-sha256", "another-machines"])
+def test_a_planted_emulator_object_is_never_loaded_but_built_again(tmp_path, record):
+    """A shared object planted in the emulator cache with a `.sha256` that matches it was
+    loaded (its constructor ran), then `internal error: AttributeError`, exit 70. The cache
+    now knows what it expects: an HMAC under a key of this machine, outside the cache, of
+    the rebuild key and the object; anything else is built again and never loaded."""
+    import hashlib
+
+    cache_dir, state = tmp_path / "cache", tmp_path / "state"
+    first = _emulate(cache_dir, state)
+    assert first.returncode == 0 and first.stdout == "[0, 2, 4, 6]\n", first.stderr
+    so = next((cache_dir / "emulator").glob("*.so"))
+    good = so.read_bytes()
+    marker = tmp_path / "constructor-ran"
+    planted = tmp_path / "planted.so"
+    subprocess.run(["g++", "-shared", "-fPIC", f'-DMARKER="{marker}"', "-x", "c++", "-", "-o", str(planted)],
+                   input=PLANTED, text=True, check=True, timeout=120)
+    so.write_bytes(planted.read_bytes())
+    if record == "own-sha256":
+        so.with_suffix(".sha256").write_text(hashlib.sha256(planted.read_bytes()).hexdigest())
+        again = _emulate(cache_dir, state)
+    else:  # a record another machine's key verifies (a cache restored from elsewhere): as good as planted here
+        sign = "import sys; from topkgen import emulator; print(emulator._record(sys.argv[1], open(sys.argv[2], 'rb').read()))"
+        signed = subprocess.run([sys.executable, "-c", sign, so.stem, str(planted)], capture_output=True, text=True,
+                                env={**os.environ, "XDG_STATE_HOME": str(tmp_path / "other-state")}, timeout=60)
+        assert signed.returncode == 0 and signed.stdout.startswith("hmac-sha256:"), signed.stderr
+        so.with_suffix(".sha256").write_text(signed.stdout)
+        again = _emulate(cache_dir, state)
+    assert again.returncode == 0 and again.stdout == "[0, 2, 4, 6]\n", again.stderr
+    assert not marker.exists()
+    assert so.read_bytes() == good  # built again in its place

@@ -21,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import hashlib
+import hmac
 import os
 import re
 import shutil
@@ -32,6 +33,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
+from topkgen import machine_key
 from topkgen.emulator.counters import Counters, PhaseStats, from_phases
 from topkgen.common.files import atomic_write, read_regular
 from topkgen.common.paths import cache_root, cuda_include_dir, unusable_message
@@ -160,7 +162,8 @@ def compile_source(source: str, *, name: str = "kernel", defines: Sequence[str] 
 
     require_directories((cache_root(),), what="the emulator cache", writable=False)
     require_directories((cache,), what="the emulator cache", writable=False, link=False)  # never through a link
-    if not _intact(so_path):
+    image = _intact(so_path, key)
+    if image is None:
         require_directories((cache_root(), cache), what="the emulator cache")
         tmp_dir = cache / f".build-{os.getpid()}-{os.urandom(4).hex()}"
         src, out = tmp_dir / f"{name}.cpp", tmp_dir / "module.so"
@@ -174,12 +177,12 @@ def compile_source(source: str, *, name: str = "kernel", defines: Sequence[str] 
             if proc.returncode != 0:
                 raise EmulationError(f"host compilation of '{name}' failed:\n{proc.stderr.strip()}")
             with _cache_writes(cache):
-                data = out.read_bytes()
-                atomic_write(so_path, data)
-                atomic_write(so_path.with_suffix(".sha256"), hashlib.sha256(data).hexdigest().encode())
+                image = out.read_bytes()
+                atomic_write(so_path, image)
+                atomic_write(so_path.with_suffix(".sha256"), _record(key, image).encode())
         finally:
             shutil.rmtree(tmp_dir, ignore_errors=True)
-    module = Module(so_path, name)
+    module = Module(so_path, name, image)
     _loaded[key] = module
     return module
 
@@ -197,24 +200,46 @@ def _cache_writes(cache: Path) -> Iterator[None]:
                                              "the emulator cache")) from None
 
 
-def _intact(so_path: Path) -> bool:
-    """A cache entry is used only when the shared object matches its recorded sha256;
-    a missing, partial or corrupt entry is compiled again, and so is one that is not a
-    regular file (a symlink to /dev/zero, a FIFO: read_regular neither follows nor blocks)."""
+def _record(key: str, image: bytes) -> str:
+    """What `<key>.sha256` holds: an HMAC-SHA256, under this machine's key (machine_key), of
+    the rebuild key (the translation unit, compiler, flags and header that built the object)
+    and the object's sha256. Only this machine's builds can write one that verifies."""
+    return "hmac-sha256:" + machine_key.tag(b"topkgen-emulator-1", key.encode(), hashlib.sha256(image).digest())
+
+
+def _intact(so_path: Path, key: str) -> bytes | None:
+    """The shared object's bytes when the cache entry is one this machine built for `key`
+    (its record verifies, see _record), else None: a missing, partial or corrupt entry is
+    compiled again, and so is one that is not a regular file (a symlink to /dev/zero, a
+    FIFO: read_regular neither follows nor blocks) and one planted with a digest of itself,
+    whose constructor would otherwise have run on load."""
     try:
         recorded = read_regular(so_path.with_suffix(".sha256"), 1024).decode().strip()
-        return hashlib.sha256(read_regular(so_path, SO_LIMIT)).hexdigest() == recorded
+        image = read_regular(so_path, SO_LIMIT)
     except (OSError, ValueError):  # ValueError: a record that is not text
-        return False
+        return None
+    return image if hmac.compare_digest(recorded, _record(key, image)) else None
+
+
+_ENTRY_POINTS = ("tk_kernel_signature", "tk_kernel_display", "tk_kernel_symbol", "tk_region_alloc", "tk_region_data",
+                 "tk_region_check", "tk_region_free", "tk_launch", "tk_kernel_count", "tk_max_phases")
 
 
 class Module:
     """A compiled emulator module: look kernels up by name and launch them."""
 
-    def __init__(self, path: Path, name: str) -> None:
+    def __init__(self, path: Path, name: str, image: bytes) -> None:
         self.path, self.name = path, name
+        # The very bytes verified, loaded from an anonymous file: what replaces the cache entry
+        # after the check is never loaded. Its descriptor stays open with the module: dlopen
+        # knows a library by its name, and /proc/self/fd/N names another file once N is reused.
+        self._image_fd = os.memfd_create(f"topkgen-emulator-{name}", os.MFD_CLOEXEC)
+        os.write(self._image_fd, image)
         # RTLD_LOCAL: the module's symbols must bind to its own definitions, never another module's.
-        lib = ctypes.CDLL(str(path), mode=os.RTLD_LOCAL)
+        lib = ctypes.CDLL(f"/proc/self/fd/{self._image_fd}", mode=os.RTLD_LOCAL)
+        missing = [fn for fn in _ENTRY_POINTS if not hasattr(lib, fn)]
+        if missing:
+            raise EmulationError(f"{path}: not a topkgen emulator module (no {', '.join(missing)})")
         for fn, res in (("tk_kernel_signature", ctypes.c_char_p), ("tk_kernel_display", ctypes.c_char_p),
                         ("tk_kernel_symbol", ctypes.c_char_p), ("tk_region_alloc", ctypes.c_void_p),
                         ("tk_region_data", ctypes.c_void_p), ("tk_region_check", ctypes.c_int),
