@@ -35,6 +35,11 @@ from topkgen.common.schema import format_path
 MAX_DEPTH = 32
 MAX_INT_DIGITS = 20   # 2^63 has 19 digits; no value topkgen reads needs more
 MAX_NUMBER_CHARS = 40  # a JSON number token, sign, fraction and exponent included
+# The most values one JSON file may hold, bounded by its commas, colons and opening brackets
+# (counted at C speed before anything is parsed): a manifest of the largest policy holds about
+# 2.7 million (131072 dispatch rows), the default one 35,000. 64 MiB of `[0,0,...]` took 30 s
+# and 1.1 GiB to refuse; `[[],[],...]` 1.6 GiB.
+MAX_JSON_VALUES = 1 << 22
 BINARY_PROBE = 8000    # a NUL among the first 8000 bytes: binary, as git decides it (loaders/cpp: the same)
 
 # Refused in any text and any string value: C0 controls but tab, LF and CR; DEL and C1;
@@ -292,7 +297,10 @@ def read_yaml(path: str | os.PathLike, *, limit: int, what: str, max_depth: int 
 
 # Strings (a raw line break ends a broken one), brackets, numbers and the constants
 # Python's json would take: enough to measure depth and vet escapes and numbers in one pass.
-_JSON_TOKEN = re.compile(r'"[^"\\\n]*(?:\\.[^"\\\n]*)*"|[\[\]{}]|-?[0-9][0-9.eE+-]*|NaN|-?Infinity')
+# Numbers only where one could fail a check (over 40 characters, 19 digits, a 3-digit exponent):
+# the others pass them all, and a file of millions of them is scanned at C speed.
+_JSON_TOKEN = re.compile(r'"[^"\\\n]*(?:\\.[^"\\\n]*)*"|[\[\]{}]|NaN|-?Infinity'
+                         r'|(?<![0-9.eE+-])-?(?=[0-9.eE+-]{41}|[0-9]{19}|[0-9.]*[eE]\+?[0-9]{3})[0-9][0-9.eE+-]*')
 _JSON_ESCAPE = re.compile(r"\\(?:u([0-9a-fA-F]{4})|.)")
 _JSON_INT = re.compile(r"-?[0-9]+")
 _JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?")
@@ -300,12 +308,15 @@ _JSON_NUMBER = re.compile(r"-?(?:0|[1-9][0-9]*)(?:\.[0-9]+)?(?:[eE][+-]?[0-9]+)?
 
 def parse_json(text: str, source: str, *, max_depth: int = MAX_DEPTH) -> Any:
     """One JSON value, after a linear token scan has checked depth, escapes and numbers."""
+    _check_values(text, source)
     check_text(text, source)
 
     def fail(message: str, offset: int) -> ReadError:
         line, column = _line_column(text, offset)
         return ReadError(message, source=source, line=line, column=column)
 
+    if not _needs_token_scan(text, max_depth):
+        return _loads(text, source, fail)
     depth = 0
     for token in _JSON_TOKEN.finditer(text):
         value = token.group()
@@ -329,6 +340,34 @@ def parse_json(text: str, source: str, *, max_depth: int = MAX_DEPTH) -> Any:
         elif _JSON_NUMBER.fullmatch(value) and math.isinf(float(value)):  # 1e400: json reads inf
             raise fail(f"the number {value} is beyond the range of a double", token.start())
 
+    return _loads(text, source, fail)
+
+
+# What the token scan looks for, found at C speed: a text none of these match passes it, so
+# the scan (a Python step per token: seconds for a few million) runs only on the few texts
+# where one does, to say exactly where and what. Each errs on the side of scanning: a match
+# inside a string costs only the scan.
+_SUSPECT = re.compile(r"NaN|Infinity|[0-9]{19}|[0-9.eE+-]{%d}|[eE]\+?[0-9]{3}" % (MAX_NUMBER_CHARS + 1))
+_JSON_STRING = re.compile(r'"[^"\\\n]*(?:\\.[^"\\\n]*)*"')
+_NOT_BRACKET = re.compile(r"[^\[\]{}]+")
+_EMPTY_PAIR = re.compile(r"\[\]|\{\}")
+
+
+def _needs_token_scan(text: str, max_depth: int) -> bool:
+    if "\\u" in text:
+        return True
+    compact = "".join(_JSON_STRING.sub('""', text).split())  # no strings, no blanks: what numbers and brackets are
+    if _SUSPECT.search(compact):
+        return True
+    brackets = _NOT_BRACKET.sub("", compact)
+    for _ in range(max_depth):  # each pass removes the innermost level
+        if not brackets:
+            return False
+        brackets = _EMPTY_PAIR.sub("", brackets)
+    return bool(brackets)  # deeper than max_depth, or unbalanced: the scan says where
+
+
+def _loads(text: str, source: str, fail: Any) -> Any:
     def unique(pairs: list[tuple[str, Any]]) -> dict[str, Any]:
         out: dict[str, Any] = {}
         for key, value in pairs:
@@ -369,6 +408,17 @@ def _check_escapes(token: str, offset: int, fail: Any) -> None:
         raise fail(_describe_char(chr(int(pending_high.group(1), 16))), offset + pending_high.start())
 
 
+def _check_values(data: str | bytes, source: str) -> None:
+    """At most MAX_JSON_VALUES values, counted at C speed (loaders/cpp: the same, first)."""
+    marks = (",", ":", "[", "{") if isinstance(data, str) else (b",", b":", b"[", b"{")
+    values = sum(data.count(mark) for mark in marks)  # type: ignore[arg-type]
+    if values > MAX_JSON_VALUES:
+        raise ReadError(f"holds {values} commas, colons and brackets: more JSON values than the {MAX_JSON_VALUES} "
+                        f"a file topkgen reads may hold", source=source)
+
+
 def read_json(path: str | os.PathLike, *, limit: int, what: str, max_depth: int = MAX_DEPTH) -> Any:
     source = os.fspath(path)
-    return parse_json(decode(read_bytes(path, limit=limit, what=what), source), source, max_depth=max_depth)
+    raw = read_bytes(path, limit=limit, what=what)
+    _check_values(raw, source)  # before decoding, as loaders/cpp counts first
+    return parse_json(decode(raw, source), source, max_depth=max_depth)

@@ -115,7 +115,10 @@ def default_shapes(archs: list[str], dtypes: list[str]) -> list[Shape]:
             for rows in DEFAULT_ROWS for det in (False, True) if k <= n]
 
 
-MAX_SHAPES_BYTES = 16 << 20
+MAX_SHAPES_BYTES = 16 << 20  # JSON, read at C speed (reader.MAX_JSON_VALUES bounds its values)
+# YAML is parsed an event at a time in Python (about 1 s a MiB): a 15 MiB file took 15 s to refuse.
+# A workload of 10,000 shapes is about 600 KB of YAML.
+MAX_SHAPES_YAML_BYTES = 1 << 20
 
 
 def load_shapes(path: str) -> list[Shape]:
@@ -127,7 +130,7 @@ def load_shapes(path: str) -> list[Shape]:
         if path.lower().endswith(".json"):
             document = reader.Document(reader.read_json(path, limit=MAX_SHAPES_BYTES, what="workload file"))
         else:
-            document = reader.read_yaml(path, limit=MAX_SHAPES_BYTES, what="workload file")
+            document = reader.read_yaml(path, limit=MAX_SHAPES_YAML_BYTES, what="YAML workload file (JSON may be larger)")
     except reader.ReadError as err:
         raise DiffInputError(str(err)) from None
     doc = document.value
