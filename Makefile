@@ -8,7 +8,7 @@ JOBS   ?= $(shell nproc 2>/dev/null || echo 2)
 FUZZ_SECONDS ?= 300
 FUZZ_SEED ?= 0
 
-.PHONY: build build-legacy test install cpp bench bench-plan bench-emulator bench-build bench-diff bench-dispatch bench-kernels fuzz gpu-check clean
+.PHONY: build build-legacy test install cpp bench bench-plan bench-emulator bench-build bench-diff bench-dispatch bench-kernels bench-hostile fuzz gpu-check clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -72,6 +72,11 @@ bench-dispatch: $(STAMP) $(CPP_BIN)
 
 clean:
 	rm -rf $(OUT) $(OUT)-legacy .cache build dist *.egg-info fuzz-out
+
+# Every refusal of a hostile cache, bundle or workload (issue 33) timed, with its peak memory:
+# each under 2 s and 2 GiB, or exit 1.
+bench-hostile: $(STAMP) $(CPP_BIN)
+	$(BIN)/python benchmarks/bench_hostile.py
 
 bench-emulator: $(STAMP)
 	$(BIN)/python benchmarks/bench_emulator.py
