@@ -17,16 +17,11 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from topkgen.common import reader, suggest
-from topkgen.common.errors import InputError
-from topkgen.policy import MAX_POLICY_BYTES, DispatchError, KernelSpec, Policy, PolicyError, all_kernels, loads, \
-    plan, read_file, rule_record, select
+from topkgen.policy import DispatchError, Policy, select
 from topkgen.common.schema import describe
 from topkgen.policy.split import ROWS_MAX
-from topkgen.diff.worktree_files import WorktreeFileError, read_worktree_file
-from topkgen.build.sources import MAX_TEMPLATE_BYTES, TEMPLATES_IN_REPO, GitRepo, SourceError, Templates, \
-    directory_templates, installed_templates, repo_path
-
-DEFAULT_POLICY_IN_REPO = "policies/topk.yaml"
+from topkgen.build.sources import Templates
+from topkgen.diff.sides import DiffInputError, Side
 DEFAULT_KS = (1, 16, 32, 64, 100, 128, 256, 512, 1024)
 DEFAULT_NS = (64, 256, 1000, 1024, 2048, 4096, 8192, 16384, 32768, 131072)
 DEFAULT_ROWS = (1, 64, 4096)  # a sampling step, a small batch, a large one: the split depends on rows
@@ -111,165 +106,6 @@ class Report:
             "dispatch": {"shapes_checked": self.shapes_checked, "changed": len(self.dispatch),
                          "moves": {m: sum(1 for d in self.dispatch if d["moves"] == m) for m in MOVES}},
         }
-
-
-# ----------------------------------------------------------------------------- loading sides
-
-def load_side(spec: str, *, policy_in_repo: str = DEFAULT_POLICY_IN_REPO, cwd: Path | None = None) -> Side:
-    """A side named on the command line: a bundle or manifest, a policy file, or a revision."""
-    path = Path(cwd or ".") / spec
-    try:
-        if path.is_dir() or (path.is_file() and path.suffix == ".json"):
-            return _manifest_side(spec, path)
-        if path.exists():  # a policy file, or a pipe: diff <(git show main:policies/topk.yaml) policies/topk.yaml
-            policy = loads(read_file(path, spec), source=spec)
-            return _rendered_side(spec, "policy", "policy file, installed templates", policy, installed_templates())
-        return _revision_side(spec, policy_in_repo, cwd)
-    except (PolicyError, SourceError) as err:
-        raise DiffInputError(str(err)) from None
-    except OSError as err:
-        raise DiffInputError(f"{spec}: cannot read: {err.strerror}") from None
-
-
-def _range_parts(spec: str, cwd: Path | None) -> tuple[str, str, str] | None:
-    """(A, the dots, B) of a range A..B or A...B; None when `spec` is a file or a revision: a
-    ref's name never holds `..` (git check-ref-format), and no revision begins or ends with
-    '/', so an end that does makes the whole a path (../policy.yaml), named as given by its
-    reader."""
-    if ".." not in spec or (Path(cwd or ".") / spec).exists():
-        return None
-    parts = spec.partition("...") if "..." in spec else spec.partition("..")
-    return None if any(end.startswith("/") or end.endswith("/") for end in parts[::2]) else parts
-
-
-def is_range(spec: str, cwd: Path | None = None) -> bool:
-    """Whether `spec` is a range (A..B, A...B) rather than a file or a revision."""
-    return _range_parts(spec, cwd) is not None
-
-
-def revision_range(spec: str, cwd: Path | None = None) -> tuple[str, str] | None:
-    """OLD and NEW of a range as `git diff` reads one: `A..B` is A against B, `A...B` is B
-    against the commit where A and B meet (an empty end is HEAD); None when `spec` is no
-    range (see _range_parts)."""
-    parts = _range_parts(spec, cwd)
-    if parts is None:
-        return None
-    old, dots, new = parts
-    old, new = old or "HEAD", new or "HEAD"
-    if dots == "..":
-        return old, new
-    try:
-        return GitRepo.around(cwd, spec).merge_base(old, new), new
-    except SourceError as err:
-        raise DiffInputError(str(err)) from None
-
-
-def load_worktree_side(*, policy_in_repo: str = DEFAULT_POLICY_IN_REPO, cwd: Path | None = None) -> Side:
-    """The working tree of the repository around `cwd`, as `git diff REV` compares with."""
-    try:
-        repo = GitRepo.around(cwd, WORKTREE)
-        policy_path = repo_path(policy_in_repo, "--policy")
-        try:  # as a revision's: a regular file, through no symbolic link (a FIFO hung, a link out leaked)
-            data = read_worktree_file(repo.root, policy_path, MAX_POLICY_BYTES, f"{WORKTREE}: {policy_path}")
-        except WorktreeFileError as err:
-            raise DiffInputError(err.strerror) from None
-        policy = loads(data, source=policy_path)
-        folder = repo.root / TEMPLATES_IN_REPO
-        if folder.is_dir():
-            templates, where = directory_templates(folder, f"{TEMPLATES_IN_REPO}/"), f"{TEMPLATES_IN_REPO}/"
-        else:
-            templates, where = installed_templates(), "installed templates"
-        return _rendered_side(WORKTREE, "worktree", f"working tree: {policy_path}, {where}", policy, templates)
-    except (PolicyError, SourceError) as err:
-        raise DiffInputError(str(err)) from None
-
-
-def _revision_side(rev: str, policy_in_repo: str, cwd: Path | None) -> Side:
-    repo = GitRepo.around(cwd, rev)
-    commit = repo.commit(rev)
-    policy_path = repo_path(policy_in_repo, "--policy")
-    files = repo.read(commit, {policy_path: MAX_POLICY_BYTES, TEMPLATES_IN_REPO: MAX_TEMPLATE_BYTES}, label=rev)
-    if policy_path not in files:
-        raise DiffInputError(f"{rev}: no {policy_path} at that revision")
-    policy = loads(files[policy_path], source=f"{rev}:{policy_path}")
-    prefix = f"{TEMPLATES_IN_REPO}/"
-    template_files = {name[len(prefix):]: data for name, data in files.items() if name.startswith(prefix)}
-    if template_files:
-        templates, where = Templates(f"{rev}:{prefix}", template_files), prefix
-    else:  # a repository of policies alone: the installed templates render them
-        templates, where = installed_templates(), f"installed templates (no {prefix} at that revision)"
-    return _rendered_side(rev, "revision", f"revision {commit[:12]}: {policy_path}, {where}", policy, templates)
-
-
-def _rendered_side(label: str, kind: str, origin: str, policy: Policy, templates: Templates) -> Side:
-    specs = {s.name: s for arch in policy.archs for s in plan(policy, arch)}
-    side = Side(label, kind, origin, policy, list(policy.archs), {},
-                {r.name: rule_record(r) for r in policy.jit_only_rules()}, templates, specs)
-    for name, spec in specs.items():
-        source, used = templates.render(spec)
-        side.kernels[name] = {**spec.record(), "source_sha256": _sha256(source)}
-        side.sources[name], side.loads[name] = source, used
-    _render_jit_kernels(side, templates)
-    return side
-
-
-def _render_jit_kernels(side: Side, templates: Templates) -> None:
-    """Every kernel of every rule and dtype that the side does not hold ahead of time."""
-    side.jit_templates = templates
-    for arch in side.policy.archs:
-        for spec in all_kernels(side.policy, arch):
-            if spec.name not in side.kernels:
-                source, used = templates.render(spec)
-                side.jit_kernels[spec.name] = {"arch": arch, "source_sha256": _sha256(source)}
-                side.loads[spec.name] = used
-
-
-def _sha256(text: str) -> str:
-    return hashlib.sha256(text.encode()).hexdigest()
-
-
-def _manifest_side(label: str, path: Path) -> Side:
-    from topkgen.build import bundle, shards  # with NVRTC's module: only when a side is a bundle
-
-    try:
-        manifest, root = bundle.load_manifest(path, versions=(1, 2, 3))  # diff still reads older bundles
-        part = shards.part_of(manifest)
-        if part is not None:  # as the loaders refuse it: compared whole, it would lose most of its kernels
-            raise DiffInputError(f"{label}: a part of a sharded build ({part}), not a bundle; merge the parts "
-                                 f"first: topkgen merge PART... --out DIR")
-        if path.is_dir() and manifest["schema_version"] == bundle.SCHEMA_VERSION:
-            bundle.read_files(root, manifest)  # a bundle whose files would not load is not "the same"
-        policy = bundle.manifest_policy(manifest, label)
-    except bundle.ManifestError as err:
-        raise DiffInputError(str(err)) from None
-    archs = list(manifest["archs"])
-    side = Side(label, "manifest", f"bundle for {', '.join(archs) or 'no arch'}, NVRTC {manifest['nvrtc_version']}",
-                policy, archs, {k["name"]: k for k in manifest["kernels"]},
-                # every arch's tiers, from the policy the manifest embeds: an arch the bundle lacks
-                # keeps its JIT-only tiers (the runtime serves it all by JIT from that policy)
-                {r.name: rule_record(r) for r in policy.jit_only_rules()}, built=True, manifest=manifest)
-    _render_jit_kernels(side, installed_templates())  # what this topkgen's runtime compiles for it
-    return side
-
-
-def build_sides(sides: list[Side], jobs: int = 1,
-                progress: Callable[[KernelSpec, Any, float], None] | None = None) -> None:
-    """Compile every side not built yet through the compile cache (NVRTC in parallel); its
-    kernel records become what its manifest would carry: resources, cubin size and hash."""
-    from topkgen.build import bundle
-
-    for side in sides:
-        if side.built:
-            continue
-        specs = list(side.specs.values())
-        results = bundle.compile_specs(specs, jobs, progress, source_of=lambda spec, s=side: s.sources[spec.name])
-        side.kernels = {spec.name: bundle.kernel_entry(spec, compiled, source)
-                        for spec, (source, compiled) in zip(specs, results)}
-        side.built = True
-
-
-def kernels_to_build(sides: list[Side]) -> int:
-    return sum(len(s.specs) for s in sides if not s.built)
 
 
 # ----------------------------------------------------------------------------- shapes

@@ -13,6 +13,7 @@ from typing import Any, Callable
 from topkgen.common.errors import InputError
 from topkgen.policy import MAX_POLICY_BYTES, KernelSpec, Policy, PolicyError, all_kernels, loads, \
     plan, read_file, rule_record
+from topkgen.diff.worktree_files import WorktreeFileError, read_worktree_file
 from topkgen.build.sources import MAX_TEMPLATE_BYTES, TEMPLATES_IN_REPO, GitRepo, SourceError, Templates, \
     directory_templates, installed_templates, repo_path
 
@@ -102,8 +103,11 @@ def load_worktree_side(*, policy_in_repo: str = DEFAULT_POLICY_IN_REPO, cwd: Pat
     try:
         repo = GitRepo.around(cwd, WORKTREE)
         policy_path = repo_path(policy_in_repo, "--policy")
-        file = repo.root / policy_path
-        policy = loads(read_file(file, f"{WORKTREE}: {policy_path}"), source=policy_path)
+        try:  # as a revision's: a regular file, through no symbolic link (a FIFO hung, a link out leaked)
+            data = read_worktree_file(repo.root, policy_path, MAX_POLICY_BYTES, f"{WORKTREE}: {policy_path}")
+        except WorktreeFileError as err:
+            raise DiffInputError(err.strerror) from None
+        policy = loads(data, source=policy_path)
         folder = repo.root / TEMPLATES_IN_REPO
         if folder.is_dir():
             templates, where = directory_templates(folder, f"{TEMPLATES_IN_REPO}/"), f"{TEMPLATES_IN_REPO}/"

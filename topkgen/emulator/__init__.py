@@ -33,7 +33,7 @@ from typing import Any, Iterator, Sequence
 
 import numpy as np
 
-from topkgen import machine_key
+from topkgen.common import machine_key
 from topkgen.emulator.counters import Counters, PhaseStats, from_phases
 from topkgen.common.files import atomic_write, read_regular
 from topkgen.common.paths import cache_root, cuda_include_dir, unusable_message

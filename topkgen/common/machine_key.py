@@ -20,7 +20,7 @@ import os
 from functools import lru_cache
 from pathlib import Path
 
-from topkgen.files import read_regular
+from topkgen.common.files import read_regular
 
 KEY_BYTES = 32
 

@@ -1,5 +1,5 @@
 """Files read from a repository's working tree for `diff`, held to what a revision's are
-(topkgen.sources.GitRepo.read): regular files only, and no symbolic link on the way from the
+(topkgen.build.sources.GitRepo.read): regular files only, and no symbolic link on the way from the
 repository's top, so that a policy linked to a file outside the repository (a secret) is
 refused by name, never read, and a FIFO is refused, never waited on."""
 
@@ -10,7 +10,7 @@ import os
 import stat
 from pathlib import Path
 
-from topkgen.files import file_kind, read_regular
+from topkgen.common.files import file_kind, read_regular
 
 
 class WorktreeFileError(OSError):

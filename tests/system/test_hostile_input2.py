@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from topkgen import reader
+from topkgen.common import reader
 
 from .test_hostile_cache import _bounded
 
