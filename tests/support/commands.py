@@ -29,8 +29,10 @@ def tree(root: Path) -> dict[str, bytes]:
 
 
 def one_line_error(result, *fragments: str) -> None:
-    """An input error as README promises it: exit 2, one line, naming each fragment."""
-    assert result.exit_code == 2, (result.exit_code, result.stderr)
+    """An input error as README promises it: exit 2, one line, naming each fragment; of a
+    CliRunner result or a finished subprocess."""
+    code = result.exit_code if hasattr(result, "exit_code") else result.returncode
+    assert code == 2, (code, result.stderr)
     assert result.stderr.startswith("topkgen: error: ") and result.stderr.count("\n") == 1, result.stderr
     for fragment in fragments:
         assert fragment in result.stderr, result.stderr

@@ -11,7 +11,6 @@ from __future__ import annotations
 import errno
 import json
 import os
-import resource
 import shutil
 import subprocess
 import sys
@@ -22,34 +21,11 @@ import pytest
 from topkgen.build import cache
 from topkgen.common import files
 
-from ..support.commands import TOPKGEN, tree
+from ..support.commands import one_line_error, tree
+from ..support.hostile import bounded, bounded_topkgen as topkgen
 from ..support.tiny import TINY_POLICY
 
 SHARD = ["--arch", "sm_90", "--shard", "1/15"]  # 2 kernels
-ADDRESS_SPACE = 4 << 30  # NVRTC needs well under this; reading /dev/zero to the end needs all there is
-
-
-def _bounded() -> None:
-    resource.setrlimit(resource.RLIMIT_AS, (ADDRESS_SPACE, ADDRESS_SPACE))
-
-
-def topkgen(*args, cache_dir: Path, prefix: tuple[str, ...] = (), timeout: float = 120,
-            env: dict[str, str] | None = None) -> subprocess.CompletedProcess:
-    """topkgen with `cache_dir` as its cache and no remote, unless `env` names one."""
-    full = {**os.environ, "TOPKGEN_CACHE_DIR": str(cache_dir)}
-    full.pop("TOPKGEN_CACHE_URL", None)
-    full.pop("XDG_RUNTIME_DIR", None)  # the private lock directory then goes to TMPDIR
-    return subprocess.run([*prefix, *TOPKGEN, *map(str, args)], capture_output=True, text=True,
-                          env={**full, **(env or {})}, timeout=timeout, preexec_fn=_bounded)
-
-
-def one_line_error(proc: subprocess.CompletedProcess, *fragments: str) -> None:
-    assert proc.returncode == 2, (proc.returncode, proc.stderr)
-    assert proc.stderr.startswith("topkgen: error: ") and proc.stderr.count("\n") == 1, proc.stderr
-    for fragment in fragments:
-        assert fragment in proc.stderr, proc.stderr
-
-
 @pytest.fixture(scope="module")
 def warm(tmp_path_factory) -> tuple[Path, Path]:
     """A cache holding the 2 kernels of SHARD, and the bundle built with it (read-only)."""
@@ -454,7 +430,7 @@ print("ok")
 def _emulate(cache_dir: Path) -> subprocess.CompletedProcess:
     env = {**os.environ, "TOPKGEN_CACHE_DIR": str(cache_dir)}
     return subprocess.run([sys.executable, "-c", EMULATE, EMULATED], capture_output=True, text=True, env=env,
-                          timeout=120, preexec_fn=_bounded)
+                          timeout=120, preexec_fn=bounded)
 
 
 @pytest.mark.parametrize("kind", ["dev-zero", "fifo"])

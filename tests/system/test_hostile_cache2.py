@@ -16,8 +16,9 @@ import pytest
 
 from topkgen.build import cache
 
-from .test_hostile_cache import one_line_error, topkgen
-from .test_user_files import TINY_POLICY
+from ..support.commands import one_line_error
+from ..support.hostile import bounded_topkgen as topkgen
+from ..support.tiny import TINY_POLICY
 
 ROOT = Path(__file__).resolve().parent.parent
 CPP = ROOT / "build" / "cpp" / "topkgen-cpp"
@@ -250,11 +251,11 @@ __attribute__((constructor)) static void planted(void) {
 
 
 def _emulate(cache_dir: Path, state: Path) -> subprocess.CompletedProcess:
-    from .test_hostile_cache import _bounded
+    from ..support.hostile import bounded
 
     env = {**os.environ, "TOPKGEN_CACHE_DIR": str(cache_dir), "XDG_STATE_HOME": str(state)}
     return subprocess.run([sys.executable, "-c", EMULATE, EMULATED], capture_output=True, text=True, env=env,
-                          timeout=120, preexec_fn=_bounded)
+                          timeout=120, preexec_fn=bounded)
 
 
 @pytest.mark.parametrize("record", ["own-sha256", "another-machines"])

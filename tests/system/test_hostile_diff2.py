@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from .test_hostile_cache import _bounded
+from ..support.hostile import bounded
 
 ROOT = Path(__file__).resolve().parent.parent
 SECRET = "AWS_SECRET_ACCESS_KEY=hunter2-do-not-print"
@@ -35,7 +35,7 @@ def repo(tmp_path) -> Path:
 
 def _diff(repo: Path) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "topkgen", "diff", "HEAD"], cwd=repo, capture_output=True, text=True,
-                          timeout=60, preexec_fn=_bounded)
+                          timeout=60, preexec_fn=bounded)
 
 
 @pytest.mark.parametrize("where", ["file", "folder"])

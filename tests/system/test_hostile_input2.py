@@ -13,7 +13,7 @@ import pytest
 
 from topkgen.common import reader
 
-from .test_hostile_cache import _bounded
+from ..support.hostile import bounded
 
 ROOT = Path(__file__).resolve().parent.parent
 CPP = ROOT / "build" / "cpp" / "topkgen-cpp"
@@ -30,10 +30,10 @@ def test_a_manifest_of_millions_of_values_is_refused_by_both_loaders_before_pars
     why = (f"{bundle / 'manifest.json'}: holds {commas} commas, colons and brackets: more JSON values than the "
            f"{reader.MAX_JSON_VALUES} a file topkgen reads may hold\n")
     python = subprocess.run([sys.executable, "-m", "topkgen", "show", str(bundle)], capture_output=True, text=True,
-                            timeout=30, preexec_fn=_bounded)
+                            timeout=30, preexec_fn=bounded)
     assert (python.returncode, python.stderr) == (2, f"topkgen: error: {why}")
     cpp = subprocess.run([str(CPP), "verify", str(bundle)], capture_output=True, text=True, timeout=30,
-                         preexec_fn=_bounded)
+                         preexec_fn=bounded)
     assert (cpp.returncode, cpp.stderr) == (2, f"topkgen-cpp: error: {why}")
 
 
@@ -58,6 +58,6 @@ def test_a_yaml_workload_over_a_mib_is_refused_by_its_size(tmp_path):
     shapes.write_text(line * ((15 << 20) // len(line)))
     proc = subprocess.run([sys.executable, "-m", "topkgen", "diff", str(ROOT / "policies" / "topk.yaml"),
                            str(ROOT / "policies" / "topk.yaml"), "--shapes", str(shapes)], capture_output=True,
-                          text=True, timeout=30, preexec_fn=_bounded)
+                          text=True, timeout=30, preexec_fn=bounded)
     assert (proc.returncode, proc.stderr) == (2, f"topkgen: error: {shapes}: the YAML workload file (JSON may be "
                                                  f"larger) is larger than 1048576 bytes\n")
