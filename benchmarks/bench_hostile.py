@@ -16,11 +16,11 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from tests.test_hostile_cache2 import _bomb  # noqa: E402
-from tests.test_user_files import TINY_POLICY  # noqa: E402
+from tests.system.test_hostile_cache2 import _bomb  # noqa: E402
+from tests.support.tiny import TINY_POLICY  # noqa: E402
 
 TOPKGEN = [sys.executable, "-m", "topkgen"]
 CPP = str(ROOT / "build" / "cpp" / "topkgen-cpp")

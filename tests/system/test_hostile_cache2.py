@@ -16,12 +16,11 @@ import pytest
 
 from topkgen.build import cache
 
+from ..support.cpp import CPP
 from ..support.commands import one_line_error
 from ..support.hostile import bounded_topkgen as topkgen
 from ..support.tiny import TINY_POLICY
 
-ROOT = Path(__file__).resolve().parent.parent
-CPP = ROOT / "build" / "cpp" / "topkgen-cpp"
 
 
 @pytest.fixture(scope="module")

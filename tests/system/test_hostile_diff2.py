@@ -12,9 +12,9 @@ from pathlib import Path
 
 import pytest
 
+from ..conftest import ROOT
 from ..support.hostile import bounded
 
-ROOT = Path(__file__).resolve().parent.parent
 SECRET = "AWS_SECRET_ACCESS_KEY=hunter2-do-not-print"
 
 

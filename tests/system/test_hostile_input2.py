@@ -7,16 +7,15 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
 from topkgen.common import reader
 
+from ..support.cpp import CPP
+from ..conftest import ROOT
 from ..support.hostile import bounded
 
-ROOT = Path(__file__).resolve().parent.parent
-CPP = ROOT / "build" / "cpp" / "topkgen-cpp"
 NEAR_CAP = (64 << 20) - 64
 
 
