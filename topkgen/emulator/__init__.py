@@ -26,7 +26,7 @@ import os
 import re
 import shutil
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any, Iterator, Sequence
@@ -34,7 +34,7 @@ from typing import Any, Iterator, Sequence
 import numpy as np
 
 from topkgen.common import machine_key
-from topkgen.emulator.counters import Counters, PhaseStats, from_phases
+from topkgen.emulator.counters import Counters, PhaseStats, from_phases, site_paths
 from topkgen.common.files import atomic_write, read_regular
 from topkgen.common.paths import cache_root, cuda_include_dir, unusable_message
 
@@ -244,6 +244,7 @@ class Module:
                         ("tk_kernel_symbol", ctypes.c_char_p), ("tk_region_alloc", ctypes.c_void_p),
                         ("tk_region_data", ctypes.c_void_p), ("tk_region_check", ctypes.c_int),
                         ("tk_launch", ctypes.c_int), ("tk_kernel_count", ctypes.c_int),
+                        ("tk_site_count", ctypes.c_ulonglong),
                         ("tk_max_phases", ctypes.c_int)):
             getattr(lib, fn).restype = res
         lib.tk_region_alloc.argtypes = [ctypes.c_size_t]
@@ -335,7 +336,16 @@ class Module:
                 if arr.flags.writeable and arr.nbytes:
                     view = np.ctypeslib.as_array((ctypes.c_ubyte * arr.nbytes).from_address(lib.tk_region_data(region)))
                     arr[...] = view.view(arr.dtype).reshape(arr.shape)
-            return from_phases(list(phases[:nphases.value])) if counters else None
+            if not counters:
+                return None
+            counts = from_phases(list(phases[:nphases.value]))
+            nsites = lib.tk_site_count()
+            if nsites:
+                rows = (ctypes.c_ulonglong * (6 * nsites))()
+                lib.tk_site_read(rows)
+                sites, copies = site_paths([tuple(rows[6 * i:6 * i + 6]) for i in range(nsites)])
+                counts = replace(counts, warp_sites=sites, site_entries=copies)
+            return counts
         finally:
             for region, _, _ in regions:
                 lib.tk_region_free(region)

@@ -36,7 +36,12 @@ class Counters:
     address count: a GPU serialises those too), the worst instruction and the mean over
     instructions. barriers: completed `__syncthreads`, per CTA, summed. shuffles and votes:
     warp instructions (ballot, any, all, match count as votes). phases: the same counts per
-    label a kernel set with `topk::counter_phase` (unlabelled work is under "")."""
+    label a kernel set with `topk::counter_phase` (unlabelled work is under "").
+    warp_sites: warp executions of each counting site, by its path (the ids of the sites
+    live when it was entered, outermost first); only a source instrumented by
+    emulator/instructions.py has sites, and only the launch's totals carry them.
+    site_entries: a lane's mean entries of each path under one instance of its parent (the
+    calls of a function from one block; a loop's trips)."""
 
     global_load_bytes: int = 0
     global_store_bytes: int = 0
@@ -49,6 +54,8 @@ class Counters:
     shuffles: int = 0
     votes: int = 0
     phases: Mapping[str, "Counters"] = field(default_factory=dict)
+    warp_sites: Mapping[tuple[int, ...], int] = field(default_factory=dict)
+    site_entries: Mapping[tuple[int, ...], float] = field(default_factory=dict)  # mean entries per parent instance
 
 
 def _one(stats: list[PhaseStats]) -> Counters:
@@ -71,4 +78,21 @@ def from_phases(stats: list[PhaseStats]) -> Counters:
         if one != Counters():
             phases[s.label.decode()] = one
     total = _one(stats)
-    return Counters(**{f.name: getattr(total, f.name) for f in fields(total) if f.name != "phases"}, phases=phases)
+    return Counters(**{f.name: getattr(total, f.name) for f in fields(total) if f.name not in ("phases", "warp_sites")},
+                    phases=phases)
+
+
+def site_paths(rows: list[tuple[int, ...]]) -> tuple[dict[tuple[int, ...], int], dict[tuple[int, ...], float]]:
+    """Warp executions by site path, and lanes' mean entries per parent instance, from the
+    emulator's (path, parent path, id, count, lane entries, lane first entries) rows."""
+    by_path = {row[0]: (row[1], row[2]) for row in rows}
+
+    def ids(path: int) -> tuple[int, ...]:
+        out = []
+        while path:
+            parent, site = by_path[path]
+            out.append(site)
+            path = parent
+        return tuple(reversed(out))
+
+    return ({ids(r[0]): r[3] for r in rows}, {ids(r[0]): r[4] / r[5] if r[5] else 0.0 for r in rows})

@@ -32,6 +32,7 @@
 #include <vector_functions.h>
 
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <csetjmp>
@@ -44,6 +45,8 @@
 #include <string>
 #include <thread>
 #include <type_traits>
+#include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 #include <dlfcn.h>
@@ -105,6 +108,7 @@ struct Thread {
     const char* file;
     uint32_t line, epoch, count;
   } sites[16];
+  struct WarpSite* site_top = nullptr;  // the innermost live counting site (instruction counts)
 };
 
 using Invoker = void (*)(void* fn, void** args);
@@ -194,14 +198,32 @@ struct OpenSite {  // the instructions of one call site in one synchronisation e
   std::vector<AtomicInstruction> instructions;
 };
 
+// Counting sites (emulator/instructions.py inserts one at the start of every code block of a
+// kernel's source, for the emulator only): a site's path is the sequence of sites live when it
+// is entered (the blocks around it, the call sites of the inlined functions it is in), and a
+// warp executes a path once per distinct instance of it among its lanes: the same path
+// reached under the same instances of every enclosing site, the k-th time under its parent.
+// A lane that skips a block (a branch, an early exit, a shorter loop) adds nothing; a warp
+// whose lanes take a block in different iterations executes it once per iteration.
+struct SiteTotal {
+  uint64_t parent;  // the path of the enclosing site (0: none)
+  uint32_t id;      // the site's number in the instrumented source
+  uint64_t count;   // warp executions
+  uint64_t lane_entries, lane_firsts;  // lanes' entries, and those that were a lane's first under its parent's instance
+};
+
 struct BlockCounters {
   int nphases = 1;
+  std::unordered_set<uint64_t> site_instances[32];  // per warp: site instances some lane entered
+  std::unordered_map<uint64_t, SiteTotal> sites;
   PhaseStats phases[kMaxPhases] = {};
   std::vector<OpenSite> open[32];  // per warp; entries [0, nopen[w]) are live, the rest keep capacity
   unsigned nopen[32] = {};
 
   void reset() {
     nphases = 1;
+    for (auto& seen : site_instances) seen.clear();
+    sites.clear();
     for (PhaseStats& p : phases) p = PhaseStats{};
     phases[0].label = "";
     for (unsigned& n : nopen) n = 0;
@@ -259,6 +281,7 @@ struct Launch {
   std::mutex stats_mu;
   int nphases = 0;
   PhaseStats phases[kMaxPhases] = {};
+  std::unordered_map<uint64_t, struct SiteTotal> sites;  // counting sites: warp executions by path
 };
 
 // ------------------------------------------------------------------ module and process state
@@ -481,6 +504,61 @@ inline void counter_phase(const char* label) {
   }
   t_block->cur->phase = uint8_t(i);
 }
+
+// ------------------------------------------------------------------ counting sites
+inline uint64_t site_mix(uint64_t h, uint64_t v) {
+  h ^= v + 0x9e3779b97f4a7c15ull + (h << 6) + (h >> 2);
+  h *= 0xbf58476d1ce4e5b9ull;
+  return h ^ (h >> 31);
+}
+
+// One live counting site of a fiber (a RAII object at the start of a code block): it counts
+// its path's warp execution when constructed and hands the fiber back to its parent when the
+// block ends. Arrivals under it are counted per child site (a few inline, then a vector).
+struct WarpSite {
+  WarpSite* parent = nullptr;
+  Thread* thread = nullptr;
+  uint64_t path = 0, instance = 0;
+  unsigned nchildren = 0;
+  uint32_t child_id[8], child_count[8];
+  std::vector<std::pair<uint32_t, uint32_t>> more;
+
+  uint32_t arrival(uint32_t id) {
+    for (unsigned i = 0; i < nchildren; ++i)
+      if (child_id[i] == id) return child_count[i]++;
+    for (auto& e : more)
+      if (e.first == id) return e.second++;
+    if (nchildren < 8) {
+      child_id[nchildren] = id;
+      child_count[nchildren++] = 1;
+    } else {
+      more.emplace_back(id, 1u);
+    }
+    return 0;
+  }
+
+  explicit WarpSite(uint32_t id) {
+    Block* b = t_block;
+    BlockCounters* c = TK_COUNTERS && b ? b->counters : nullptr;
+    if (!c) return;
+    thread = b->cur;
+    parent = thread->site_top;
+    const uint32_t k = parent ? parent->arrival(id) : 0u;
+    const uint64_t parent_path = parent ? parent->path : 0u;
+    path = site_mix(parent_path, id);
+    instance = site_mix(site_mix(parent ? parent->instance : 0u, id), k);
+    thread->site_top = this;
+    SiteTotal& total = c->sites.try_emplace(path, SiteTotal{parent_path, id, 0, 0, 0}).first->second;
+    ++total.lane_entries;
+    total.lane_firsts += k == 0;
+    if (c->site_instances[thread->warp].insert(instance).second) ++total.count;
+  }
+  ~WarpSite() {
+    if (thread) thread->site_top = parent;
+  }
+  WarpSite(const WarpSite&) = delete;
+  WarpSite& operator=(const WarpSite&) = delete;
+};
 
 // ------------------------------------------------------------------ barriers
 inline int block_barrier(int site, int kind, int pred) {
@@ -1030,6 +1108,12 @@ inline void merge_counters(Launch* L, Block* b, const BlockCounters& c) {
     }
     add_stats(L->phases[j], s);
   }
+  for (const auto& [path, total] : c.sites) {
+    auto it = L->sites.try_emplace(path, SiteTotal{total.parent, total.id, 0, 0, 0}).first;
+    it->second.count += total.count;
+    it->second.lane_entries += total.lane_entries;
+    it->second.lane_firsts += total.lane_firsts;
+  }
 }
 
 inline void run_blocks(Launch* L, uint64_t nblocks) {
@@ -1343,6 +1427,16 @@ inline unsigned char* dynamic_shared() { return t_block->dyn_shared; }
 }  // namespace tk
 
 // ------------------------------------------------------------------ the module's C interface
+namespace tk {
+// The counting sites of the module's last counted launch (tk_site_count, tk_site_read): the
+// caller reads them before its next launch on the module. Not thread_local: the module's TLS
+// holds static __shared__ memory, which every block's start poisons.
+inline std::vector<std::array<uint64_t, 6>>& site_results() {
+  static std::vector<std::array<uint64_t, 6>> rows;
+  return rows;
+}
+}  // namespace tk
+
 extern "C" {
 
 __attribute__((visibility("default"))) int tk_kernel_count() { return int(::tk::registry().size()); }
@@ -1415,7 +1509,20 @@ __attribute__((visibility("default"))) int tk_launch(int kernel, const unsigned*
   // phases: room for kMaxPhases entries, filled when the launch counted
   for (int i = 0; i < L.nphases; ++i) phases[i] = L.phases[i];
   *nphases = L.nphases;
+  site_results().clear();
+  for (const auto& [path, total] : L.sites) site_results().push_back({path, total.parent, total.id, total.count, total.lane_entries, total.lane_firsts});
+  std::sort(site_results().begin(), site_results().end(), [](const auto& a, const auto& b) { return a[0] < b[0]; });
   return 0;
+}
+
+// The counting sites of the last launch on this module (path, parent path, site id, warp
+// executions, lane entries, lanes' first entries under their parent's instance):
+// tk_site_count() rows, read with tk_site_read(out) into 6 x rows uint64.
+__attribute__((visibility("default"))) unsigned long long tk_site_count() { return ::tk::site_results().size(); }
+__attribute__((visibility("default"))) void tk_site_read(unsigned long long* out) {
+  size_t i = 0;
+  for (const auto& row : ::tk::site_results())
+    for (uint64_t v : row) out[i++] = v;
 }
 
 }  // extern "C"

@@ -1,0 +1,49 @@
+// Small kernels whose warp instructions can be counted by hand from their SASS
+// (tests/test_instruction_counter.py quotes the SASS it counted).
+
+// A counted loop: `trips` iterations, the same for every lane.
+extern "C" __global__ void counted_loop(const int* in, int* out, int trips) {
+  int acc = in[threadIdx.x];
+#pragma unroll 1
+  for (int i = 0; i < trips; ++i) {
+    acc = acc * 3 + (acc >> 7) + i;
+  }
+  out[threadIdx.x] = acc;
+}
+
+// A branch one lane of each warp takes: a loop of `trips` iterations on lane `lane` only.
+extern "C" __global__ void one_lane_branch(const int* in, int* out, int trips, int lane) {
+  int acc = in[threadIdx.x];
+  if ((threadIdx.x & 31) == unsigned(lane)) {
+#pragma unroll 1
+    for (int i = 0; i < trips; ++i) {
+      acc = acc * 5 + (acc >> 3) + i;
+    }
+  }
+  out[threadIdx.x] = acc;
+}
+
+// A warp-uniform early exit: warps whose index is odd return at once.
+extern "C" __global__ void uniform_exit(const int* in, int* out, int trips) {
+  if ((threadIdx.x >> 5) & 1) return;
+  int acc = in[threadIdx.x];
+#pragma unroll 1
+  for (int i = 0; i < trips; ++i) {
+    acc = acc * 7 + (acc >> 5) + i;
+  }
+  out[threadIdx.x] = acc;
+}
+
+// A block barrier in a loop: `trips` rounds of a shared-memory exchange.
+extern "C" __global__ void barrier_loop(const int* in, int* out, int trips) {
+  __shared__ int s[1024];
+  int acc = in[threadIdx.x];
+#pragma unroll 1
+  for (int i = 0; i < trips; ++i) {
+    s[threadIdx.x] = acc;
+    __syncthreads();
+    acc += s[(threadIdx.x + 1) % blockDim.x];
+    __syncthreads();
+  }
+  out[threadIdx.x] = acc;
+}

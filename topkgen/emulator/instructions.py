@@ -1,0 +1,500 @@
+"""Warp instructions a kernel issues: its static SASS weighted by what the emulator counts.
+
+The method, in three steps (benchmarks/README.md words it for readers of the tables):
+
+1. `instrument(source)` inserts a counting site, `::tk::WarpSite tk_ws_(ID);`, at the start of
+   every code block of the source the emulator compiles: function and lambda bodies, loop
+   bodies (a loop without braces is given them), braced if/else branches. It adds no line,
+   so line numbers stay those of the source NVRTC compiles. A loop under `#pragma unroll`
+   (fully unrolled: its SASS has one copy per iteration) and everything inside it gets no
+   site; so does a braced branch written on one line (the compiler predicates such code).
+   On the emulator a site counts a *warp* execution once per distinct instance among the
+   warp's lanes (include/topkgen_sim.h, WarpSite): a warp issues a block when any lane runs it.
+2. `sass(source, name, arch)` compiles the very same source with NVRTC and `-lineinfo` (the
+   only difference from the bundle's compile; tests show the SASS is the same) and
+   disassembles it with nvdisasm (the pinned nvidia-cuda-nvdisasm wheel), keeping for every
+   instruction its line and the lines it was inlined at.
+3. `path_of` turns that chain into the path of sites the emulator saw live there: for each
+   inlined level, the blocks of that level's function that hold the line; a loop's header
+   line belongs to its body (its compare, increment and branch run once per trip). Each SASS
+   instruction is then issued as often as its path executed (`count`).
+
+What it cannot see: stalls, replays (bank conflicts, uncoalesced accesses), dual issue and
+scheduling; code the compiler moved across blocks (hoisted out of a loop it is still charged
+per trip), predicated code (charged as its block: a branch no lane takes costs nothing
+here, though a predicated one still issues), loops the compiler unrolled on its own when
+they keep a back edge (each copy is charged every trip). A loop whose body has no backward
+branch in SASS is taken as fully unrolled and charged as its enclosing block. Counts are
+exact integers; per-key figures are divided, not rounded, and printed to 2 decimals.
+"""
+
+from __future__ import annotations
+
+import re
+import subprocess
+from dataclasses import dataclass, field
+from functools import lru_cache
+from pathlib import Path
+from typing import Mapping, Sequence
+
+MARK = "::tk::WarpSite tk_ws_({id});"
+
+
+@dataclass(frozen=True)
+class Site:
+    id: int
+    kind: str                 # function, loop, branch
+    first_line: int           # lines the block holds (a loop: from its keyword)
+    last_line: int
+    function: int             # the id of the innermost function block holding it (itself for one)
+
+
+@dataclass
+class Instrumented:
+    source: str
+    sites: list[Site]
+    by_id: dict[int, Site] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        self.by_id = {s.id: s for s in self.sites}
+
+
+_TOKEN = re.compile(r"""
+    (?P<comment>//[^\n]*|/\*.*?\*/)
+  | (?P<string>"(?:\\.|[^"\\\n])*"|'(?:\\.|[^'\\\n])*')
+  | (?P<pre>^[ \t]*\#[^\n]*(?:\\\n[^\n]*)*)
+  | (?P<ident>[A-Za-z_]\w*)
+  | (?P<number>\d[\w.]*)
+  | (?P<punct>->|::|[{}()\[\];,<>=&|!~^%*/+\-.?:])
+  | (?P<space>\s+)
+""", re.VERBOSE | re.DOTALL | re.MULTILINE)
+
+_CONTROL = {"if", "for", "while", "switch"}
+_LOOPS = {"for", "while"}
+
+
+def _tokens(source: str) -> list[tuple[str, str, int, int]]:
+    """(kind, text, offset, line) of every significant token; preprocessor lines kept as 'pre'."""
+    out, line = [], 1
+    for m in _TOKEN.finditer(source):
+        kind = m.lastgroup
+        if kind not in ("space", "comment", "string"):
+            out.append((kind, m.group(), m.start(), line))
+        elif kind == "string":
+            out.append(("string", m.group(), m.start(), line))
+        line += m.group().count("\n")
+    return out
+
+
+def instrument(source: str) -> Instrumented:
+    """The source with a counting site at the start of every code block (see the module's
+    docstring), and the sites' line ranges. Line numbers are unchanged."""
+    toks = _tokens(source)
+    # matching parentheses and braces
+    match: dict[int, int] = {}
+    stack: list[int] = []
+    for i, (kind, text, _, _) in enumerate(toks):
+        if kind != "punct":
+            continue
+        if text in "({":
+            stack.append(i)
+        elif text in ")}":
+            if stack:
+                j = stack.pop()
+                match[i], match[j] = j, i
+    inserts: list[tuple[int, str]] = []  # (offset, text)
+    opens = sorted(j for j in match if toks[j][1] in "({" and match[j] > j)
+    sites: list[Site] = []
+    pending_unroll = False
+    unrolled: dict[int, bool] = {}  # loop keyword token: under `#pragma unroll` (fully unrolled)
+    functions: list[tuple[int, int]] = []  # (closing token index, site id) of open functions
+
+    def prev(i: int) -> int:
+        j = i - 1
+        while j >= 0 and toks[j][0] == "pre":
+            j -= 1
+        return j
+
+    def statement_end(i: int) -> int:
+        """The last token of the statement starting at token i."""
+        j = i
+        while j < len(toks):
+            kind, text = toks[j][0], toks[j][1]
+            if kind == "punct" and text in "({" and j in match:
+                if text == "{" and toks[prev(j)][1] not in ("=", ",", "(", "return") and toks[prev(j)][0] != "ident":
+                    return match[j]
+                j = match[j] + 1
+                continue
+            if kind == "punct" and text == ";":
+                return j
+            j += 1
+        return len(toks) - 1
+
+    def line_of_end(i: int) -> int:
+        """The last line a block holds: its closing brace's, unless more code follows it there."""
+        close_line = toks[i][3]
+        nxt = i + 1
+        if nxt < len(toks) and toks[nxt][3] == close_line and toks[nxt][1] not in (";", ")", ","):
+            return close_line - 1
+        return close_line
+
+    def stack_of(i: int) -> list[int]:
+        """The open brackets around token i, outermost first."""
+        return [j for j in opens if j < i < match[j]]
+
+    def innermost_function(i: int) -> int:
+        while functions and functions[-1][0] < i:
+            functions.pop()
+        return functions[-1][1] if functions else -1
+
+    next_id = 1
+    for i, (kind, text, offset, line) in enumerate(toks):
+        if kind == "pre":
+            m = re.match(r"\s*#\s*pragma\s+unroll\b\s*(\d+)?", text)
+            if m:
+                pending_unroll = m.group(1) != "1"
+            continue
+        if kind == "ident" and text in _LOOPS:
+            unrolled[i] = pending_unroll
+            pending_unroll = False
+            # a loop whose body has no braces: give it braces and a site
+            j = i + 1
+            if text == "while" and toks[prev(i)][1] == "}":
+                continue  # do ... while
+            if j < len(toks) and toks[j][1] == "(" and j in match:
+                body = match[j] + 1
+                if body < len(toks) and toks[body][1] != "{":
+                    end = statement_end(body)
+                    fn = innermost_function(i)
+                    site = Site(next_id, "unrolled" if unrolled[i] else "loop", line, toks[end][3], fn)
+                    sites.append(site)
+                    inserts.append((toks[body][2], "{ " + MARK.format(id=next_id) + " "))
+                    inserts.append((toks[end][2] + len(toks[end][1]), " }"))
+                    next_id += 1
+            continue
+        if kind == "ident" and text == "if" and i + 1 < len(toks) and toks[i + 1][1] == "(" and i + 1 in match:
+            # `if (...) return/break/continue ...;`: what follows runs only for the lanes that
+            # stay, so it is a block of its own until the end of the enclosing one
+            body = match[i + 1] + 1
+            if body < len(toks) and toks[body][1] in ("return", "break", "continue"):
+                end = statement_end(body)
+                enclosing = [j for j in stack_of(i) if toks[j][1] == "{"]
+                if enclosing and end + 1 < len(toks):
+                    close = match[enclosing[-1]]
+                    rest_first = toks[end][3] + 1
+                    if toks[end + 1][3] == toks[end][3]:
+                        rest_first = toks[end][3]
+                    sites.append(Site(next_id, "rest", rest_first, line_of_end(close), innermost_function(i)))
+                    inserts.append((toks[end][2] + 1, f" ::tk::WarpSite tk_ws_{next_id}({next_id});"))
+                    next_id += 1
+        if not (kind == "punct" and text == "{") or i not in match:
+            continue
+        p = prev(i)
+        ptext = toks[p][1] if p >= 0 else ""
+        if ptext in ("const", "mutable", "noexcept") and p >= 0:
+            q = prev(p)
+            ptext, p = toks[q][1], q
+        block_kind = None
+        keyword_line = line
+        if ptext == ")" and p in match:
+            opener = match[p]
+            before = prev(opener)
+            word = toks[before][1] if before >= 0 else ""
+            if word == "constexpr":
+                word = toks[prev(before)][1]
+            if word in _LOOPS:
+                block_kind, keyword_line = ("unrolled" if unrolled.get(before) else "loop"), toks[before][3]
+            elif word in _CONTROL:
+                block_kind = "branch"
+            else:
+                block_kind = "function"
+        elif ptext in ("else", "do"):
+            block_kind = "loop" if ptext == "do" else "branch"
+        if block_kind is None:
+            continue
+        close = match[i]
+        last = line_of_end(close)
+        if block_kind == "branch":
+            if toks[close][3] == line:
+                continue  # a one-line branch: the compiler predicates it; charged as its enclosing block
+            first = line + 1
+        elif block_kind in ("loop", "unrolled"):
+            first = keyword_line
+        else:
+            first = line
+        fn = next_id if block_kind == "function" else innermost_function(i)
+        sites.append(Site(next_id, block_kind, first, last, fn))
+        if block_kind == "function":
+            functions.append((close, next_id))
+        inserts.append((offset + 1, " " + MARK.format(id=next_id)))
+        next_id += 1
+    out, last_at = [], 0
+    for at, text in sorted(inserts, key=lambda t: t[0]):
+        out.append(source[last_at:at])
+        out.append(text)
+        last_at = at
+    out.append(source[last_at:])
+    return Instrumented("".join(out), sites)
+
+
+# ----------------------------------------------------------------------------- SASS
+
+
+@dataclass(frozen=True)
+class Instruction:
+    address: int
+    text: str                        # opcode and operands
+    chain: tuple[tuple[str, int], ...]  # (file, line): innermost first, then each inlined-at
+    function: str = ""               # the kernel (or device function) it belongs to
+
+    @property
+    def opcode(self) -> str:
+        t = re.sub(r"^@!?U?P\w+\s+", "", self.text)
+        return t.split()[0] if t else ""
+
+
+def nvdisasm() -> Path:
+    """The nvdisasm of the pinned nvidia-cuda-nvdisasm wheel."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("nvidia")
+    for root in (spec.submodule_search_locations or []) if spec else []:
+        for candidate in sorted(Path(root).glob("*/bin/nvdisasm")):
+            return candidate
+    raise FileNotFoundError("nvdisasm not found: install the nvidia-cuda-nvdisasm wheel (pip install -e '.[test]')")
+
+
+def nvrtc_cubin(source: str, name: str, arch: str, extra: Sequence[str] = (), ptx: bool = False) -> bytes:
+    """NVRTC's cubin (or PTX) of `source` with topkgen's options plus `extra`."""
+    from cuda.bindings import nvrtc
+
+    from topkgen.compile import CompileError, options
+
+    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), f"{name}.cu".encode(), 0, [], [])
+    try:
+        opts = [o.encode() for o in [*options(arch), *extra]]
+        (result,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            err, size = nvrtc.nvrtcGetProgramLogSize(prog)
+            buf = b" " * size
+            nvrtc.nvrtcGetProgramLog(prog, buf)
+            raise CompileError(f"{name}: {buf.decode(errors='replace')}")
+        if ptx:
+            err, size = nvrtc.nvrtcGetPTXSize(prog)
+            buf = b" " * size
+            nvrtc.nvrtcGetPTX(prog, buf)
+            return buf.rstrip(b"\0")
+        err, size = nvrtc.nvrtcGetCUBINSize(prog)
+        buf = b" " * size
+        nvrtc.nvrtcGetCUBIN(prog, buf)
+        return buf
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+
+
+_LINE = re.compile(r'//## File "([^"]*)", line (\d+)(?: inlined at "([^"]*)", line (\d+))?')
+_INSTR = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+
+
+def disassemble(cubin: bytes, lineinfo: bool = True) -> list[Instruction]:
+    """The cubin's instructions (every function's), with their inline chains."""
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([str(nvdisasm()), "-c", *(["-gi"] if lineinfo else []), f.name], check=True,
+                              capture_output=True, text=True).stdout
+    out: list[Instruction] = []
+    chain: list[tuple[str, int]] = []
+    fresh = True
+    function = ""
+    for raw in text.splitlines():
+        m = re.match(r"^\.text\.(\S+):", raw)
+        if m:
+            function, chain = m.group(1), []
+            continue
+        m = _LINE.search(raw)
+        if m:
+            if fresh:
+                chain, fresh = [], False
+            if not chain:
+                chain.append((m.group(1), int(m.group(2))))
+            if m.group(3):
+                chain.append((m.group(3), int(m.group(4))))
+            continue
+        m = _INSTR.match(raw)
+        if m:
+            fresh = True
+            out.append(Instruction(int(m.group(1), 16), m.group(2), tuple(chain), function))
+    return out
+
+
+def sass_text(cubin: bytes) -> list[str]:
+    """The instructions alone (no line information, no addresses of labels): for comparing cubins."""
+    return [i.text for i in disassemble(cubin, lineinfo=False)]
+
+
+def _issued(instructions: list[Instruction]) -> list[Instruction]:
+    """What a warp can issue: each function's padding after its last EXIT (the self-branch,
+    NOPs) is not."""
+    out: list[Instruction] = []
+    for function in dict.fromkeys(i.function for i in instructions):
+        own = [i for i in instructions if i.function == function]
+        last_exit = max((k for k, i in enumerate(own) if i.opcode == "EXIT"), default=len(own) - 1)
+        out.extend(own[:last_exit + 1])
+    return out
+
+
+# ----------------------------------------------------------------------------- mapping
+
+
+class SiteMap:
+    """SASS instructions to site paths, for one instrumented source compiled as `name`.cu.
+
+    A loop's sites hold an instruction only when its address lies inside one of the loop's
+    SASS ranges (from the target of a backward branch the loop's lines own to that branch):
+    the compiler attributes loop set-up (the first compare, hoisted invariants) to the loop's
+    lines, and those run once per entry, as the enclosing block. A loop with no backward
+    branch is unrolled (as is one under `#pragma unroll`): it is left out of paths, and its
+    body's executions are spread over its copies (_fold)."""
+
+    def __init__(self, inst: Instrumented, name: str, instructions: list["Instruction"],
+                 labels: Mapping[str, int]) -> None:
+        self.inst, self.name = inst, name
+        self.ranges: dict[int, list[tuple[int, int]]] = {}
+        for ins in instructions:
+            if ins.opcode != "BRA":
+                continue
+            m = re.search(r"(\.L_x_\d+)", ins.text)
+            target = labels.get(m.group(1)) if m else None
+            if target is None or target > ins.address:
+                continue
+            loops = [sid for sid in self._raw(ins.chain[0][0], ins.chain[0][1]) if self.inst.by_id[sid].kind != "function"
+                     and self.inst.by_id[sid].kind in ("loop", "unrolled")] if ins.chain and self._own(ins.chain[0][0]) else []
+            if loops:
+                self.ranges.setdefault(loops[-1], []).append((target, ins.address))
+        self.dropped = {s.id for s in inst.sites
+                        if s.kind == "unrolled" or (s.kind == "loop" and s.id not in self.ranges)}
+
+    def _own(self, file: str) -> bool:
+        return Path(file).name == f"{self.name}.cu"
+
+    @lru_cache(maxsize=None)
+    def _raw(self, file: str, line: int) -> tuple[int, ...]:
+        """The sites of the innermost function holding the line that hold it, outermost first."""
+        holding = [s for s in self.inst.sites if s.first_line <= line <= s.last_line]
+        functions = [s for s in holding if s.kind == "function"]
+        if not functions:
+            return ()
+        fn = min(functions, key=lambda s: s.last_line - s.first_line)
+        inner = [s for s in holding if s.function == fn.id]
+        inner.sort(key=lambda s: (s.first_line, -s.last_line, s.id))
+        return tuple(s.id for s in inner)
+
+    def path_of(self, ins: "Instruction") -> tuple[int, ...]:
+        path: list[int] = []
+        for file, line in reversed(ins.chain):
+            if not self._own(file):
+                continue
+            for sid in self._raw(file, line):
+                if sid in self.dropped:
+                    continue
+                ranges = self.ranges.get(sid)
+                if ranges is not None and not any(lo <= ins.address <= hi for lo, hi in ranges):
+                    return tuple(path)  # outside the loop's body in SASS: once per entry
+                path.append(sid)
+        return tuple(path)
+
+    def count(self, instructions: list["Instruction"], warp_sites: Mapping[tuple[int, ...], float]) -> "Census":
+        issued = _issued(instructions)
+        total = 0.0
+        by_site: dict[int, float] = {}
+        unmatched = 0
+        for ins in issued:
+            path = self.path_of(ins)
+            n = warp_sites.get(path, 0.0)
+            if path and path not in warp_sites:
+                unmatched += 1
+            total += n
+            if path:
+                by_site[path[-1]] = by_site.get(path[-1], 0.0) + n
+        return Census(total, len(issued), unmatched, by_site)
+
+
+@dataclass(frozen=True)
+class Census:
+    warp_instructions: float   # issued, summed over the launch's warps
+    static_instructions: int   # SASS instructions that can issue
+    never_run: int             # of those, on a path the emulator never entered
+    by_site: Mapping[int, float]  # warp instructions charged to each innermost site
+
+
+def label_addresses(cubin: bytes) -> dict[str, int]:
+    import tempfile
+
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(cubin)
+        f.flush()
+        text = subprocess.run([str(nvdisasm()), "-c", f.name], check=True, capture_output=True, text=True).stdout
+    labels, pending = {}, []
+    for raw in text.splitlines():
+        m = re.match(r"^(\.L_x_\d+):", raw)
+        if m:
+            pending.append(m.group(1))
+            continue
+        m = _INSTR.match(raw)
+        if m:
+            for name in pending:
+                labels[name] = int(m.group(1), 16)
+            pending = []
+    return labels
+
+
+class Counter:
+    """One kernel source, ready to count: the instrumented text for the emulator and the
+    SASS of the source as NVRTC compiles it (with -lineinfo) for `arch`."""
+
+    def __init__(self, source: str, name: str, arch: str = "sm_90") -> None:
+        self.source, self.name, self.arch = source, name, arch
+        self.inst = instrument(source)
+        cubin = nvrtc_cubin(source, name, arch, ["-lineinfo"])
+        self.instructions = disassemble(cubin)
+        self.map = SiteMap(self.inst, name, self.instructions, label_addresses(cubin))
+
+    def module(self):
+        from topkgen.emulator import compile_source
+
+        return compile_source(self.inst.source, name=self.name)
+
+    def count(self, counters, kernel: str | None = None) -> Census:
+        """The census of one counted launch of `module()` (Counters with warp_sites): the
+        SASS of `kernel` (its symbol; default: every function of the cubin)."""
+        own = [i for i in self.instructions if kernel is None or i.function == kernel]
+        if not own:
+            raise ValueError(f"{self.name}: no function {kernel!r} in the SASS")
+        return self.map.count(own, _fold(counters, self.inst, self.map.dropped))
+
+
+def _fold(counters, inst: Instrumented, dropped: set[int]) -> dict[tuple[int, ...], float]:
+    """Warp executions by path, spread over the SASS copies of a block. The compiler copies a
+    block once per call of its function from one block (four calls on one line are four
+    inlined copies no line information tells apart) and once per iteration of an unrolled
+    loop; each copy runs the mean share. So a path is charged its executions divided, for
+    each function site and each unrolled loop on it, by a lane's mean entries of that site
+    under one instance of its parent; unrolled loops are then taken out of the path."""
+    out: dict[tuple[int, ...], float] = {}
+    entries = counters.site_entries
+    for path, n in counters.warp_sites.items():
+        weight = float(n)
+        kept = []
+        for i, site in enumerate(path):
+            kind = inst.by_id[site].kind if site in inst.by_id else "function"
+            if site in dropped or kind == "function":
+                copies = entries.get(path[:i + 1], 1.0)
+                weight /= copies if copies > 0 else 1.0
+            if site not in dropped:
+                kept.append(site)
+        key = tuple(kept)
+        out[key] = out.get(key, 0.0) + weight
+    return out
