@@ -272,7 +272,11 @@ def nvrtc_cubin(source: str, name: str, arch: str, extra: Sequence[str] = (), pt
 
     err, prog = nvrtc.nvrtcCreateProgram(source.encode(), f"{name}.cu".encode(), 0, [], [])
     try:
-        opts = [o.encode() for o in [*options(arch), *extra]]
+        base = options(arch.replace("compute_", "sm_"))
+        if arch.startswith("compute_"):  # PTX for a virtual architecture
+            base = [f"--gpu-architecture={arch}" if o.startswith("--gpu-architecture=") else o for o in base
+                    if not o.startswith("--ptxas-options")]
+        opts = [o.encode() for o in [*base, *extra]]
         (result,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
         if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
             err, size = nvrtc.nvrtcGetProgramLogSize(prog)
