@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
 
-from h200_model import KernelFacts, ctas_per_sm, estimate_seconds  # noqa: E402
+from h200_model import HBM_BYTES_PER_S, KernelFacts, ctas_per_sm, estimate_seconds, issue_seconds  # noqa: E402
 from shapes import DATA_KINDS, SETS, make_rows, select_sets  # noqa: E402
 
 ARCH = "sm_90"
@@ -58,6 +58,13 @@ class Row:
     barriers_per_row: float
     model_us: float | None
     model_bound: str
+    # issue 27: warp instructions (SASS x emulator, topkgen/emulator/instructions.py)
+    warp_instructions_per_key: float = 0.0
+    warp_instructions_per_row: float = 0.0
+    ctas_per_sm: int = 0
+    issue_us_at_4: float = 0.0
+    issue_us_at_2: float = 0.0
+    hbm_floor_us: float = 0.0
 
     def key(self) -> str:
         return f"{self.set}|{self.dtype}|{self.n}|{self.k}|{self.data}"
@@ -71,6 +78,7 @@ class Kernels:
 
         self.policy = policy.load()
         self._modules: dict[str, object] = {}
+        self._counters: dict[str, object] = {}
         self._ctas: dict[str, int] = {}
 
     def select(self, dtype: str, k: int, n: int):
@@ -78,12 +86,18 @@ class Kernels:
 
         return policy.select(self.policy, ARCH, dtype, k, n).kernel
 
-    def module(self, spec):
-        from topkgen.emulator import compile_source
+    def counter(self, spec):
+        """The kernel's warp-instruction counter: its SASS, and the instrumented source."""
+        from topkgen.emulator.instructions import Counter
         from topkgen.build.render import render
 
+        if spec.name not in self._counters:
+            self._counters[spec.name] = Counter(render(spec), spec.name, ARCH)
+        return self._counters[spec.name]
+
+    def module(self, spec):
         if spec.name not in self._modules:
-            self._modules[spec.name] = compile_source(render(spec), name=spec.name)
+            self._modules[spec.name] = self.counter(spec).module()
         return self._modules[spec.name]
 
     def ctas_per_sm(self, spec) -> int:
@@ -118,16 +132,20 @@ def measure(kernels: Kernels, set_name: str, model_rows: int, rows: int, dtype: 
     first = c.phases.get(FIRST_PASS, c)
     elements = rows * n
     wavefronts = first.shared_atomic_instructions * first.bank_lanes_mean / elements
+    issued = kernels.counter(spec).count(c, spec.name).warp_instructions
     facts = KernelFacts(threads=spec.threads, ctas_per_sm=kernels.ctas_per_sm(spec),
                         bytes_in_flight=spec.threads * 16 * spec.loads_in_flight,
                         reads_per_element=c.global_load_bytes / x.nbytes, atomic_wavefronts_per_element=wavefronts,
-                        barriers_per_row=c.barriers / rows)
+                        barriers_per_row=c.barriers / rows, warp_instructions_per_row=issued / rows)
+    floor = (model_rows * n * x.itemsize + model_rows * k * (x.itemsize + 8)) / HBM_BYTES_PER_S
     # The model describes kernels that stream a row with one CTA; the register ladder is
     # bound by its O(k N / 32) selection rounds, which the model does not count.
     seconds, bound = estimate_seconds(model_rows, n, k, x.itemsize, facts) if spec.family == "radix" else (None, "")
     return Row(set_name, model_rows, dtype, n, k, kind, spec.family, spec.name, facts.reads_per_element,
                c.shared_atomics / elements, first.bank_lanes_mean, first.bank_lanes_max, facts.barriers_per_row,
-               None if seconds is None else seconds * 1e6, bound)
+               None if seconds is None else seconds * 1e6, bound, issued / elements, issued / rows,
+               facts.ctas_per_sm, issue_seconds(max(model_rows, 132), facts, 4) * 1e6,
+               issue_seconds(max(model_rows, 132), facts, 2) * 1e6, floor * 1e6)
 
 
 @dataclass(frozen=True)
@@ -236,16 +254,18 @@ def print_tables(rows: list[Row], baseline: dict[str, dict] | None) -> None:
         for set_name in dict.fromkeys(r.set for r in rows if r.family == family):
             group = [r for r in rows if r.family == family and r.set == set_name]
             print(f"\n### {family} kernels, {set_name} (model: {group[0].model_rows} rows)\n")
-            head = ("| dtype | N | K | data | kernel | reads/elem | atom/elem | lanes p1 mean/max | bar/row "
-                    "| model us (H200) |")
+            head = ("| dtype | N | K | data | kernel | reads/elem | warp instr/key | warp instr/row | atom/elem "
+                    "| lanes p1 mean/max | bar/row | CTAs/SM | issue us @4 / @2 | HBM floor us | model us (H200, bound) |")
             if baseline is not None:
                 head += " reads vs base | lanes p1 max vs base | model vs base |"
             print(head)
             print("|" + "---|" * (head.count("|") - 1))
             for r in group:
                 line = (f"| {r.dtype} | {r.n} | {r.k} | {r.data} | {r.kernel} | {r.reads_per_element:.3f} "
+                        f"| {r.warp_instructions_per_key:.2f} | {r.warp_instructions_per_row:.0f} "
                         f"| {r.atomics_per_element:.3f} | {r.first_pass_lanes_mean:.1f} / {r.first_pass_lanes_max} "
-                        f"| {r.barriers_per_row:.1f} | {_model(r)} |")
+                        f"| {r.barriers_per_row:.1f} | {r.ctas_per_sm} | {r.issue_us_at_4:.1f} / {r.issue_us_at_2:.1f} "
+                        f"| {r.hbm_floor_us:.1f} | {_model(r)} |")
                 if baseline is not None:
                     line += _versus(r, baseline.get(r.key()))
                 print(line)
