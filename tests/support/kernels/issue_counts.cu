@@ -1,5 +1,5 @@
 // Small kernels whose warp instructions can be counted by hand from their SASS
-// (tests/test_instruction_counter.py quotes the SASS it counted).
+// (tests/emulator/test_instruction_counter.py quotes the SASS it counted).
 
 // A counted loop: `trips` iterations, the same for every lane.
 extern "C" __global__ void counted_loop(const int* in, int* out, int trips) {

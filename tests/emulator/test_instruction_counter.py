@@ -1,5 +1,5 @@
 """The warp-instruction counter (topkgen/emulator/instructions.py): small kernels counted by
-hand from their SASS (tests/kernels/issue_counts.cu), -lineinfo leaving the SASS unchanged,
+hand from their SASS (tests/support/kernels/issue_counts.cu), -lineinfo leaving the SASS unchanged,
 and the instrumentation leaving line numbers and the emulated results as they were.
 
 Hand counts, sm_90, NVRTC 13.0 / nvdisasm 13.5 (the pinned wheels), 8 warps of 256 threads,
@@ -22,9 +22,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from topkgen.emulator.instructions import Counter, disassemble, instrument, label_addresses, nvrtc_cubin, sass_text
+from topkgen.emulator.instructions import Counter, instrument
+from topkgen.emulator.sass import label_addresses, nvrtc_cubin, sass_text
 
-KERNELS = Path(__file__).resolve().parent / "kernels" / "issue_counts.cu"
+KERNELS = Path(__file__).resolve().parents[1] / "support" / "kernels" / "issue_counts.cu"
 WARPS, THREADS = 8, 256
 
 
@@ -114,7 +115,7 @@ def test_lineinfo_leaves_the_sass_unchanged():
     """-lineinfo (the counter's compile) gives the same instructions as the bundle's compile,
     for every family's template."""
     from topkgen import policy
-    from topkgen.render import render
+    from topkgen.build.render import render
 
     pol = policy.load()
     for dtype, k, n in (("float32", 256, 16384), ("bfloat16", 1024, 131072), ("float32", 16, 1024)):
@@ -131,7 +132,7 @@ def test_instrumentation_keeps_lines_and_results():
     block) and the emulated kernel gives the same answer and the same traffic counts."""
     from topkgen import policy, reference
     from topkgen.emulator import compile_source
-    from topkgen.render import render
+    from topkgen.build.render import render
     from topkgen.runtime import launch_arguments
 
     spec = policy.select(policy.load(), "sm_90", "float32", 64, 4096).kernel

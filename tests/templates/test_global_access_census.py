@@ -10,7 +10,8 @@ import re
 
 import pytest
 
-from topkgen.emulator.instructions import instrument, nvrtc_cubin
+from topkgen.emulator.instructions import instrument
+from topkgen.emulator.sass import nvrtc_cubin
 
 HELPERS = ("load_global_nc", "load_global", "store_global")
 
@@ -65,7 +66,7 @@ def census(source: str, name: str) -> tuple[list[tuple[str, int]], list[tuple[st
 
 @pytest.mark.parametrize("spec", _kernels(), ids=lambda s: s.name)
 def test_every_global_access_is_counted(spec):
-    from topkgen.render import render
+    from topkgen.build.render import render
 
     source = render(spec)
     assert len(helper_lines(source)) >= 3
@@ -79,7 +80,7 @@ def test_every_global_access_is_counted(spec):
 def test_a_planted_raw_load_is_found():
     """A row read through a raw pointer (what `__ldg` or `*p` would do) fails the census."""
     from topkgen import policy
-    from topkgen.render import render
+    from topkgen.build.render import render
 
     spec = policy.select(policy.load(), "sm_90", "float32", 256, 16384).kernel
     source = render(spec)
@@ -95,7 +96,7 @@ def test_first_pass_row_loads_are_what_the_comment_says():
     them. Today that is plain ld.global (not .nc) for the row and ld.global.nc for
     x_indices; this records it, so that a change shows."""
     from topkgen import policy
-    from topkgen.render import render
+    from topkgen.build.render import render
 
     spec = policy.select(policy.load(), "sm_90", "float32", 256, 16384).kernel
     counted, _ = census(render(spec), spec.name)
