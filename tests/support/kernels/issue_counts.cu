@@ -47,3 +47,13 @@ extern "C" __global__ void barrier_loop(const int* in, int* out, int trips) {
   }
   out[threadIdx.x] = acc;
 }
+
+// A loop the compiler unrolls on its own (a runtime trip count, no pragma): lanes store
+// `trips` words each, stride 256, into shared memory.
+extern "C" __global__ void partial_unroll(const int* in, int* out, int trips) {
+  __shared__ int s[256 * 32];
+  const int n = trips * 256;
+  for (int i = int(threadIdx.x); i < n; i += 256) s[i] = i;
+  __syncthreads();
+  out[threadIdx.x] = s[(threadIdx.x * 7) & 255] + in[threadIdx.x];
+}
