@@ -10,6 +10,7 @@ import pytest
 
 from topkgen import policy as pol
 from topkgen.emulator import EmulationError, compile_source
+from topkgen.emulator.counters import BankLanes
 from topkgen.build.render import render, template_dir
 
 from ..support.topk_cases import launch_kernel
@@ -39,8 +40,12 @@ def test_global_bytes_through_the_helpers(module):
     assert module.launch("copy", blocks, threads, arrays) is None  # counting off: nothing returned
 
 
-@pytest.mark.parametrize("stride,degree", [(1, 1), (2, 2), (16, 16), (32, 32), (0, 32), (3, 1)])
-def test_bank_lanes_per_warp_instruction(module, stride, degree):
+# (stride, bank lanes of a no-return +1, of the same addresses with a return or operand 2):
+# lane * stride words apart. Issue 27: all 32 lanes on one word (stride 0) were 32 lanes for
+# every atomic; a no-return +1 (ATOMS.POPC.INC) merges them into 1, the others keep 32.
+@pytest.mark.parametrize("stride,degree,serialised", [(1, 1, 1), (2, 2, 2), (16, 16, 16), (32, 32, 32), (0, 1, 32),
+                                                      (3, 1, 1)])
+def test_bank_lanes_per_warp_instruction(module, stride, degree, serialised):
     blocks, threads, rounds = 2, 96, 5
     warps = blocks * threads // 32
     counter, out = np.zeros(1, np.int32), np.zeros(blocks, np.int32)
@@ -48,16 +53,25 @@ def test_bank_lanes_per_warp_instruction(module, stride, degree):
     p = c.phases
     assert (p["stride"].shared_atomics, p["stride"].shared_atomic_instructions) == (blocks * threads, warps)
     assert p["stride"].bank_lanes_max == degree and p["stride"].bank_lanes_mean == degree
+    assert set(p["stride"].bank_lanes_by_kind) == {"inc"}
+    for phase, kind in (("returned", "add"), ("operand 2", "add"), ("min", "min/max")):
+        assert p[phase].shared_atomic_instructions == warps, phase
+        assert (p[phase].bank_lanes_max, p[phase].bank_lanes_mean) == (serialised, serialised), phase
+        assert p[phase].bank_lanes_by_kind == {kind: BankLanes(warps, serialised, serialised)}, phase
+    assert c.bank_lanes_by_kind["inc"] == BankLanes(warps * (rounds + 2), (degree + rounds + 1) / (rounds + 2),
+                                                    max(degree, 1))
+    assert c.bank_lanes_by_kind["add"] == BankLanes(2 * warps, serialised, serialised)
     assert (p["loop"].shared_atomics, p["loop"].shared_atomic_instructions) == (blocks * threads * rounds, warps * rounds)
     assert (p["loop"].bank_lanes_max, p["even lanes"].bank_lanes_max) == (1, 1)
     assert (p["even lanes"].shared_atomics, p["even lanes"].shared_atomic_instructions) == (blocks * threads // 2, warps)
     assert (p["global"].global_atomics, p["global"].shared_atomics) == (blocks * threads, 0)
-    assert c.barriers == 2 * blocks and p[""].barriers == blocks and p["global"].barriers == blocks
+    assert c.barriers == 2 * blocks and p[""].barriers == blocks and p["min"].barriers == blocks
     assert c.global_store_bytes == 4 * blocks and counter[0] == blocks * threads
     assert c.shared_atomics == sum(ph.shared_atomics for ph in p.values())
-    assert c.bank_lanes_max == max(degree, 1)
-    instructions = warps * (1 + rounds + 1)
-    assert c.bank_lanes_mean == pytest.approx((warps * degree + warps * rounds + warps) / instructions)
+    assert c.bank_lanes_max == max(degree, serialised, 1)
+    instructions = warps * (1 + rounds + 1 + 3)
+    assert c.bank_lanes_mean == pytest.approx((warps * degree + warps * rounds + warps + 3 * warps * serialised)
+                                              / instructions)
 
 
 def test_warp_aggregated_atomics_count_leaders_only(module):

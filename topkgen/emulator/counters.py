@@ -18,12 +18,29 @@ from dataclasses import dataclass, field, fields
 from typing import Mapping
 
 
+# tk::AtomicKind, in its order: "inc" is a warp instruction on which every lane added 1 and
+# dropped the result (ATOMS.POPC.INC on sm_70+: same-address lanes merge), "add" any other
+# atomicAdd (a result used, another operand), "min/max", "other" (sub, and/or/xor, exch, cas).
+ATOMIC_KINDS = ("inc", "add", "min/max", "other")
+_COUNTS = ("global_load_bytes", "global_store_bytes", "global_atomics", "shared_atomics",
+           "shared_atomic_instructions", "bank_lanes_sum", "bank_lanes_max", "barriers", "shuffles", "votes")
+
+
 class PhaseStats(ctypes.Structure):
     """Mirror of tk::PhaseStats in include/topkgen_sim.h."""
 
-    _fields_ = [("label", ctypes.c_char_p)] + [(name, ctypes.c_uint64) for name in (
-        "global_load_bytes", "global_store_bytes", "global_atomics", "shared_atomics",
-        "shared_atomic_instructions", "bank_lanes_sum", "bank_lanes_max", "barriers", "shuffles", "votes")]
+    _fields_ = ([("label", ctypes.c_char_p)] + [(name, ctypes.c_uint64) for name in _COUNTS]
+                + [(name, ctypes.c_uint64 * len(ATOMIC_KINDS))
+                   for name in ("kind_instructions", "kind_lanes_sum", "kind_lanes_max")])
+
+
+@dataclass(frozen=True)
+class BankLanes:
+    """Shared atomic warp instructions of one kind and their bank lanes (mean and worst)."""
+
+    instructions: int = 0
+    lanes_mean: float = 0.0
+    lanes_max: int = 0
 
 
 @dataclass(frozen=True)
@@ -32,9 +49,13 @@ class Counters:
 
     shared_atomics counts lanes (one per thread that executed an atomic on shared memory);
     shared_atomic_instructions counts warp instructions. bank_lanes_max / bank_lanes_mean:
-    the most lanes of one warp instruction that hit one 4-byte bank (lanes on the same
-    address count: a GPU serialises those too), the worst instruction and the mean over
-    instructions. barriers: completed `__syncthreads`, per CTA, summed. shuffles and votes:
+    the most lanes of one warp instruction that hit one 4-byte bank, the worst instruction and
+    the mean over instructions. Lanes on the same address count one each (a GPU serialises
+    them), except on an "inc" instruction (every lane added 1 and dropped the result: sm_70+
+    compile that to ATOMS.POPC.INC, whose same-address lanes the shared-memory unit merges),
+    where a bank's lanes are its distinct words. The kind is decided at run time, per warp
+    instruction (a +1 the compiler cannot see as constant is counted "inc" here).
+    bank_lanes_by_kind: the same per kind (ATOMIC_KINDS), the kinds that ran. barriers: completed `__syncthreads`, per CTA, summed. shuffles and votes:
     warp instructions (ballot, any, all, match count as votes). phases: the same counts per
     label a kernel set with `topk::counter_phase` (unlabelled work is under "").
     warp_sites: warp executions of each counting site, by its path (the ids of the sites
@@ -53,15 +74,22 @@ class Counters:
     barriers: int = 0
     shuffles: int = 0
     votes: int = 0
+    bank_lanes_by_kind: Mapping[str, BankLanes] = field(default_factory=dict)
     phases: Mapping[str, "Counters"] = field(default_factory=dict)
     warp_sites: Mapping[tuple[int, ...], int] = field(default_factory=dict)
     site_entries: Mapping[tuple[int, ...], float] = field(default_factory=dict)  # mean entries per parent instance
 
 
 def _one(stats: list[PhaseStats]) -> Counters:
-    total = {name: sum(getattr(s, name) for s in stats) for name, _ in PhaseStats._fields_[1:]}
+    total = {name: sum(getattr(s, name) for s in stats) for name in _COUNTS}
     instructions = total["shared_atomic_instructions"]
-    return Counters(
+    kinds = {}
+    for i, kind in enumerate(ATOMIC_KINDS):
+        count = sum(s.kind_instructions[i] for s in stats)
+        if count:
+            kinds[kind] = BankLanes(count, sum(s.kind_lanes_sum[i] for s in stats) / count,
+                                    max(s.kind_lanes_max[i] for s in stats))
+    return Counters(bank_lanes_by_kind=kinds,
         global_load_bytes=total["global_load_bytes"], global_store_bytes=total["global_store_bytes"],
         global_atomics=total["global_atomics"], shared_atomics=total["shared_atomics"],
         shared_atomic_instructions=instructions,

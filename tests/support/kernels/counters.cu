@@ -14,9 +14,9 @@ extern "C" __global__ void copy(const uint4* in, uint4* out, const unsigned shor
 // Then `rounds` atomics per lane in a loop (one instruction per round), in phase "loop";
 // then only even lanes, in phase "even lanes"; then one global atomic per thread.
 extern "C" __global__ void banks(int stride, int rounds, int* global_counter, int* out) {
-  __shared__ int s[1024];
+  __shared__ int s[1024], u[1024];
   const int lane = threadIdx.x & 31;
-  for (int i = threadIdx.x; i < 1024; i += blockDim.x) s[i] = 0;
+  for (int i = threadIdx.x; i < 1024; i += blockDim.x) s[i] = u[i] = 0;
   __syncthreads();
   topk::counter_phase("stride");
   atomicAdd(&s[(lane * stride) & 1023], 1);
@@ -26,8 +26,16 @@ extern "C" __global__ void banks(int stride, int rounds, int* global_counter, in
   if ((lane & 1) == 0) atomicAdd(&s[lane], 1);
   topk::counter_phase("global");
   atomicAdd(global_counter, 1);
+  // Issue 27: the same addresses with a result used, and with another operand than 1:
+  // ATOMS.ADD, whose same-address lanes serialise (a no-return +1 is ATOMS.POPC.INC).
+  topk::counter_phase("returned");
+  int seen = atomicAdd(&u[(lane * stride) & 1023], 1);
+  topk::counter_phase("operand 2");
+  atomicAdd(&u[(lane * stride) & 1023], 2);
+  topk::counter_phase("min");
+  atomicMin(&u[(lane * stride) & 1023], lane);
   __syncthreads();
-  if (threadIdx.x == 0) topk::store_global(out + blockIdx.x, s[0]);
+  if (threadIdx.x == 0) topk::store_global(out + blockIdx.x, s[0] + 0 * seen);
 }
 
 // A histogram of `bins[i]`, one element per thread, warp-aggregated: the lanes that share a

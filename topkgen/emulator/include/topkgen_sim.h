@@ -161,10 +161,17 @@ struct Region {  // a guarded allocation: [guard page][front zone | data | back 
 constexpr int kMaxPhases = 16;
 constexpr int kMaxAtomicSites = 16;
 
+// Shared atomics by kind (bank lanes per kind): a warp instruction is kInc when every lane
+// added 1 and dropped the result (sm_70+ compile it to ATOMS.POPC.INC, whose same-address
+// lanes the shared-memory unit merges), kAdd any other atomicAdd (a result used or another
+// operand), kMinMax atomicMin/Max, kOther the rest (sub, and/or/xor, exch, cas).
+enum AtomicKind : uint8_t { kInc, kAdd, kMinMax, kOther, kAtomicKinds };
+
 struct PhaseStats {
   const char* label;
   uint64_t global_load_bytes, global_store_bytes, global_atomics, shared_atomics, shared_atomic_instructions,
       bank_lanes_sum, bank_lanes_max, barriers, shuffles, votes;
+  uint64_t kind_instructions[kAtomicKinds], kind_lanes_sum[kAtomicKinds], kind_lanes_max[kAtomicKinds];
 };
 
 inline void add_stats(PhaseStats& into, const PhaseStats& s) {
@@ -178,6 +185,11 @@ inline void add_stats(PhaseStats& into, const PhaseStats& s) {
   into.barriers += s.barriers;
   into.shuffles += s.shuffles;
   into.votes += s.votes;
+  for (int k = 0; k < kAtomicKinds; ++k) {
+    into.kind_instructions[k] += s.kind_instructions[k];
+    into.kind_lanes_sum[k] += s.kind_lanes_sum[k];
+    into.kind_lanes_max[k] = std::max(into.kind_lanes_max[k], s.kind_lanes_max[k]);
+  }
 }
 
 // One warp-wide shared atomic instruction as the emulator reconstructs it: how many lanes
@@ -188,9 +200,26 @@ inline void add_stats(PhaseStats& into, const PhaseStats& s) {
 // often between two synchronisation points) that is exactly the hardware's grouping;
 // where lanes skip the site in some loop iterations, their k-th arrivals are grouped
 // together, as if the warp had packed them into one instruction.
+// Its bank lanes: for kInc the distinct words each bank holds (same-address lanes merge),
+// for every other kind the lanes on each bank (a GPU serialises same-address lanes there).
 struct AtomicInstruction {
   uint8_t lanes[32];
   uint8_t phase;
+  uint8_t kind = kInc;  // kInc until a lane adds another value, uses the result or runs another op
+  uint32_t present = 0;  // lanes that took part, and the word each one hit
+  uint32_t word[32] = {};
+
+  uint64_t most() const {
+    if (kind != kInc) return *std::max_element(lanes, lanes + 32);
+    uint8_t distinct[32] = {};
+    for (unsigned l = 0; l < 32; ++l) {
+      if (!(present >> l & 1u)) continue;
+      bool seen = false;
+      for (unsigned m = 0; m < l && !seen; ++m) seen = (present >> m & 1u) && word[m] == word[l];
+      if (!seen) ++distinct[word[l] & 31];
+    }
+    return *std::max_element(distinct, distinct + 32);
+  }
 };
 struct OpenSite {  // the instructions of one call site in one synchronisation epoch
   const char* file;
@@ -246,12 +275,15 @@ struct BlockCounters {
   void close_warp(unsigned warp) {
     for (unsigned i = 0; i < nopen[warp]; ++i) {
       for (const AtomicInstruction& ins : open[warp][i].instructions) {
-        uint64_t most = *std::max_element(ins.lanes, ins.lanes + 32);
-        if (!most) continue;
+        if (!ins.present) continue;
+        const uint64_t most = ins.most();
         PhaseStats& st = phases[ins.phase];
         ++st.shared_atomic_instructions;
         st.bank_lanes_sum += most;
         st.bank_lanes_max = std::max(st.bank_lanes_max, most);
+        ++st.kind_instructions[ins.kind];
+        st.kind_lanes_sum[ins.kind] += most;
+        st.kind_lanes_max[ins.kind] = std::max(st.kind_lanes_max[ins.kind], most);
       }
     }
     nopen[warp] = 0;
@@ -470,7 +502,17 @@ inline uint32_t site_occurrence(Thread* t, const char* file, uint32_t line) {
   return 0;
 }
 
-inline void note_atomic(BlockCounters* c, const void* p, const char* file, unsigned line) {
+// Where a lane's shared atomic was recorded, so that using its result can make it kAdd.
+struct AtomicNote {
+  BlockCounters* counters = nullptr;
+  unsigned warp = 0, site = 0, occurrence = 0;
+  uint32_t epoch = 0;
+};
+
+// Records the lane's atomic; `kind` is the op's (kInc for an atomicAdd of 1, whose result
+// may still be used: AtomicResult below).
+inline AtomicNote note_atomic(BlockCounters* c, const void* p, const char* file, unsigned line,
+                              uint8_t kind = kOther) {
   Block* b = t_block;
   Thread* t = b->cur;
   PhaseStats& st = c->phases[t->phase];
@@ -480,15 +522,42 @@ inline void note_atomic(BlockCounters* c, const void* p, const char* file, unsig
   for (const Region* r : b->launch->regions) {
     if (a - uintptr_t(r->data) < r->nbytes) {
       ++st.global_atomics;
-      return;
+      return {};
     }
   }
   ++st.shared_atomics;
   uint32_t occurrence = site_occurrence(t, file, line);
-  std::vector<AtomicInstruction>& list = c->site_of(t->warp, file, line, t->sync_epoch).instructions;
+  OpenSite& site = c->site_of(t->warp, file, line, t->sync_epoch);
+  std::vector<AtomicInstruction>& list = site.instructions;
   if (list.size() <= occurrence) list.resize(occurrence + 1, AtomicInstruction{{}, t->phase});
-  ++list[occurrence].lanes[(a >> 2) & 31];  // banks are 4 bytes wide; a 64-bit atomic counts its low word
+  AtomicInstruction& ins = list[occurrence];
+  ++ins.lanes[(a >> 2) & 31];  // banks are 4 bytes wide; a 64-bit atomic counts its low word
+  ins.present |= 1u << t->lane;
+  ins.word[t->lane] = uint32_t(a >> 2);
+  ins.kind = std::max(ins.kind, kind);  // kInc < kAdd < kMinMax < kOther: the instruction takes the most general
+  return {c, t->warp, unsigned(&site - c->open[t->warp].data()), occurrence, t->sync_epoch};
 }
+
+// The lane used the result of its atomic: not ATOMS.POPC.INC but ATOMS.ADD.
+inline void note_result_used(const AtomicNote& n) {
+  if (!n.counters || n.site >= n.counters->nopen[n.warp]) return;
+  OpenSite& site = n.counters->open[n.warp][n.site];
+  if (site.epoch != n.epoch || n.occurrence >= site.instructions.size()) return;  // closed already
+  uint8_t& kind = site.instructions[n.occurrence].kind;
+  if (kind == kInc) kind = kAdd;
+}
+
+// What an integer atomicAdd returns: the old value, and on conversion (the result used) the
+// note that the atomic has a return.
+template <typename T>
+struct AtomicResult {
+  T old;
+  AtomicNote note;
+  operator T() const {
+    note_result_used(note);
+    return old;
+  }
+};
 
 // The calling thread's counts go to `label` from here on (labels are compared as text).
 inline void counter_phase(const char* label) {
@@ -1296,11 +1365,16 @@ inline void __threadfence_system() { ::tk::poll_watchdog(); __atomic_thread_fenc
 // on one line share a site; their arrivals alternate, so each lane's k-th arrival is still
 // the same instruction as every other lane's.
 #define TK_SITE const char* tk_file = __builtin_FILE(), unsigned tk_line = __builtin_LINE()
-#define TK_ATOMIC_ENTRY(p)                                                       \
+#define TK_ATOMIC_ENTRY(p, ...)                                                  \
   if (::tk::Block* tk_b = ::tk::poll_watchdog(); TK_COUNTERS && tk_b->counters) \
-  ::tk::note_atomic(tk_b->counters, p, tk_file, tk_line)
+  ::tk::note_atomic(tk_b->counters, p, tk_file, tk_line, ##__VA_ARGS__)
 #define TK_ATOMIC_INT(T)                                                                                       \
-  inline T atomicAdd(T* p, T v, TK_SITE) { TK_ATOMIC_ENTRY(p); return __atomic_fetch_add(p, v, __ATOMIC_SEQ_CST); } \
+  inline ::tk::AtomicResult<T> atomicAdd(T* p, T v, TK_SITE) {                                                 \
+    ::tk::AtomicNote note;                                                                                     \
+    if (::tk::Block* tk_b = ::tk::poll_watchdog(); TK_COUNTERS && tk_b->counters)                              \
+      note = ::tk::note_atomic(tk_b->counters, p, tk_file, tk_line, v == static_cast<T>(1) ? ::tk::kInc : ::tk::kAdd);      \
+    return {__atomic_fetch_add(p, v, __ATOMIC_SEQ_CST), note};                                                 \
+  }                                                                                                            \
   inline T atomicSub(T* p, T v, TK_SITE) { TK_ATOMIC_ENTRY(p); return __atomic_fetch_sub(p, v, __ATOMIC_SEQ_CST); } \
   inline T atomicOr(T* p, T v, TK_SITE) { TK_ATOMIC_ENTRY(p); return __atomic_fetch_or(p, v, __ATOMIC_SEQ_CST); }   \
   inline T atomicAnd(T* p, T v, TK_SITE) { TK_ATOMIC_ENTRY(p); return __atomic_fetch_and(p, v, __ATOMIC_SEQ_CST); } \
@@ -1312,14 +1386,14 @@ inline void __threadfence_system() { ::tk::poll_watchdog(); __atomic_thread_fenc
     return cmp;                                                                                                \
   }                                                                                                            \
   inline T atomicMax(T* p, T v, TK_SITE) {                                                                     \
-    TK_ATOMIC_ENTRY(p);                                                                                        \
+    TK_ATOMIC_ENTRY(p, ::tk::kMinMax);                                                                                        \
     T old = __atomic_load_n(p, __ATOMIC_SEQ_CST);                                                              \
     while (old < v && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {   \
     }                                                                                                          \
     return old;                                                                                                \
   }                                                                                                            \
   inline T atomicMin(T* p, T v, TK_SITE) {                                                                     \
-    TK_ATOMIC_ENTRY(p);                                                                                        \
+    TK_ATOMIC_ENTRY(p, ::tk::kMinMax);                                                                                        \
     T old = __atomic_load_n(p, __ATOMIC_SEQ_CST);                                                              \
     while (old > v && !__atomic_compare_exchange_n(p, &old, v, false, __ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST)) {   \
     }                                                                                                          \
