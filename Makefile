@@ -87,8 +87,10 @@ bench-build: $(STAMP)
 # Traffic of every dispatched kernel, counted on the emulator, with an H200 model estimate;
 # compared with KERNELS_BASELINE (the kernels before issue 13) when that file exists.
 KERNELS_BASELINE ?= benchmarks/results/bench_kernels_before.json
+# Writes benchmarks/results/bench_kernels.md (the tables) and bench_kernels.json (the rows).
 bench-kernels: $(STAMP)
-	$(BIN)/python benchmarks/bench_kernels.py $(if $(wildcard $(KERNELS_BASELINE)),--baseline $(KERNELS_BASELINE))
+	$(BIN)/python benchmarks/bench_kernels.py --json benchmarks/results/bench_kernels.json \
+		--md benchmarks/results/bench_kernels.md $(if $(wildcard $(KERNELS_BASELINE)),--baseline $(KERNELS_BASELINE))
 
 # The device checks (build, GPU tests, compute-sanitizer, kernel timings against torch.topk,
 # ncu DRAM bytes). On the accelerator machine run it with its own python:

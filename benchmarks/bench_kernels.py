@@ -25,7 +25,7 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -65,6 +65,8 @@ class Row:
     issue_us_at_4: float = 0.0
     issue_us_at_2: float = 0.0
     hbm_floor_us: float = 0.0
+    # issue 27: bank lanes of the launch's shared atomics by kind: {kind: [instructions, mean, max]}
+    bank_lanes_by_kind: dict = field(default_factory=dict)
 
     def key(self) -> str:
         return f"{self.set}|{self.dtype}|{self.n}|{self.k}|{self.data}"
@@ -145,7 +147,15 @@ def measure(kernels: Kernels, set_name: str, model_rows: int, rows: int, dtype: 
                c.shared_atomics / elements, first.bank_lanes_mean, first.bank_lanes_max, facts.barriers_per_row,
                None if seconds is None else seconds * 1e6, bound, issued / elements, issued / rows,
                facts.ctas_per_sm, issue_seconds(max(model_rows, 132), facts, 4) * 1e6,
-               issue_seconds(max(model_rows, 132), facts, 2) * 1e6, floor * 1e6)
+               issue_seconds(max(model_rows, 132), facts, 2) * 1e6, floor * 1e6, _by_kind(c))
+
+
+def _by_kind(counts) -> dict:
+    return {kind: [b.instructions, round(b.lanes_mean, 3), b.lanes_max] for kind, b in counts.bank_lanes_by_kind.items()}
+
+
+def _kinds(by_kind: dict) -> str:
+    return ", ".join(f"{kind} {mean:.1f}/{most}" for kind, (_, mean, most) in by_kind.items()) or "none"
 
 
 @dataclass(frozen=True)
@@ -164,6 +174,9 @@ class SplitRow:
     merge_bytes_per_candidate: float  # global bytes stage 2 loads per candidate
     model_us: float
     model_one_cta_us: float    # the same batch with one CTA per row
+    # issue 27: both launches' warp instructions per input key (SASS x emulator), the HBM floor
+    warp_instructions_per_key: float = 0.0
+    hbm_floor_us: float = 0.0
 
     def key(self) -> str:
         return f"small batch|{self.dtype}|{self.n}|{self.k}|{self.rows}"
@@ -210,7 +223,14 @@ def measure_split(kernels: Kernels, dtype: str, n: int, k: int, batches: tuple[i
             raise SystemExit(f"bench-kernels: {spec.name} in {chunks} chunks returned a wrong top-{k} of {n}")
         return counts
 
+    def per_key(counts) -> float:
+        return sum(kernels.counter(spec).count(c, spec.name).warp_instructions for c in counts) / n
+
+    def floor_us(rows: int) -> float:
+        return (rows * n * x.itemsize + rows * k * (x.itemsize + 8)) / HBM_BYTES_PER_S * 1e6
+
     (whole,) = run(1)
+    whole_per_key = per_key([whole])
     one_cta = _facts(kernels, spec, whole, n, 1, x.nbytes)
     out = []
     for rows in batches:
@@ -218,7 +238,7 @@ def measure_split(kernels: Kernels, dtype: str, n: int, k: int, batches: tuple[i
         unsplit_s, _ = estimate_seconds(rows, n, k, x.itemsize, one_cta)
         if sel.split is None:
             out.append(SplitRow(dtype, n, k, rows, spec.name, 1, n, one_cta.reads_per_element, 0, 0.0,
-                                unsplit_s * 1e6, unsplit_s * 1e6))
+                                unsplit_s * 1e6, unsplit_s * 1e6, whole_per_key, floor_us(rows)))
             continue
         plan = sel.split
         first, second = run(plan.chunks)
@@ -229,20 +249,21 @@ def measure_split(kernels: Kernels, dtype: str, n: int, k: int, batches: tuple[i
                    + estimate_seconds(rows, plan.candidates, k, x.itemsize, stage2)[0])
         out.append(SplitRow(dtype, n, k, rows, spec.name, plan.chunks, plan.chunk, stage1.reads_per_element,
                             plan.candidates, second.global_load_bytes / plan.candidates, seconds * 1e6,
-                            unsplit_s * 1e6))
+                            unsplit_s * 1e6, per_key([first, second]), floor_us(rows)))
     return out
 
 
 def print_split_table(rows: list[SplitRow]) -> None:
     print("\n### radix kernels, small batch, split across CTAs (model: each line's batch)\n")
     head = ("| dtype | N | K | rows | kernel | CTAs/row | chunk | stage-1 reads/elem | merge candidates/row "
-            "| merge bytes read/candidate | model us (H200) | model us, one CTA/row | model ratio |")
+            "| merge bytes read/candidate | warp instr/key (both launches) | HBM floor us | model us (H200) "
+            "| model us, one CTA/row | model ratio |")
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
     for r in rows:
         print(f"| {r.dtype} | {r.n} | {r.k} | {r.rows} | {r.kernel} | {r.ctas_per_row} | {r.chunk} "
               f"| {r.stage1_reads_per_element:.3f} | {r.merge_candidates} | {r.merge_bytes_per_candidate:.2f} "
-              f"| {r.model_us:.0f} | {r.model_one_cta_us:.0f} | {r.model_one_cta_us / r.model_us:.1f}x |")
+              f"| {r.warp_instructions_per_key:.2f} | {r.hbm_floor_us:.2f} | {r.model_us:.0f} | {r.model_one_cta_us:.0f} | {r.model_one_cta_us / r.model_us:.1f}x |")
 
 
 def _model(row: Row) -> str:
@@ -255,7 +276,8 @@ def print_tables(rows: list[Row], baseline: dict[str, dict] | None) -> None:
             group = [r for r in rows if r.family == family and r.set == set_name]
             print(f"\n### {family} kernels, {set_name} (model: {group[0].model_rows} rows)\n")
             head = ("| dtype | N | K | data | kernel | reads/elem | warp instr/key | warp instr/row | atom/elem "
-                    "| lanes p1 mean/max | bar/row | CTAs/SM | issue us @4 / @2 | HBM floor us | model us (H200, bound) |")
+                    "| lanes p1 mean/max | bank lanes by kind mean/max | bar/row | CTAs/SM | issue us @4 / @2 "
+                    "| HBM floor us | model us (H200, bound) |")
             if baseline is not None:
                 head += " reads vs base | lanes p1 max vs base | model vs base |"
             print(head)
@@ -264,7 +286,7 @@ def print_tables(rows: list[Row], baseline: dict[str, dict] | None) -> None:
                 line = (f"| {r.dtype} | {r.n} | {r.k} | {r.data} | {r.kernel} | {r.reads_per_element:.3f} "
                         f"| {r.warp_instructions_per_key:.2f} | {r.warp_instructions_per_row:.0f} "
                         f"| {r.atomics_per_element:.3f} | {r.first_pass_lanes_mean:.1f} / {r.first_pass_lanes_max} "
-                        f"| {r.barriers_per_row:.1f} | {r.ctas_per_sm} | {r.issue_us_at_4:.1f} / {r.issue_us_at_2:.1f} "
+                        f"| {_kinds(r.bank_lanes_by_kind)} | {r.barriers_per_row:.1f} | {r.ctas_per_sm} | {r.issue_us_at_4:.1f} / {r.issue_us_at_2:.1f} "
                         f"| {r.hbm_floor_us:.1f} | {_model(r)} |")
                 if baseline is not None:
                     line += _versus(r, baseline.get(r.key()))
@@ -296,6 +318,7 @@ def load_baseline(path: str) -> dict[str, dict] | str:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="bench_kernels.py", description=__doc__.splitlines()[0])
     parser.add_argument("--json", metavar="FILE", help="write the rows as JSON (a baseline for later runs)")
+    parser.add_argument("--md", metavar="FILE", help="also write the tables (what it prints) to FILE")
     parser.add_argument("--baseline", metavar="FILE", help="a JSON file of an earlier run to compare with")
     parser.add_argument("--sets", metavar="NAMES", help="comma-separated shape sets (default: all): "
                         + ", ".join(s.name for s in SETS))
@@ -309,17 +332,27 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(baseline)
     if args.json and Path(args.json).is_dir():
         parser.error(f"--json: {args.json} is a directory")
+    if args.md and Path(args.md).is_dir():
+        parser.error(f"--md: {args.md} is a directory")
     started = time.perf_counter()
     kernels = Kernels()
     rows = [measure(kernels, s.name, s.model_rows, s.emulated_rows, dtype, n, k, kind)
             for s in wanted if not s.per_batch for dtype, n, k in s.shapes for kind in s.data]
     split_rows = [r for s in wanted if s.per_batch for dtype, n, k in s.shapes
                   for r in measure_split(kernels, dtype, n, k, s.gpu_rows)]
-    print(f"bench-kernels: {ARCH} kernels of the default policy, counted on the emulator; "
-          f"the model column is an H200 estimate, not a measurement")
-    print_tables(rows, baseline)
-    if split_rows:
-        print_split_table(split_rows)
+    import contextlib
+    import io
+
+    tables = io.StringIO()
+    with contextlib.redirect_stdout(tables):
+        print(f"bench-kernels: {ARCH} kernels of the default policy, counted on the emulator; "
+              f"the model column is an H200 estimate, not a measurement")
+        print_tables(rows, baseline)
+        if split_rows:
+            print_split_table(split_rows)
+    print(tables.getvalue(), end="")
+    if args.md:
+        Path(args.md).write_text(tables.getvalue())
     if args.json:
         Path(args.json).write_text(json.dumps({"arch": ARCH, "rows": [asdict(r) for r in rows],
                                                "split_rows": [asdict(r) for r in split_rows]}, indent=1) + "\n")

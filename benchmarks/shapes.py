@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-DATA_KINDS = ("normal", "uniform", "all-equal", "90% -inf")
+DATA_KINDS = ("normal", "uniform", "all-equal", "90% -inf", "tie-heavy")
 
 
 @dataclass(frozen=True)
@@ -59,4 +59,6 @@ def make_rows(kind: str, rows: int, n: int, seed: int) -> np.ndarray:
         return np.full((rows, n), 0.75)
     if kind == "90% -inf":  # masked logits: 90% -inf, the rest normal
         return np.where(rng.random((rows, n)) < 0.9, -np.inf, rng.standard_normal((rows, n)))
+    if kind == "tie-heavy":  # 16 distinct values (quantised scores): every bucket is a tie run
+        return rng.integers(0, 16, (rows, n)).astype(np.float64) / 4
     raise ValueError(f"unknown data kind {kind!r}")

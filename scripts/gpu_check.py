@@ -617,6 +617,8 @@ def make_input(torch, case: Case):
         x = torch.rand(shape, generator=g, device="cuda")
     elif case.data == "all-equal":
         x = torch.full(shape, 0.75, device="cuda")
+    elif case.data == "tie-heavy":
+        x = torch.randint(0, 16, shape, generator=g, device="cuda").float() / 4
     else:
         x = torch.randn(shape, generator=g, device="cuda")
         x[torch.rand(shape, generator=g, device="cuda") < 0.9] = float("-inf")

@@ -8,9 +8,12 @@
 
 namespace topk {
 
-// A load of data no thread of the launch writes (the input rows). Through the kernels'
-// `const __restrict__` parameters NVRTC emits ld.global.nc for it; an explicit __ldg gave
-// the same loads but moved register allocation, so the plain access stays.
+// A load of data no thread of the launch writes (the input rows). It is a plain access:
+// NVRTC (compute_90) emits plain ld.global / ld.global.v4 for the row loads (their pointer
+// is formed through the row view), and ld.global.nc only where it can prove the data
+// read-only (the x_indices loads); tests/templates/test_global_access_census.py records it.
+// __ldg (ld.global.nc) is not used: it moved register allocation, and the emulator's __ldg
+// is an uncounted plain load.
 template <typename T>
 __device__ __forceinline__ T load_global_nc(const T* p) {
 #ifdef TOPKGEN_EMULATOR
