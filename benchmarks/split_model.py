@@ -8,7 +8,10 @@ other powers of two) and models stage 1 (rows x chunks CTAs on chunks of n / chu
 stage 2 (rows CTAs on chunks x k candidates) against one CTA per row. The kernel facts are
 assumed, not counted (`make bench-kernels` counts them for float32): one read per element
 when a row or chunk is resident in shared memory, two otherwise; the first pass's atomic
-wavefronts and the barriers per row as bench-kernels counted them on normal data.
+wavefronts and the barriers per row as bench-kernels counted them on normal data; the warp
+instructions per key (the issue bound, issue 27) as benchmarks/results/bench_kernels.json
+counted them on normal data, per dtype, K rung and whether the row is resident (the nearest
+n counted; a launch of candidates is a resident row).
 
     .venv/bin/python benchmarks/split_model.py [--arch sm_90]
 """
@@ -16,7 +19,9 @@ wavefronts and the barriers per row as bench-kernels counted them on normal data
 from __future__ import annotations
 
 import argparse
+import json
 import sys
+from functools import lru_cache
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -30,6 +35,33 @@ BARRIERS = {64: 12.0, 128: 41.0, 256: 49.0, 512: 60.0, 1024: 70.0}  # per row, b
 REGISTERS = {1024: 32}  # assumed elsewhere: 56 (ptxas reports 47-84 by rung)
 
 
+RESULTS = Path(__file__).resolve().parent / "results" / "bench_kernels.json"
+
+
+@lru_cache(maxsize=None)
+def _counted() -> tuple[tuple[str, int, int, bool, float], ...]:
+    """(dtype, K rung, n, resident, warp instructions per key) of bench-kernels' radix rows on
+    normal data."""
+    rows = json.loads(RESULTS.read_text())["rows"] if RESULTS.exists() else []
+    out = []
+    for r in rows:
+        if r["family"] != "radix" or r["data"] != "normal" or not r.get("warp_instructions_per_key"):
+            continue
+        rung = int(r["kernel"].split("_k")[1].split("_")[0])
+        out.append((r["dtype"], rung, r["n"], r["reads_per_element"] < 1.5, r["warp_instructions_per_key"]))
+    return tuple(out)
+
+
+def warp_instructions_per_key(spec: pol.KernelSpec, n: int, resident: bool) -> float:
+    """Counted per key for the kernel's dtype and K rung (the same residency, the nearest n;
+    any rung of the dtype when that one was not counted); 0 (no issue bound) when none was."""
+    rows = [r for r in _counted() if r[0] == spec.dtype and r[3] == resident]
+    same = [r for r in rows if r[1] == spec.k] or rows
+    if not same:
+        return 0.0
+    return min(same, key=lambda r: (abs(r[2] - n), r[1]))[4]
+
+
 def facts(spec: pol.KernelSpec, n: int) -> KernelFacts:
     resident = n <= pol.resident_elements(spec)
     static = 4 * 2048 + 8 * spec.k + 512
@@ -37,7 +69,8 @@ def facts(spec: pol.KernelSpec, n: int) -> KernelFacts:
                        ctas_per_sm=ctas_per_sm(spec.threads, REGISTERS.get(spec.k, 56), static, spec.dynamic_shared_bytes),
                        bytes_in_flight=spec.threads * 16 * spec.loads_in_flight,
                        reads_per_element=1.0 if resident else 2.0, atomic_wavefronts_per_element=0.06,
-                       barriers_per_row=BARRIERS[spec.k])
+                       barriers_per_row=BARRIERS[spec.k],
+                       warp_instructions_per_row=warp_instructions_per_key(spec, n, resident) * n)
 
 
 def seconds(spec: pol.KernelSpec, rows: int, n: int, k: int, chunks: int) -> float:
