@@ -271,7 +271,10 @@ class Module:
         """Run a kernel. Arrays are passed as device pointers (writes land in them), None as a
         null pointer; numpy scalars carry their C type. schedule_seed shuffles the order in which threads run
         between barriers; None runs them in thread order. counters=True returns the launch's
-        traffic counters (the same under every schedule seed and worker count)."""
+        traffic counters (the same under every schedule seed and worker count).
+
+        Kept whole: argument marshalling, the launch and the guard-zone checks share the
+        regions it allocates and must free in one finally."""
         kernel = self.kernels.get(symbol)
         if kernel is None:
             known = ", ".join(sorted({k.symbol for k in self.kernels.values()})) or "none"

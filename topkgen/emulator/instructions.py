@@ -93,7 +93,10 @@ def _tokens(source: str) -> list[tuple[str, str, int, int]]:
 
 def instrument(source: str) -> Instrumented:
     """The source with a counting site at the start of every code block (see the module's
-    docstring), and the sites' line ranges. Line numbers are unchanged."""
+    docstring), and the sites' line ranges. Line numbers are unchanged.
+
+    Kept whole: one pass over the tokens, whose helpers share the bracket matches, the
+    pending `#pragma unroll` and the stack of open functions."""
     toks = _tokens(source)
     # matching parentheses and braces
     match: dict[int, int] = {}
