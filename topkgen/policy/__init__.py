@@ -13,7 +13,7 @@ lookup tables a manifest ships) and explain. This facade keeps `topkgen.policy.l
 from __future__ import annotations
 
 from topkgen.policy.model import (
-    DTYPE_SIZES, DTYPE_TAGS, MODE_TAGS, MODES, K_MAX, N_MAX, VECTOR_BYTES, THREADS_PER_SM,
+    DTYPE_SIZES, DTYPE_TAGS, MODE_TAGS, MODES, K_MAX, N_MAX, VECTOR_BYTES, THREADS_PER_SM, THREADS_PER_SM_BY_ARCH,
     SHARED_BYTES_PER_BLOCK, RADIX_STATIC_SHARED_BYTES, REGISTER_MAX_N, REGISTER_MAX_K, WORK_BY_FAMILY,
     FAMILY_TEMPLATES, FAMILY_ARCH_KEYS, MAX_POLICY_BYTES, MAX_KERNELS, MAX_DISPATCH_CELLS, PolicyError,
     DispatchError, SplitTuning, ArchTuning, Family, Rule, KernelSpec, Selection, Policy, rule_record,
@@ -31,7 +31,7 @@ from topkgen.policy.split import ROWS_MAX, ChunkPlan
 __all__ = [
     "ROWS_MAX", "ChunkPlan",
     "DTYPE_SIZES", "DTYPE_TAGS", "MODE_TAGS", "MODES", "K_MAX", "N_MAX", "VECTOR_BYTES",
-    "THREADS_PER_SM", "SHARED_BYTES_PER_BLOCK", "RADIX_STATIC_SHARED_BYTES", "REGISTER_MAX_N",
+    "THREADS_PER_SM", "THREADS_PER_SM_BY_ARCH", "SHARED_BYTES_PER_BLOCK", "RADIX_STATIC_SHARED_BYTES", "REGISTER_MAX_N",
     "REGISTER_MAX_K", "WORK_BY_FAMILY", "FAMILY_TEMPLATES", "FAMILY_ARCH_KEYS", "MAX_POLICY_BYTES",
     "MAX_KERNELS", "MAX_DISPATCH_CELLS", "PolicyError", "DispatchError", "SplitTuning", "ArchTuning",
     "Family", "Rule", "KernelSpec", "Selection", "Policy", "rule_record", "default_policy_path",

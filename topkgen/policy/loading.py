@@ -15,7 +15,7 @@ from topkgen.common.schema import SchemaViolation, load_schema, validate
 from topkgen.policy.coverage import _check_dispatch_grid, _check_total_dispatch
 from topkgen.policy.model import (
     FAMILY_ARCH_KEYS, FAMILY_TEMPLATES, MAX_KERNELS, MAX_POLICY_BYTES, MODES, RADIX_STATIC_SHARED_BYTES,
-    REGISTER_MAX_K, REGISTER_MAX_N, SHARED_BYTES_PER_BLOCK, THREADS_PER_SM, VECTOR_BYTES, WORK_BY_FAMILY,
+    REGISTER_MAX_K, REGISTER_MAX_N, SHARED_BYTES_PER_BLOCK, THREADS_PER_SM_BY_ARCH, VECTOR_BYTES, WORK_BY_FAMILY,
     ArchTuning, Family, Policy, PolicyError, Rule, SplitTuning, _Locator, default_policy_path)
 from topkgen.policy.planning import arch_capability, block_shape, kernels_of_rule
 
@@ -175,10 +175,11 @@ def _check_occupancy(archs: dict[str, ArchTuning], rules: list[Rule], loc: _Loca
             for k in rule.k_rungs:
                 ctas = tuning.min_ctas_per_sm.get(k)
                 threads = block_shape(rule.family, tuning, k)[0]
-                if ctas is not None and ctas * threads > THREADS_PER_SM:
+                most = THREADS_PER_SM_BY_ARCH[arch]
+                if ctas is not None and ctas * threads > most:
                     raise loc.error(("archs", arch, "min_ctas_per_sm", str(k)),
                                     f"{ctas} CTAs of {threads} threads (the {rule.family} kernels of rule "
-                                    f"'{rule.name}', K={k}) exceed {THREADS_PER_SM} threads per SM")
+                                    f"'{rule.name}', K={k}) exceed {arch}'s {most} threads per SM")
 
 
 def _build_rule(r: dict, i: int, position: int, archs: dict, dtypes: tuple, families: dict,

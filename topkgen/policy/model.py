@@ -21,10 +21,20 @@ MODES = ("fast", "deterministic")
 K_MAX = 1024
 N_MAX = 2**31 - 1
 VECTOR_BYTES = 16
-THREADS_PER_SM = 2048
-# Shared memory one CTA may use (static + dynamic, with the opt-in attribute), per arch.
+THREADS_PER_SM = 2048  # the most of any arch (THREADS_PER_SM_BY_ARCH holds each one's)
+# Documented hardware limits per arch, from NVIDIA's documentation (the CUDA C++ Programming
+# Guide's "Technical Specifications per Compute Capability"; the same numbers are in CCCL's
+# cuda/__device/arch_traits.h): the shared memory one CTA may use (static + dynamic, with the
+# opt-in attribute: the SM's shared memory less the 1 KB the system reserves per block from
+# sm_80 on), and the threads resident on one SM. An arch of a policy must be in both (the
+# schema's arch list names the same archs: every one the pinned NVRTC 13.0 compiles for and a
+# top-k user runs; NVRTC 13.0 dropped sm_50..sm_72 and renamed sm_101 to sm_110).
 SHARED_BYTES_PER_BLOCK = {"sm_75": 65536, "sm_80": 166912, "sm_86": 101376, "sm_87": 166912, "sm_89": 101376,
-                          "sm_90": 232448, "sm_100": 232448, "sm_103": 232448, "sm_120": 101376, "sm_121": 101376}
+                          "sm_90": 232448, "sm_100": 232448, "sm_103": 232448, "sm_110": 232448,
+                          "sm_120": 101376, "sm_121": 101376}
+THREADS_PER_SM_BY_ARCH = {"sm_75": 1024, "sm_80": 2048, "sm_86": 1536, "sm_87": 1536, "sm_89": 1536,
+                          "sm_90": 2048, "sm_100": 2048, "sm_103": 2048, "sm_110": 1536,
+                          "sm_120": 1536, "sm_121": 1536}
 # Static shared memory of the largest radix kernel (K=1024): histogram, candidates, scratch.
 RADIX_STATIC_SHARED_BYTES = 4 * 2048 + 8 * 1024 + 512
 # Register kernels keep N/32 keys per lane (at most 64) and one result per lane (K <= 32).

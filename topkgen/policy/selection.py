@@ -10,8 +10,8 @@ from typing import Iterable
 from topkgen.common import suggest
 from topkgen.policy.split import ROWS_MAX, ChunkPlan
 from topkgen.policy.model import (
-    DTYPE_SIZES, DispatchError, K_MAX, KernelSpec, N_MAX, Policy, Rule, Selection, SplitTuning,
-    VECTOR_BYTES)
+    DTYPE_SIZES, DispatchError, K_MAX, KernelSpec, N_MAX, SHARED_BYTES_PER_BLOCK, Policy, Rule, Selection,
+    SplitTuning, VECTOR_BYTES)
 from topkgen.policy.planning import _built_mode, _check_arch, kernels_of_rule
 
 
@@ -58,6 +58,8 @@ def select(policy: Policy, arch: str, dtype: str, k: int, n: int, deterministic:
 
         def why(rule: Rule = rule, spec: KernelSpec = spec) -> str:
             reason = _reason(policy, rule, spec, dtype, k, n, mode, skipped)
+            if split is None:
+                reason += _shared_words(policy, spec, n)
             if rows is None:
                 return reason
             return f"{reason}; {_split_reason(policy.archs[arch].split, spec, rows, n, split)}"
@@ -112,6 +114,20 @@ def _split(policy: Policy, arch: str, spec: KernelSpec, rows: int | None, n: int
     if not spec.n_min <= min(plan.chunk, plan.candidates) or plan.candidates > spec.n_max:
         return None
     return plan
+
+
+def _shared_words(policy: Policy, spec: KernelSpec, n: int) -> str:
+    """What a radix kernel's shared memory does with a row of n, when the row does not fit:
+    the arch's shared_row_bytes, bounded by its documented shared memory per block, decides
+    how long a row is read once (a 99 KB part holds less than a 227 KB one)."""
+    resident = resident_elements(spec)
+    if spec.family != "radix" or resident == 0 or n <= resident:
+        return ""
+    arch = policy.archs[spec.arch]
+    return (f"; n={n} is longer than the {resident} elements its {spec.dynamic_shared_bytes} bytes of dynamic "
+            f"shared memory hold ({spec.arch}'s shared_row_bytes {arch.shared_row_bytes}, within the "
+            f"{SHARED_BYTES_PER_BLOCK[spec.arch]} bytes a block may have there): the row is read more than once "
+            f"(twice on random rows), its candidates kept there")
 
 
 def _split_reason(tuning: SplitTuning | None, spec: KernelSpec, rows: int, n: int, split: ChunkPlan | None) -> str:
