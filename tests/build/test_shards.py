@@ -47,7 +47,7 @@ def test_shards_partition_the_plan(built):
 @pytest.mark.parametrize("case, message", [
     ("missing", "shard 3/3 missing (given: 1/3, 2/3)"),
     ("duplicate", "shard 2/3 given twice: "),
-    ("not a shard", "not a shard (its manifest has no 'shard'; build it with --shard I/N)"),
+    ("not a shard", "a whole bundle among shards (merge shards of one plan, or bundles of other archs, not both)"),
     ("other count", "shard.count differs from "),
     ("tampered cubin", "does not match its sha256 in the manifest"),
     ("tampered entry", "launch not what the plan and this topkgen's templates give"),

@@ -55,3 +55,24 @@ def test_show_json_is_the_manifest_parts_of_the_chosen_archs(cli, built_bundle):
 def test_show_refuses_an_arch_the_bundle_lacks(cli, built_bundle):
     result = cli("show", built_bundle, "--arch", "sm_80")
     assert result.exit_code == 2 and "--arch sm_80: not in the bundle" in result.stderr
+
+
+def test_show_reports_bytes_per_arch_and_in_all(cli, built_bundle):
+    """Each arch's files and all of them, as the bytes on disk; the JSON holds the same and
+    validates against schemas/show.schema.json."""
+    from topkgen.common.schema import load_schema, validate
+
+    doc = json.loads(cli("show", built_bundle, "--format", "json").stdout)
+    validate(doc, load_schema("show.schema.json"))
+    on_disk = {arch: (sum(f.stat().st_size for f in (built_bundle / arch).glob("*.cubin")),
+                      sum(f.stat().st_size for f in (built_bundle / "jit" / arch).glob("*.cu")))
+               for arch in ("sm_90", "sm_100")}
+    for arch, (cubin, source) in on_disk.items():
+        assert doc["sizes"]["archs"][arch] == {"kernels": 29, "cubin_bytes": cubin, "jit_source_bytes": source,
+                                               "bytes": cubin + source}
+    assert doc["sizes"]["all"]["bytes"] == sum(c + s for c, s in on_disk.values())
+    assert doc["sizes"]["all"]["kernels"] == 58
+    out = cli("show", built_bundle).stdout
+    rows = {line.split()[0]: line.split()[1:] for line in out.split("bytes per arch", 1)[1].split("\n\n", 1)[0].splitlines()[2:]}
+    assert rows["sm_90"] == ["29", str(on_disk["sm_90"][0]), str(on_disk["sm_90"][1]), str(sum(on_disk["sm_90"]))]
+    assert rows["all"][0] == "58" and rows["all"][-1] == str(doc["sizes"]["all"]["bytes"])

@@ -95,15 +95,16 @@ def _cache_warnings(stats: Any) -> None:
 
 # ----------------------------------------------------------------------------- merge, cache
 
-@main.command(short_help="Join the bundles of build --shard into one.")
+@main.command(short_help="Join the bundles of build --shard, or of build --arch, into one.")
 @click.argument("parts", nargs=-1, required=True, type=BundleArg())
 @click.option("--out", "out_dir", required=True, type=BundleOutputArg("merge"), metavar="DIR",
               help="The full bundle to write. Must be new, empty or a bundle (else --force), and not a part.")
 @click.option("--force", is_flag=True, help="Replace --out even when it is a directory that is not a bundle.")
 def merge(parts: tuple[str, ...], out_dir: str, force: bool) -> None:
-    """Join the bundles of `build --shard I/N` into the full bundle. Refuses (exit 2) unless
-    the parts share policy, generator, toolchain and plan, cover it exactly once, and every
-    cubin verifies."""
+    """Join the bundles of `build --shard I/N` into the full bundle, or bundles of other archs
+    (`build --arch A`) into the bundle of all their archs; either is byte-identical to a single
+    build. Refuses (exit 2) unless the parts share policy, generator and toolchain, shards
+    cover their plan exactly once, archs come once, and every cubin verifies."""
     standard_output.report_only()
 
     from topkgen.build import bundle, merge as merging
@@ -112,7 +113,10 @@ def merge(parts: tuple[str, ...], out_dir: str, force: bool) -> None:
         manifest = merging.merge([Path(p) for p in parts], Path(out_dir), force=force)
     except bundle.BuildError as err:  # the bundle could not be written
         raise InputError(str(err)) from None
-    click.echo(f"merged {len(parts)} shards into {printable(str(Path(out_dir) / 'manifest.json'))}: "
+    from topkgen.manifest import reading as manifests
+
+    kind = "shards" if "shard" in manifests.load_manifest(parts[0])[0] else "bundles"  # checked by merge
+    click.echo(f"merged {len(parts)} {kind} into {printable(str(Path(out_dir) / 'manifest.json'))}: "
                f"{_kernels_per_arch(manifest['kernels'], manifest['archs'])}")
 
 

@@ -43,6 +43,7 @@ def show(bundle_dir: str, archs: tuple[str, ...], fmt: str, with_dispatch: bool)
            "archs": chosen,
            "kernels": [e for e in manifest["kernels"] if e["arch"] in chosen],
            "jit_kernels": [e for e in manifest["jit_kernels"] if e["arch"] in chosen]}
+    doc["sizes"] = _sizes(doc["kernels"], doc["jit_kernels"], chosen)
     if with_dispatch:
         doc["dispatch"] = {arch: manifest["dispatch"][arch] for arch in chosen}
     if fmt == "json":
@@ -53,6 +54,11 @@ def show(bundle_dir: str, archs: tuple[str, ...], fmt: str, with_dispatch: bool)
             else f"part {printable(bundle_dir)} ({part} of a plan; merge the parts for a bundle)")
     click.echo(f"{what}: manifest schema {doc['manifest_schema_version']}, NVRTC {doc['nvrtc_version']}, "
                f"policy {doc['policy']['path']} ({doc['policy']['name']}, sha256 {doc['policy']['sha256'][:12]})")
+    click.echo("\nbytes per arch (what a machine of one arch needs: build --arch, or merge per-arch bundles):")
+    sizes = doc["sizes"]
+    click.echo(_table(("arch", "kernels", "cubin bytes", "JIT source bytes", "bytes"),
+                      [(arch, str(v["kernels"]), str(v["cubin_bytes"]), str(v["jit_source_bytes"]), str(v["bytes"]))
+                       for arch, v in [*sizes["archs"].items(), ("all", sizes["all"])]]))
     for arch in chosen:
         kernels = [e for e in doc["kernels"] if e["arch"] == arch]
         click.echo(f"\n{arch}: {len(kernels)} AOT kernels, {console.size(sum(e['size_bytes'] for e in kernels))} "
@@ -77,6 +83,16 @@ def show(bundle_dir: str, archs: tuple[str, ...], fmt: str, with_dispatch: bool)
                     click.echo(_table(("rows", "k", "n", "kernel", "chunks", "source", "without JIT"),
                                       [(_span(r["rows"]), _span(r["k"]), _span(r["n"]), r["kernel"], str(r["chunks"]),
                                         r["source"], _without_jit(r)) for r in by_mode[mode]]))
+
+
+def _sizes(kernels: list[dict[str, Any]], jit: list[dict[str, Any]], archs: list[str]) -> dict[str, Any]:
+    """The bytes of the files each arch ships (cubins, JIT sources) and in all, exactly."""
+    def count(arch: str | None) -> dict[str, int]:
+        cubin = [e["size_bytes"] for e in kernels if arch in (None, e["arch"])]
+        source = [e["size_bytes"] for e in jit if arch in (None, e["arch"])]
+        return {"kernels": len(cubin), "cubin_bytes": sum(cubin), "jit_source_bytes": sum(source),
+                "bytes": sum(cubin) + sum(source)}
+    return {"archs": {arch: count(arch) for arch in archs}, "all": count(None)}
 
 
 def _kernel_row(e: dict[str, Any]) -> tuple[str, ...]:
