@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import re
 from dataclasses import replace
 from typing import Any
 
@@ -23,6 +24,7 @@ from topkgen.build.render import render
 from topkgen.policy.split import ChunkPlan, stages
 from topkgen.common.suggest import did_you_mean
 from topkgen.runtime.backend import Launch, TopKError, _Backend, _Work, _dtype
+from topkgen.runtime.binary import Binary, NoBinaryError, resolve, shared_from_manifest
 from topkgen.runtime.cuda_backend import _CudaBackend
 from topkgen.runtime.emulator_backend import _EmulatorBackend
 
@@ -36,10 +38,13 @@ def jit_disabled() -> bool:
 class TopK:
     """Top-k over the last dimension, served by the kernels of a bundle (or JIT)."""
 
-    def __init__(self, bundle: str | os.PathLike, *, arch: str | None = None, backend: str = "cuda") -> None:
+    def __init__(self, bundle: str | os.PathLike, *, arch: str | None = None, backend: str = "cuda",
+                 gpu_arch: str | None = None) -> None:
         """`bundle`: the bundle's directory (or its manifest.json); `arch`: the arch whose
-        kernels serve the calls ("sm_90"; default the GPU's, which the emulator has none of);
-        `backend`: "cuda" or "emulator". Each is checked before anything is read."""
+        kernels serve the calls ("sm_90"; default: the one the load order of
+        topkgen.runtime.binary picks for the GPU); `backend`: "cuda" or "emulator";
+        `gpu_arch`: the GPU the emulator stands in for (the cuda backend takes the device's),
+        so the load order runs on the CPU. Each is checked before anything is read."""
         if not isinstance(bundle, (str, os.PathLike)):
             raise TopKError(f"bundle: expected a path (str or os.PathLike), got {type(bundle).__name__} {bundle!r}")
         if arch is not None and not isinstance(arch, str):
@@ -55,10 +60,22 @@ class TopK:
             shard = self.manifest["shard"]
             raise TopKError(f"{self.root / manifests.MANIFEST}: shard: part {shard['index']}/{shard['count']} of a "
                             f"sharded build, not a bundle; assemble the parts with `topkgen merge` first")
-        if backend == "emulator" and arch is None:
-            raise TopKError("arch: the emulator backend needs an explicit arch (sm_90, sm_100, ...)")
+        if gpu_arch is not None and (backend != "emulator" or not isinstance(gpu_arch, str)
+                                     or not re.fullmatch(r"sm_[1-9][0-9]*[0-9]", gpu_arch)):
+            raise TopKError(f"gpu_arch: the emulator's stand-in GPU, a name such as 'sm_86', got {gpu_arch!r}"
+                            f"{'' if backend == 'emulator' else ' (the cuda backend takes the device)'}")
+        if backend == "emulator" and arch is None and gpu_arch is None:
+            raise TopKError("arch: the emulator backend needs an explicit arch (sm_90, sm_100, ...) or gpu_arch")
         self._backend: _Backend = _EmulatorBackend() if backend == "emulator" else _CudaBackend()
-        self.arch = arch if arch is not None else self._backend.current_arch()
+        self.binary: Binary | None = None  # the load order's answer, when the arch was left to it
+        if arch is None:
+            gpu = gpu_arch if gpu_arch is not None else self._backend.current_arch()
+            try:
+                self.binary = resolve(gpu, list(self.manifest["archs"]), list(self.policy.archs),
+                                      shared_from_manifest(self.manifest), jit=not jit_disabled())
+            except NoBinaryError as err:
+                raise TopKError(str(err)) from None
+        self.arch = arch if arch is not None else self.binary.arch
         if self.arch not in self.policy.archs:
             raise TopKError(f"arch: {self.arch!r} is not in the bundle's policy (knows {', '.join(self.policy.archs)})"
                             f"{did_you_mean(self.arch, self.policy.archs)}")
@@ -66,6 +83,8 @@ class TopK:
             self._check_gpu_runs(arch)
         self._specs = {spec.name: spec for spec in all_kernels(self.policy, self.arch)}
         self._table, self.in_bundle = dispatch_table.serving_table(self.manifest, self.policy, self.arch)
+        if self.binary is not None and self.binary.way == "jit":  # the arch's cubins do not run on this GPU
+            self.in_bundle = False
         if self.in_bundle:
             self._entries = {e.record["name"]: e.record for e in entries(self.manifest) if e.record["arch"] == self.arch}
             try:  # every file checked now (sha256, ELF machine, SM) and kept: nothing is re-read later
@@ -133,8 +152,12 @@ class TopK:
             raise TopKError(f"the bundle's dispatch table sends {dtype} k={k} n={n}"
                             f"{'' if rows is None else f' rows={rows}'} to {choice.kernel} in {choice.chunks} "
                             f"chunk(s) per row but its policy to {sel.kernel.name} in {sel.chunks}; rebuild the bundle")
-        if sel.source != choice.source:
-            reason = f"{sel.reason}; the bundle has no {self.arch} kernel: jit"
+        if sel.source != choice.source or self.binary is not None:
+            reason = sel.reason
+            if sel.source != choice.source and (self.binary is None or self.binary.way != "jit"):
+                reason += f"; the bundle has no {self.arch} kernel: jit"
+            if self.binary is not None:
+                reason += f"; binary: {self.binary.words}"
             sel = replace(sel, source=choice.source, why=lambda: reason)
             answer = replace(answer, selection=sel)
         return answer
