@@ -11,8 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from .test_build import tree
-from .test_cache import topkgen
+from ..support.commands import topkgen, tree
 
 
 @pytest.fixture(scope="module")
