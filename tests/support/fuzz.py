@@ -174,8 +174,7 @@ def _cli(args: list[str], allowed: tuple[int, ...]) -> Any:
     if result.exit_code not in allowed:
         raise Failure(f"topkgen {' '.join(args)} exited {result.exit_code}:\n{result.stderr[-3000:]}")
     if result.exit_code == 2 and (result.stderr.count("\n") != 1 or not result.stderr.startswith("topkgen: error: ")):
-        if not result.stderr.startswith("Usage:"):  # click's own usage errors
-            raise Failure(f"topkgen {' '.join(args)}: not one line:\n{result.stderr[-3000:]}")
+        raise Failure(f"topkgen {' '.join(args)}: not one line:\n{result.stderr[-3000:]}")
     return result
 
 

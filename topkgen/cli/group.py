@@ -70,6 +70,15 @@ class InputError(click.ClickException):
         console.error(printable(self.format_message()))
 
 
+def usage_line(err: click.UsageError) -> InputError:
+    """click's usage error (a bad range, a missing option, an unknown command) as topkgen's
+    one line, naming the command and the argument: click printed four lines ("Usage: ...",
+    "Try ...", a blank, "Error: ..."), unlike every other input error."""
+    words = err.ctx.command_path.split(" ")[1:] if err.ctx is not None else []  # the subcommand(s)
+    command = " ".join(words) + ": " if words else ""
+    return InputError(command + " ".join(err.format_message().split()).rstrip("."))
+
+
 class _Group(click.Group):
     """A command group that suggests the command a mistyped name meant."""
 
@@ -94,14 +103,19 @@ class _Main(_Group):
         return [n for n in WORKFLOW if n in self.commands] + sorted(set(self.commands) - set(WORKFLOW))
 
     def make_context(self, *args: Any, **kwargs: Any) -> click.Context:
-        with _interruptions():  # --version and --color run here, before invoke
-            return super().make_context(*args, **kwargs)
+        try:
+            with _interruptions():  # --version and --color run here, before invoke
+                return super().make_context(*args, **kwargs)
+        except click.UsageError as err:
+            raise usage_line(err) from None
 
     def invoke(self, ctx: click.Context) -> Any:
         try:
             with _interruptions():
                 settings.check_flags()
                 return super().invoke(ctx)
+        except click.UsageError as err:  # the command's own arguments: parsed here
+            raise usage_line(err) from None
         except (click.exceptions.ClickException, click.exceptions.Exit, click.exceptions.Abort, SystemExit):
             raise
         except errors.InputError as err:

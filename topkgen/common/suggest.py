@@ -45,7 +45,16 @@ def unknown_dtype(value: str, choices: Iterable[str]) -> str:
     ... (or fp32, ...); did you mean float32?"."""
     choices = tuple(choices)
     aliases = ", ".join(a for a, d in DTYPE_ALIASES.items() if d in choices)
+    if _is_integer_dtype(str(value)):  # int32 is no mistyped float32: say what is wrong
+        return (f"{value!r}: integer inputs are not supported; top-k runs on floating point values "
+                f"({', '.join(choices)}; or {aliases})")
     return f"{value!r} is not one of {', '.join(choices)} (or {aliases}){did_you_mean(str(value), choices)}"
+
+
+def _is_integer_dtype(name: str) -> bool:
+    """int8..int64, uint8..uint64, i32, u8, ..., long, short, bool: names of integer types."""
+    lowered = name.strip().lower()
+    return bool(re.fullmatch(r"u?int(8|16|32|64)?|[iu](8|16|32|64)|long|short|byte|bool", lowered))
 
 
 def dtype(name: str) -> str:

@@ -1,0 +1,50 @@
+"""What a new user trips on (issue 32): every input error one line, integer dtypes named as
+such, and the help and output that answer a first user's questions."""
+
+from __future__ import annotations
+
+import pytest
+from click.testing import CliRunner
+
+from topkgen import cli as cli_module
+
+USAGE_ERRORS = [
+    (["explain", "--arch", "sm_90", "--dtype", "fp32", "--k", "0", "--n", "10"],
+     "topkgen: error: explain: Invalid value for '--k': 0 is not in the range 1<=x<=1024"),
+    (["explain", "--arch", "sm_90", "--k", "3", "--n", "10"],
+     "topkgen: error: explain: Missing option '--dtype'"),
+    (["run", "--bundle", ".", "--k", "2000", "x.npy"],
+     "topkgen: error: run: Invalid value for '--k': 2000 is not in the range 1<=x<=1024"),
+    (["plan", "--bogus"], "topkgen: error: plan: No such option: --bogus"),
+    (["plan", "extra"], "topkgen: error: plan: Got unexpected extra argument (extra)"),
+    (["--color", "bad", "plan"],
+     "topkgen: error: Invalid value for '--color': 'bad' is not one of 'auto', 'always', 'never'"),
+    (["explian"], "topkgen: error: No such command 'explian'. Did you mean 'explain'?"),
+    (["cache", "verfy"],
+     "topkgen: error: cache: No such command 'verfy'. Did you mean 'verify'?"),
+]
+
+
+@pytest.mark.parametrize("args, line", USAGE_ERRORS, ids=[" ".join(a) for a, _ in USAGE_ERRORS])
+def test_every_usage_error_is_one_line_exit_2(args, line):
+    """click printed its range and missing-option errors in four lines ("Usage: ...", "Try
+    ...", a blank line, "Error: ..."), unlike topkgen's own one line; now all are one."""
+    result = CliRunner(mix_stderr=False).invoke(cli_module.main, args)
+    assert (result.exit_code, result.stdout, result.stderr) == (2, "", line + "\n")
+
+
+@pytest.mark.parametrize("name", ["int32", "int8", "uint16", "i64", "bool"])
+def test_an_integer_dtype_is_said_to_be_unsupported_not_a_typo(name):
+    """`--dtype int32` said "did you mean float32?": it is no typo."""
+    result = CliRunner(mix_stderr=False).invoke(cli_module.main, ["explain", "--arch", "sm_90", "--dtype", name,
+                                                                   "--k", "1", "--n", "8"])
+    assert result.exit_code == 2 and result.stderr.count("\n") == 1
+    assert f"'{name}': integer inputs are not supported; top-k runs on floating point values" in result.stderr
+    assert "did you mean" not in result.stderr
+
+
+def test_the_runtime_says_the_same_of_an_integer_dtype():
+    from topkgen.runtime.backend import TopKError, dtype_name
+
+    with pytest.raises(TopKError, match=r"^dtype: 'int32': integer inputs are not supported"):
+        dtype_name("uint16", "int32")
