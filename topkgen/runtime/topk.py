@@ -166,7 +166,9 @@ class TopK:
     def __call__(self, x: Any, k: int, *, largest: bool = True, deterministic: bool = False,
                  out: tuple[Any, Any] | None = None, dtype: str | None = None, stream: Any = None,
                  workspace: Any = None):
-        """Returns (values, indices) of the k largest (or smallest) along the last dimension.
+        """Returns (values, indices) of the k largest (or smallest) along the last dimension,
+        sorted by value: largest first (smallest first with largest=False), ties by lower
+        index; k = 0 returns empty arrays of shape [..., 0], as torch.topk does.
         A small batch of long rows may be split (two launches on the stream): `workspace`, an
         array of at least `workspace_bytes(...)` bytes, serves it without an allocation;
         without one the backend allocates it on the stream. Nothing waits for the GPU.
@@ -178,6 +180,12 @@ class TopK:
         view = self._backend.view(x, dtype)
         k, largest = _integer("k", k), _flag("largest", largest)
         self._backend.check_stream(stream)
+        if k < 0:
+            raise TopKError(f"k: must be >= 0 (0 returns empty results), got {k}")
+        if k == 0:  # as torch.topk: empty values and indices of shape [..., 0]; nothing launched
+            _flag("deterministic", deterministic)
+            arrays = self._backend.check(view, 0, out, workspace, None)
+            return self._backend.run(_Work(None, "", Launch(1, 1, 0), [], [], None), view, 0, arrays, stream)
         choice = self.choose(view.dtype, k, view.n, deterministic, view.rows)
         plan = ChunkPlan(view.rows, view.n, k, choice.chunks, DTYPE_SIZES[view.dtype]) if choice.chunks > 1 else None
         arrays = self._backend.check(view, k, out, workspace, plan)
