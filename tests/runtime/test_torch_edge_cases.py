@@ -1,6 +1,6 @@
 """torch.topk's edge cases, as a caller moving from it meets them (issue 32): k = 0 returns
 empty results of shape [..., 0] and launches nothing; the order of the results is by value,
-largest first (smallest first with largest=False), ties by lower index."""
+largest first (smallest first with largest=False)."""
 
 from __future__ import annotations
 
