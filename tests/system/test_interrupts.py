@@ -247,7 +247,8 @@ def test_a_closed_stdout_does_not_fail_a_command_whose_product_is_files(tiny_pol
         proc = subprocess.run([*TOPKGEN, *map(str, args)], stderr=subprocess.PIPE, text=True,
                               env={**ENV, "TOPKGEN_CACHE_DIR": os.environ.get("TOPKGEN_CACHE_DIR", str(tmp_path))},
                               preexec_fn=lambda: os.close(1))
-        assert (proc.returncode, proc.stderr) == (0, ""), args[0]
+        said = [line for line in proc.stderr.splitlines() if not line.startswith("topkgen: compiling ")]  # first use
+        assert (proc.returncode, said) == (0, []), args[0]
         assert product.exists()
 
 

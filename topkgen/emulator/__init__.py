@@ -29,7 +29,7 @@ import subprocess
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -141,11 +141,13 @@ def _cuda_header_dirs() -> list[Path]:
 _loaded: dict[str, "Module"] = {}
 
 
-def compile_source(source: str, *, name: str = "kernel", defines: Sequence[str] = ()) -> "Module":
+def compile_source(source: str, *, name: str = "kernel", defines: Sequence[str] = (),
+                   announce: Callable[[str], None] | None = None) -> "Module":
     """Compile CUDA C++ source for the emulator. The shared object is cached on disk by the
     hash of the translation unit, compiler and header; concurrent processes are safe (each
     compiles to a private file and renames it into place). defines: NAME=INTEGER macros set
-    before the SIMT header (TK_COUNTERS=0 compiles the counting hooks out)."""
+    before the SIMT header (TK_COUNTERS=0 compiles the counting hooks out). announce: called
+    with `name` just before g++ runs (a cache miss, 20-30 s), never for a cached one."""
     if not re.fullmatch(r"[A-Za-z_][\w.-]{0,99}", name):
         raise EmulationError(f"name: {name!r} is not a plain file name")
     for define in defines:
@@ -167,6 +169,8 @@ def compile_source(source: str, *, name: str = "kernel", defines: Sequence[str] 
         require_directories((cache_root(), cache), what="the emulator cache")
         tmp_dir = cache / f".build-{os.getpid()}-{os.urandom(4).hex()}"
         src, out = tmp_dir / f"{name}.cpp", tmp_dir / "module.so"
+        if announce is not None:
+            announce(name)
         try:
             with _cache_writes(cache):
                 tmp_dir.mkdir()

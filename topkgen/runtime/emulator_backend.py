@@ -3,6 +3,7 @@ It is how CI proves the whole runtime path without a GPU."""
 
 from __future__ import annotations
 
+import sys
 from typing import Any
 
 import numpy as np
@@ -34,7 +35,7 @@ class _EmulatorBackend(_Backend):
     def load_jit(self, name: str, source: str) -> Any:
         from topkgen.emulator import compile_source
 
-        return compile_source(source, name=name)
+        return compile_source(source, name=name, announce=_announce)
 
     def check(self, view: _View, k: int, out: Any, workspace: Any, plan: ChunkPlan | None) -> _Arrays:
         shape = (*view.shape[:-1], k)
@@ -86,6 +87,12 @@ class _EmulatorBackend(_Backend):
         count = plan.rows * plan.candidates
         return {"candidate_indices": raw[:count * 8].view(np.int64),
                 "candidate_values": raw[plan.values_offset:plan.values_offset + count * dtype.itemsize].view(dtype)}
+
+
+def _announce(name: str) -> None:
+    """A kernel's first use on the emulator compiles it with g++ for 20-30 s, which looked like
+    a hang: say so on stderr, once per kernel (the shared object is cached, on disk too)."""
+    print(f"topkgen: compiling {name} for the emulator (first use; cached)", file=sys.stderr, flush=True)
 
 
 def _host_array(array: Any, label: str) -> None:
