@@ -62,10 +62,30 @@ class Explanation:
         if plan is None:
             if self.rows == 0:
                 return "none: an empty batch launches nothing"
-            return "none: one CTA per row" if self.rows is not None else "none: one CTA per row (no batch size given)"
+            per_cta = self.kernel.rows_per_block
+            whole = "one CTA per row" if per_cta == 1 else f"each CTA takes {per_cta} whole rows"
+            return f"none: {whole}" if self.rows is not None else f"none: {whole} (no batch size given)"
         return (f"{plan.chunks} chunks per row of {plan.chunk} elements (the last {plan.last_chunk}), "
                 f"{plan.rows * plan.chunks} CTAs; then {self.kernel.name} merges {plan.candidates} candidates "
                 f"per row; workspace {plan.workspace_bytes} bytes")
+
+    def grid_words(self) -> str:
+        """The launches' grids as the loader computes them (README, Writing a loader): CTAs x
+        threads and what each CTA takes, for every family (register kernels take several rows
+        per CTA; a split runs rows x chunks CTAs, then one per row)."""
+        spec, rows = self.kernel, self.rows
+        threads, per_cta = spec.threads, spec.rows_per_block
+        if rows == 0:
+            return "none: an empty batch launches nothing"
+        rows_word = "1 row" if per_cta == 1 else f"{per_cta} rows"
+        if rows is None:
+            ctas = "rows CTAs" if per_cta == 1 else f"ceil(rows / {per_cta}) CTAs"
+            return f"{ctas} x {threads} threads, {rows_word} per CTA (no batch size given)"
+        plan = self.selection.split
+        if plan is not None:
+            return (f"stage 1: {plan.rows * plan.chunks} CTAs x {threads} threads, 1 chunk per CTA; "
+                    f"stage 2: {_ctas(rows)} x {threads} threads, 1 row per CTA")
+        return f"{_ctas(-(-rows // per_cta))} x {threads} threads, {rows_word} per CTA"
 
     def __str__(self) -> str:
         return "\n".join((
@@ -76,6 +96,7 @@ class Explanation:
             f"source: {self.source}",
             f"rule:   {self.rule}",
             f"split:  {self.split_words()}",
+            f"grid:   {self.grid_words()}",
             f"why:    {self.reason}",
         ))
 
@@ -86,6 +107,10 @@ class Explanation:
                 "request": self.request(), "kernel": sel.kernel.name, "source": sel.source, "rule": sel.rule,
                 "reason": sel.reason, "skipped_jit_rules": list(sel.skipped), "spec": sel.kernel.record(),
                 "split": None if sel.split is None else {**sel.split.record(), "stage2_kernel": sel.kernel.name}}
+
+
+def _ctas(count: int) -> str:
+    return "1 CTA" if count == 1 else f"{count} CTAs"
 
 
 def explain(policy: Policy, arch: str, dtype: str, k: int, n: int, *, deterministic: bool = False,
