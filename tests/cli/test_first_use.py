@@ -48,3 +48,29 @@ def test_the_runtime_says_the_same_of_an_integer_dtype():
 
     with pytest.raises(TopKError, match=r"^dtype: 'int32': integer inputs are not supported"):
         dtype_name("uint16", "int32")
+
+
+def test_run_help_shows_how_to_read_bfloat16_results_back_and_it_works(cli, built_bundle, tmp_path, monkeypatch):
+    """run saves bfloat16 values as numpy saves ml_dtypes' (2-byte V2 records); --help said
+    only that. It now gives the lines that read them back, and those lines work as printed."""
+    import ml_dtypes
+    import numpy as np
+
+    from topkgen.runtime.reference import topk
+
+    helped = cli("run", "--help").stdout
+    start = helped.index("import numpy as np, ml_dtypes")
+    snippet = [line.strip() for line in helped[start:].splitlines()[:4]]
+    assert snippet[2] == 'values = saved["values"].view(ml_dtypes.bfloat16)', snippet
+    monkeypatch.chdir(tmp_path)
+    x = np.random.default_rng(2).standard_normal((3, 300)).astype(ml_dtypes.bfloat16)
+    np.save("x.npy", x)
+    saved = cli("run", "--bundle", built_bundle, "--backend", "emulator", "--arch", "sm_90", "--k", "8", "--deterministic", "x.npy",
+                "-o", "top8.npz")
+    assert saved.exit_code == 0, saved.stderr
+    names: dict = {}
+    exec("\n".join(snippet), names)  # the help's own lines  # noqa: S102
+    values, indices = topk(x, 8)
+    assert names["values"].dtype == ml_dtypes.bfloat16 and names["indices"].dtype == np.int64
+    assert np.array_equal(names["values"].view(np.uint16), values.view(np.uint16))
+    assert np.array_equal(names["indices"], indices)

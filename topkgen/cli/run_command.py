@@ -27,7 +27,16 @@ Examples:
 
 The emulator backend runs the same kernels on the CPU, without a GPU. bfloat16 input is
 read as numpy saves ml_dtypes.bfloat16 (2-byte records), or as raw uint16 bits (--dtype says
-which 16-bit type those hold); the values are saved the same way.""")
+which 16-bit type those hold); the values are saved the same way.
+
+\b
+Reading bfloat16 results back (numpy has no bfloat16 type: they are
+2-byte records, |V2, or uint16 bits; a view makes them bfloat16):
+  import numpy as np, ml_dtypes        # ml_dtypes comes with topkgen
+  saved = np.load("top8.npz")
+  values = saved["values"].view(ml_dtypes.bfloat16)
+  indices = saved["indices"]           # int64
+(float16 bits: saved["values"].view(np.float16))""")
 @click.option("--bundle", "bundle_dir", required=True, type=BundleArg(), metavar="DIR",
               help="Bundle directory (from topkgen build).")
 @click.option("--arch", type=ArchType(), default=None, metavar="ARCH",
