@@ -65,8 +65,8 @@ def test_run_help_shows_how_to_read_bfloat16_results_back_and_it_works(cli, buil
     monkeypatch.chdir(tmp_path)
     x = np.random.default_rng(2).standard_normal((3, 300)).astype(ml_dtypes.bfloat16)
     np.save("x.npy", x)
-    saved = cli("run", "--bundle", built_bundle, "--backend", "emulator", "--arch", "sm_90", "--k", "8", "--deterministic", "x.npy",
-                "-o", "top8.npz")
+    saved = cli("run", "--bundle", built_bundle, "--backend", "emulator", "--arch", "sm_90", "--k", "8",
+                "--deterministic", "x.npy", "-o", "top8.npz")
     assert saved.exit_code == 0, saved.stderr
     names: dict = {}
     exec("\n".join(snippet), names)  # the help's own lines  # noqa: S102
