@@ -10,7 +10,11 @@ FUZZ_SEED ?= 0
 
 .PHONY: build build-legacy test install cpp bench bench-plan bench-emulator bench-build bench-diff bench-dispatch bench-kernels bench-hostile fuzz gpu-check clean
 
+# The system packages make needs (Debian: python3-venv, g++, libssl-dev), each missing one named.
+SETUP_CHECK = PYTHON=$(PYTHON) CXX="$(CXX)" sh scripts/check_setup.sh
+
 $(STAMP): pyproject.toml
+	@$(SETUP_CHECK) build
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q -e '.[test]'
@@ -20,6 +24,7 @@ install: $(STAMP)
 
 # The main job with the default policy: plan, then compile the bundle into $(OUT)/.
 build: $(STAMP)
+	@$(SETUP_CHECK) build
 	$(BIN)/topkgen plan --format json > /dev/null
 	$(BIN)/topkgen build --out $(OUT) -j $(JOBS)
 	@echo
@@ -39,6 +44,7 @@ CPP_SRC  := loaders/cpp/include/topkgen/loader.hpp loaders/cpp/include/topkgen/m
 NLOHMANN  = $(shell $(BIN)/python -c "import importlib.util, pathlib; print(pathlib.Path(importlib.util.find_spec('nlohmann_json').origin).parent / 'include')")
 
 $(CPP_BIN): $(CPP_SRC) | $(STAMP)
+	@$(SETUP_CHECK) cpp
 	mkdir -p $(dir $@)
 	$(CXX) -std=c++17 -O2 -Wall -Wextra -Werror -Iloaders/cpp/include -isystem $(NLOHMANN) \
 		loaders/cpp/src/topkgen_cpp.cpp -o $@.tmp -lcrypto -ldl
