@@ -1,11 +1,15 @@
 // topkgen-cpp: a small CLI over topkgen/loader.hpp, for tests, benchmarks and gpu-check.
 //
 //   topkgen-cpp verify DIR      load DIR (every check), print a summary
-//   topkgen-cpp select DIR      per stdin line "ARCH DTYPE K N MODE JIT [ROWS]" (JIT 0 or 1,
-//                               the numbers whole 64-bit integers; any other line stops it,
-//                               an error naming stdin:LINE) print, line by line and flushed,
-//                               "KERNEL" (no ROWS: the batch size unknown) or
-//                               "KERNEL CHUNKS WORKSPACE_BYTES VALUES_OFFSET", or "error: MESSAGE"
+//   topkgen-cpp select DIR [--format text|json]
+//                               per stdin line "ARCH DTYPE K N MODE JIT [ROWS]" (DTYPE also
+//                               fp32, bf16, fp16, ...; JIT 0 or 1, the numbers whole 64-bit
+//                               integers; any other line stops it, an error naming stdin:LINE)
+//                               print, line by line and flushed, "KERNEL" (no ROWS: the batch
+//                               size unknown) or "KERNEL CHUNKS WORKSPACE_BYTES VALUES_OFFSET",
+//                               or "error: MESSAGE"; --format json: one object per line with
+//                               those names ({"kernel": ..., "chunks": ...} or {"error": ...}).
+//                               Exit 0 when every request was served, 1 when one was refused.
 //   topkgen-cpp bench DIR       time select over the stdin shapes: median ns per lookup
 //   topkgen-cpp launch DIR ARCH DTYPE K N ROWS MODE JIT LARGEST IN VALUES INDICES
 //                               top-k of ROWS x N elements read from IN on the GPU (split
@@ -15,10 +19,11 @@
 //
 // DIR: a bundle's directory or its manifest file, as topkgen reads it.
 // Errors: "topkgen-cpp: error: MESSAGE" on stderr, exit 2 (a missing driver and a failed
-// driver call in launch too).
+// driver call in launch too; a request launch cannot serve too).
 #include <topkgen/loader.hpp>
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <chrono>
 #include <cstdio>
@@ -58,13 +63,23 @@ std::string shown(const std::string& text) {
   return out;
 }
 
+// A dtype with the short spellings the Python CLI takes (topkgen.common.suggest.DTYPE_ALIASES),
+// in any case: fp32, f32, bf16, fp16, f16, half.
+std::string dtype_name(std::string name) {
+  for (char& c : name) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+  if (name == "fp32" || name == "f32") return "float32";
+  if (name == "bf16") return "bfloat16";
+  if (name == "fp16" || name == "f16" || name == "half") return "float16";
+  return name;
+}
+
 // "ARCH DTYPE K N MODE JIT [ROWS]", every field whole: JIT 0 or 1, K, N and ROWS integers.
 bool parse_shape(const std::string& line, Shape& s) {
   std::istringstream in(line);
   std::vector<std::string> f;
   for (std::string field; in >> field;) f.push_back(field);
   if (f.size() != 6 && f.size() != 7) return false;
-  s.arch = f[0], s.dtype = f[1];
+  s.arch = f[0], s.dtype = dtype_name(f[1]);
   if (!whole_integer(f[2], s.k) || !whole_integer(f[3], s.n)) return false;
   if (f[4] != "fast" && f[4] != "deterministic") return false;
   if (f[5] != "0" && f[5] != "1") return false;
@@ -106,26 +121,40 @@ int verify(const std::string& dir) {
 }
 
 // Answers each line as it is read, flushed: a caller on a pipe gets an answer per request,
-// and a malformed line stops it after the answers to every line before it.
-int select(const std::string& dir) {
+// and a malformed line stops it after the answers to every line before it. Exit 1 when a
+// request was refused (each refusal is answered on its line; the lines after it too).
+int select(const std::string& dir, bool json) {
   topkgen::Bundle bundle(dir);
   std::size_t line_no = 0;
+  bool refused = false;
   for (Shape s; next_shape(s, line_no); s = Shape()) {
-    std::string out;
+    nlohmann::ordered_json answer;
     try {
       if (!s.has_rows) {
-        out += bundle.select(s.arch, s.dtype, s.k, s.n, s.deterministic, s.jit).name;
+        answer["kernel"] = bundle.select(s.arch, s.dtype, s.k, s.n, s.deterministic, s.jit).name;
       } else {
         const topkgen::Plan p = bundle.plan(s.arch, s.dtype, s.k, s.n, s.rows, s.deterministic, s.jit);
-        out += p.kernel->name + " " + std::to_string(p.chunks) + " " + std::to_string(p.workspace_bytes) + " " +
-               std::to_string(p.values_offset);
+        answer["kernel"] = p.kernel->name;
+        answer["chunks"] = p.chunks;
+        answer["workspace_bytes"] = p.workspace_bytes;
+        answer["values_offset"] = p.values_offset;
       }
     } catch (const topkgen::Error& err) {
-      out += "error: " + shown(err.what());  // it quotes the line's ARCH or DTYPE
+      answer = {{"error", shown(err.what())}};  // it quotes the line's ARCH or DTYPE: ASCII once shown
+      refused = true;
+    }
+    std::string out;
+    if (json) {
+      out = answer.dump();
+    } else if (answer.contains("error")) {
+      out = "error: " + answer["error"].get<std::string>();
+    } else {
+      for (const auto& [key, value] : answer.items())
+        out += (out.empty() ? "" : " ") + (value.is_string() ? value.get<std::string>() : value.dump());
     }
     std::cout << out << '\n' << std::flush;
   }
-  return 0;
+  return refused ? 1 : 0;
 }
 
 int bench(const std::string& dir) {
@@ -203,8 +232,9 @@ int launch(const std::vector<std::string>& a) {
 }
 
 int usage() {
-  std::cerr << "usage: topkgen-cpp verify DIR | select DIR | bench DIR\n"
-               "       topkgen-cpp launch DIR ARCH DTYPE K N ROWS MODE JIT LARGEST IN VALUES INDICES\n";
+  std::cerr << "usage: topkgen-cpp verify DIR | select DIR [--format text|json] | bench DIR\n"
+               "       topkgen-cpp launch DIR ARCH DTYPE K N ROWS MODE JIT LARGEST IN VALUES INDICES\n"
+               "select and bench read 'ARCH DTYPE K N MODE JIT [ROWS]' lines on stdin; README: 'Writing a loader'\n";
   return 2;
 }
 
@@ -217,7 +247,9 @@ int main(int argc, char** argv) {
   args.erase(args.begin());
   try {
     if (cmd == "verify" && args.size() == 1) return verify(args[0]);
-    if (cmd == "select" && args.size() == 1) return select(args[0]);
+    if (cmd == "select" && args.size() == 1) return select(args[0], false);
+    if (cmd == "select" && args.size() == 3 && args[1] == "--format" && (args[2] == "text" || args[2] == "json"))
+      return select(args[0], args[2] == "json");
     if (cmd == "bench" && args.size() == 1) return bench(args[0]);
     if (cmd == "launch" && args.size() == 12) return launch(args);
     return usage();
