@@ -21,6 +21,7 @@ from topkgen.policy import DispatchError, Policy, select
 from topkgen.common.schema import describe
 from topkgen.policy.split import ROWS_MAX
 from topkgen.build.sources import Templates
+from topkgen.diff.regions import dispatch_regions
 from topkgen.diff.sides import DiffInputError, Side
 DEFAULT_KS = (1, 16, 32, 64, 100, 128, 256, 512, 1024)
 DEFAULT_NS = (64, 256, 1000, 1024, 2048, 4096, 8192, 16384, 32768, 131072)
@@ -82,12 +83,15 @@ class Report:
     tiers_changed: list[dict]  # tiers of both sides whose record differs: {rule, changes: {field: {old, new}}}
     dispatch: list[dict]     # {shape, old, new, moves}
     shapes_checked: int
+    # Exact regions that move (diff/regions.py), with the default grid; None with --shapes,
+    # whose own shapes are what the report lists.
+    regions: list[dict] | None = None
 
     @property
     def differs(self) -> bool:
         return bool(self.added or self.removed or self.changed or self.jit_changed or self.tiers_added
                     or self.tiers_removed or self.tiers_changed
-                    or self.dispatch or any(a != b for a, b in self.counts.values()))
+                    or self.dispatch or self.regions or any(a != b for a, b in self.counts.values()))
 
     def summary(self) -> dict[str, Any]:
         """The counts a reviewer reads first; `--stat` prints this alone."""
@@ -104,7 +108,8 @@ class Report:
             "jit_only": {"added": len(self.tiers_added), "removed": len(self.tiers_removed),
                          "changed": len(self.tiers_changed)},
             "dispatch": {"shapes_checked": self.shapes_checked, "changed": len(self.dispatch),
-                         "moves": {m: sum(1 for d in self.dispatch if d["moves"] == m) for m in MOVES}},
+                         "moves": {m: sum(1 for d in self.dispatch if d["moves"] == m) for m in MOVES},
+                         "regions": None if self.regions is None else len(self.regions)},
         }
 
 
@@ -228,8 +233,10 @@ def compare(old: Side, new: Side, shapes: list[Shape] | None = None) -> Report:
 
     policy_archs = list(dict.fromkeys([*old.policy.archs, *new.policy.archs]))
     dtypes = list(dict.fromkeys([*old.policy.dtypes, *new.policy.dtypes]))
+    regions = None
     if shapes is None:
         shapes = default_shapes(policy_archs, dtypes)
+        regions = dispatch_regions(old, new)
     dispatch = []
     for shape in shapes:
         try:
@@ -244,7 +251,7 @@ def compare(old: Side, new: Side, shapes: list[Shape] | None = None) -> Report:
                                                                          after.get("chunks")):
             dispatch.append({"shape": shape.record(), "old": before, "new": after, "moves": movement(before, after)})
     return Report(old, new, counts, added, removed, changed, jit_changed, _over_budget(old, new), tiers_added,
-                  tiers_removed, tiers_changed, dispatch, len(shapes))
+                  tiers_removed, tiers_changed, dispatch, len(shapes), regions)
 
 
 def _tier_change(old: dict[str, Any], new: dict[str, Any]) -> dict[str, Any] | None:

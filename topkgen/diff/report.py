@@ -11,10 +11,11 @@ import re
 from typing import Any, Callable
 
 from topkgen.diff.compare import Report, field_aspect, field_label
+from topkgen.diff.regions import region_groups
 from topkgen.diff.sides import Side
 from topkgen.common.reader import printable
 
-SCHEMA_VERSION = 5  # schemas/diff.schema.json
+SCHEMA_VERSION = 6  # schemas/diff.schema.json
 MARKDOWN_LIMIT = 60_000
 LABEL_CHARS = 120      # a side's label or origin as the header shows it
 SHAPES_PER_ROW = 12    # shapes a markdown dispatch row lists before "+N more"
@@ -41,7 +42,8 @@ def to_json(report: Report) -> dict[str, Any]:
                     "changed": report.changed, "jit_changed": report.jit_changed,
                     "over_budget": report.over_budget},
         "jit_only": {"added": report.tiers_added, "removed": report.tiers_removed, "changed": report.tiers_changed},
-        "dispatch": {"shapes_checked": report.shapes_checked, "changed": report.dispatch},
+        "dispatch": {"shapes_checked": report.shapes_checked, "changed": report.dispatch,
+                     "regions": report.regions},
     }
 
 
@@ -142,6 +144,8 @@ def _summary_lines(report: Report) -> dict[str, str]:
     d = s["dispatch"]
     moves = ", ".join(f"{n} {m}" for m, n in d["moves"].items() if n)
     lines["dispatch"] = f"{d['changed']} of {d['shapes_checked']} shapes change" + (f": {moves}" if moves else "")
+    if d["regions"] is not None:
+        lines["dispatch"] += f"; {d['regions']} region(s) of (k, n, rows) move"
     return lines
 
 
@@ -176,10 +180,16 @@ def to_text(report: Report, style: Style = _plain, *, summary_only: bool = False
             [style(f"  - {t['rule']}: {t['reason']}", fg="red") for t in report.tiers_removed])
     section("JIT-only tiers changed",
             [f"  {style('~ ' + t['rule'], fg='yellow')}: {tier_change_text(t)}" for t in report.tiers_changed])
-    section("dispatch changes, shapes grouped by move",
-            [f"  {g['where']}: {_choice_text(g['old'])} -> {_choice_text(g['new'])}  "
-             f"{style('[' + g['moves'] + ']', fg='magenta')}  {len(g['shapes'])} shape(s): {', '.join(g['shapes'])}"
-             for g in dispatch_groups(report)])
+    if report.regions is None:  # --shapes: the workload's own shapes
+        section("dispatch changes, shapes grouped by move",
+                [f"  {g['where']}: {_choice_text(g['old'])} -> {_choice_text(g['new'])}  "
+                 f"{style('[' + g['moves'] + ']', fg='magenta')}  {len(g['shapes'])} shape(s): {', '.join(g['shapes'])}"
+                 for g in dispatch_groups(report)])
+    else:
+        section("dispatch changes, regions grouped by move",
+                [f"  {g['where']}: {_choice_text(g['old'])} -> {_choice_text(g['new'])}  "
+                 f"{style('[' + g['moves'] + ']', fg='magenta')}  {'; '.join(g['ranges'])}"
+                 for g in region_groups(report.regions)])
     return "\n".join(lines)
 
 
@@ -230,8 +240,24 @@ def _markdown_sections(report: Report) -> list[tuple[str, list[str], list[str]]]
         more = len(group["shapes"]) - len(listed)
         return ", ".join(listed) + (f", +{more} more" if more else "")
 
+    def ranges(group: dict[str, Any]) -> str:
+        listed = group["ranges"][:SHAPES_PER_ROW]
+        more = len(group["ranges"]) - len(listed)
+        return "; ".join(listed) + (f"; +{more} more" if more else "")
+
     table = ["| kernel | change |", "|---|---|"]
     groups = dispatch_groups(report)
+    if report.regions is None:
+        dispatch = (f"Dispatch: {len(report.dispatch)} shapes change, in {len(groups)} groups",
+                    ["| shapes | old | new | move | which |", "|---|---|---|---|---|"],
+                    [f"| {_md(g['where'])} | {_md(_choice_text(g['old']))} | {_md(_choice_text(g['new']))} "
+                     f"| {_md(g['moves'])} | {len(g['shapes'])}: {shapes(g)} |" for g in groups])
+    else:
+        by_move = region_groups(report.regions)
+        dispatch = (f"Dispatch: {len(report.regions)} regions move, in {len(by_move)} groups",
+                    ["| where | old | new | move | regions (k, n, rows) |", "|---|---|---|---|---|"],
+                    [f"| {_md(g['where'])} | {_md(_choice_text(g['old']))} | {_md(_choice_text(g['new']))} "
+                     f"| {_md(g['moves'])} | {_md(ranges(g))} |" for g in by_move])
     return [
         (f"Kernels added: {len(report.added)}", [], [f"- {_code(k['name'])}" for k in report.added]),
         (f"Kernels removed: {len(report.removed)}", [], [f"- {_code(k['name'])}" for k in report.removed]),
@@ -247,10 +273,7 @@ def _markdown_sections(report: Report) -> list[tuple[str, list[str], list[str]]]
          [f"- {_code(t['rule'])}: {_md(_clip(str(t['reason']), 400))}" for t in report.tiers_removed]),
         (f"JIT-only tiers changed: {len(report.tiers_changed)}", ["| tier | change |", "|---|---|"],
          [f"| {_code(t['rule'])} | {_md(_clip(tier_change_text(t), 800))} |" for t in report.tiers_changed]),
-        (f"Dispatch: {len(report.dispatch)} shapes change, in {len(groups)} groups",
-         ["| shapes | old | new | move | which |", "|---|---|---|---|---|"],
-         [f"| {_md(g['where'])} | {_md(_choice_text(g['old']))} | {_md(_choice_text(g['new']))} | {_md(g['moves'])} "
-          f"| {len(g['shapes'])}: {shapes(g)} |" for g in groups]),
+        dispatch,
     ]
 
 
