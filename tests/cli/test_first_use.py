@@ -74,3 +74,39 @@ def test_run_help_shows_how_to_read_bfloat16_results_back_and_it_works(cli, buil
     assert names["values"].dtype == ml_dtypes.bfloat16 and names["indices"].dtype == np.int64
     assert np.array_equal(names["values"].view(np.uint16), values.view(np.uint16))
     assert np.array_equal(names["indices"], indices)
+
+
+def _lines(text: str) -> list[str]:
+    return [line.rstrip("\r") for line in text.splitlines()]
+
+
+@pytest.mark.parametrize("command", [["plan"], ["show", "{bundle}"]], ids=["plan", "show"])
+def test_tables_fit_the_terminal_and_wide_shows_every_column(command, built_bundle):
+    """plan's and show's tables were 148 and 179 columns wide: on a terminal they now fit its
+    width (columns left out, said so), --wide shows all, and a pipe gets every column."""
+    from .test_cli_usability import ENV, on_terminal, topkgen
+
+    args = [str(built_bundle) if a == "{bundle}" else a for a in command]
+    status, shown = on_terminal(*args, env={**ENV, "COLUMNS": "100"})
+    assert status == 0, shown
+    table = [line for line in _lines(shown) if line.startswith("  ")]  # the tables (the header names a path)
+    assert table and max(map(len, table)) <= 100, max(table, key=len)
+    assert "left out to fit: --wide shows them)" in shown
+    status, wide = on_terminal(*args, "--wide", env={**ENV, "COLUMNS": "100"})
+    assert status == 0 and max(map(len, _lines(wide))) > 140 and "left out" not in wide
+    piped = topkgen(*args, env={**ENV, "COLUMNS": "100"})
+    assert _lines(piped.stdout) == _lines(wide)  # a pipe: every column, as --wide
+    header = next(line for line in _lines(wide) if line.startswith("  kernel "))
+    assert header.split() == (["kernel", "family", "dtype", "K", "N", "window", "mode", "work", "rung", "threads",
+                               "CTAs/SM"] if command == ["plan"] else
+                              ["kernel", "dtype", "K", "N", "window", "serves", "threads", "regs", "spills", "st/ld",
+                               "stack", "smem", "static", "smem", "dyn", "cubin", "bytes", "budget"])
+
+
+def test_plan_json_is_the_same_on_a_narrow_terminal():
+    from .test_cli_usability import ENV, on_terminal, topkgen
+
+    import json
+
+    status, shown = on_terminal("plan", "--format", "json", env={**ENV, "COLUMNS": "60"})
+    assert status == 0 and json.loads(shown) == json.loads(topkgen("plan", "--format", "json").stdout)

@@ -51,6 +51,16 @@ def echo(text: str, *, err: bool = False, nl: bool = True) -> None:
     click.echo(text, err=err, nl=nl, color=color_enabled(stream))
 
 
+def table_width(wide: bool) -> int | None:
+    """How wide a table may be: the terminal's width (COLUMNS when set) when stdout is a
+    terminal, else unbounded, as with --wide (a pipe or a file gets every column)."""
+    if wide or not isatty(sys.stdout):
+        return None
+    import shutil
+
+    return shutil.get_terminal_size().columns
+
+
 def error(message: str) -> None:
     """`topkgen: error: ...` on stderr, the prefix in red on a terminal."""
     echo(f"{click.style('topkgen: error:', fg='red', bold=True)} {message}", err=True)

@@ -226,8 +226,29 @@ def _kernels_per_arch(kernels: list[dict[str, Any]], archs: list[str]) -> str:
     return f"{console.count(len(kernels), 'kernel')} ({per_arch})"
 
 
-def _table(header: tuple[str, ...], rows: list[tuple[str, ...]]) -> str:
-    widths = [max(len(r[i]) for r in [header, *rows]) for i in range(len(header))]
-    lines = ["  " + "  ".join(c.ljust(w) for c, w in zip(header, widths)).rstrip()]
-    lines += ["  " + "  ".join(c.ljust(w) for c, w in zip(r, widths)).rstrip() for r in rows]
-    return "\n".join(lines)
+WIDE_OPTION = click.option("--wide", is_flag=True,
+                           help="Every column, however wide; on a terminal tables otherwise fit its width "
+                                "(a pipe gets every column).")
+
+
+def _table(header: tuple[str, ...], rows: list[tuple[str, ...]], *, width: int | None = None,
+           drop: tuple[str, ...] = ()) -> str:
+    """Columns padded to their widest cell. With `width`, the columns named in `drop` are left
+    out, in that order, until the table fits (a note after it names them); None: all."""
+    keep = list(range(len(header)))
+
+    def lines() -> list[str]:
+        widths = {i: max(len(r[i]) for r in [header, *rows]) for i in keep}
+        return ["  " + "  ".join(r[i].ljust(widths[i]) for i in keep).rstrip() for r in [header, *rows]]
+
+    out, left_out = lines(), []
+    for name in drop:
+        if width is None or max(map(len, out)) <= width:
+            break
+        keep.remove(header.index(name))
+        left_out.append(name)
+        out = lines()
+    if left_out:
+        out.append(f"  ({len(left_out)} column{'s' if len(left_out) > 1 else ''} left out to fit: --wide shows "
+                   f"{'them' if len(left_out) > 1 else 'it'})")
+    return "\n".join(out)

@@ -4,6 +4,7 @@ serves a shape and why. Neither compiles nor imports NVRTC, so both stay fast.""
 from __future__ import annotations
 
 import json
+import textwrap
 from typing import Any
 
 import click
@@ -15,8 +16,11 @@ from topkgen.policy.split import ROWS_MAX
 from topkgen.cli.group import InputError, main
 from topkgen.cli.options import (
     ARCH_OPTION, DTYPE_HELP, K_OPTION, POLICY_OPTION, ArchType, Count, DtypeType, _ArchHelpOption, _arch_counts,
-    _archs, _check_arch, _kernels_per_arch, _table)
+    WIDE_OPTION, _archs, _check_arch, _kernels_per_arch, _table)
 PLAN_SCHEMA_VERSION = 2  # schemas/plan.schema.json
+# Left out, in this order, until a table fits the terminal (the kernel's name tells its family,
+# dtype and K; --wide shows them all).
+PLAN_DROPS = ("CTAs/SM", "threads", "family", "work rung", "dtype")
 
 
 # ----------------------------------------------------------------------------- plan
@@ -39,7 +43,8 @@ def plan_document(policy: pol.Policy, archs: list[str]) -> dict[str, Any]:
 @ARCH_OPTION
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
               help="json: schemas/plan.schema.json.")
-def plan(policy_path: str | None, archs: tuple[str, ...], fmt: str) -> None:
+@WIDE_OPTION
+def plan(policy_path: str | None, archs: tuple[str, ...], fmt: str, wide: bool) -> None:
     """List the AOT kernel set per architecture, and the JIT-only tiers with their reasons."""
     policy = pol.load(policy_path)
     doc = plan_document(policy, _archs(policy, archs))
@@ -54,14 +59,18 @@ def plan(policy_path: str | None, archs: tuple[str, ...], fmt: str) -> None:
                  k["work_rung"], str(k["launch"]["threads_per_block"]), str(k["launch"]["min_ctas_per_sm"]))
                 for k in doc["kernels"] if k["arch"] == arch]
         click.echo(f"\n{arch}: {console.count(len(rows), 'kernel')}")
-        click.echo(_table(header, rows))
+        click.echo(_table(header, rows, width=console.table_width(wide), drop=PLAN_DROPS))
     click.echo(f"\ntotal: {_kernels_per_arch(doc['kernels'], doc['archs'])}")
     click.echo("\nJIT-only tiers (never in the bundle):")
     if not doc["jit_only"]:
         click.echo("  none")
+    width = console.table_width(wide)
     for tier in doc["jit_only"]:
         click.echo(f"  {tier['rule']}: {tier['family']} K={'/'.join(map(str, tier['k']))} "
-                   f"N{_tier_n(tier['n'])} on {', '.join(tier['archs'])}\n    reason: {tier['reason']}")
+                   f"N{_tier_n(tier['n'])} on {', '.join(tier['archs'])}")
+        reason = f"reason: {tier['reason']}"
+        click.echo(textwrap.fill(reason, width, initial_indent="    ", subsequent_indent="      ") if width
+                   else f"    {reason}")
     if policy.jit_dtypes:
         click.echo(f"\nJIT-only dtypes: {', '.join(policy.jit_dtypes)} (served by JIT from the same rules)")
 

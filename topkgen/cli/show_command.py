@@ -11,9 +11,15 @@ from topkgen.cli import console
 from topkgen.common import suggest
 from topkgen.common.reader import printable
 from topkgen.cli.group import InputError, main
-from topkgen.cli.options import ArchType, BundleArg, _flatten, _table
+from topkgen.cli.options import WIDE_OPTION, ArchType, BundleArg, _flatten, _table
 from topkgen.cli.plan_commands import _window
 SHOW_SCHEMA_VERSION = 2  # schemas/show.schema.json
+# Left out, in these orders, until a table fits the terminal (--wide shows them all): what the
+# kernel's name already says, then what a reviewer reads last.
+KERNEL_DROPS = ("budget", "dtype", "K", "smem static", "stack", "threads", "cubin bytes", "serves", "smem dyn",
+                "N window")
+JIT_DROPS = ("sha256", "source bytes", "threads", "dtype", "K", "rule", "serves")
+DISPATCH_DROPS = ("without JIT", "source")
 
 
 # ----------------------------------------------------------------------------- show
@@ -25,7 +31,8 @@ SHOW_SCHEMA_VERSION = 2  # schemas/show.schema.json
 @click.option("--format", "fmt", type=click.Choice(["table", "json"]), default="table", show_default=True,
               help="json: schemas/show.schema.json.")
 @click.option("--dispatch", "with_dispatch", is_flag=True, help="Also show the dispatch table.")
-def show(bundle_dir: str, archs: tuple[str, ...], fmt: str, with_dispatch: bool) -> None:
+@WIDE_OPTION
+def show(bundle_dir: str, archs: tuple[str, ...], fmt: str, with_dispatch: bool, wide: bool) -> None:
     """What a bundle holds: kernels and their resources, JIT sources, dispatch. Checks every file as a loader does."""
     from topkgen.build import shards
     from topkgen.manifest import reading as manifests
@@ -49,6 +56,7 @@ def show(bundle_dir: str, archs: tuple[str, ...], fmt: str, with_dispatch: bool)
     if fmt == "json":
         click.echo(json.dumps(doc, indent=2))
         return
+    width = console.table_width(wide)
     part = shards.part_of(manifest)  # shown for inspection, but called what it is: no bundle
     what = (f"bundle {printable(bundle_dir)}" if part is None  # a name, escaped as in messages
             else f"part {printable(bundle_dir)} ({part} of a plan; merge the parts for a bundle)")
@@ -67,22 +75,25 @@ def show(bundle_dir: str, archs: tuple[str, ...], fmt: str, with_dispatch: bool)
             click.echo(f"\n  family {family}")
             click.echo(_table(("kernel", "dtype", "K", "N window", "serves", "threads", "regs", "spills st/ld",
                                "stack", "smem static", "smem dyn", "cubin bytes", "budget"),
-                              [_kernel_row(e) for e in kernels if e["family"] == family]))
+                              [_kernel_row(e) for e in kernels if e["family"] == family], width=width,
+                              drop=KERNEL_DROPS))
         jit = [e for e in doc["jit_kernels"] if e["arch"] == arch]
-        click.echo(f"\n{arch}: {len(jit)} JIT sources (compiled on first use, NVRTC options "
-                   f"{' '.join(jit[0]['nvrtc_options']) if jit else '-'} -I<CUDA include>)")
+        click.echo(f"\n{arch}: {len(jit)} JIT sources (compiled on first use)")
+        if jit:
+            click.echo(f"  NVRTC options: {' '.join(jit[0]['nvrtc_options'])} -I<CUDA include>")
         if jit:
             click.echo(_table(("kernel", "rule", "dtype", "K", "N window", "serves", "threads", "source bytes", "sha256"),
                               [(e["name"], e["rule"], e["dtype"], str(e["k"]), _window(e["n_window"]), "/".join(e["serves"]),
                                 str(e["launch"]["threads_per_block"]), str(e["size_bytes"]), e["sha256"][:12])
-                               for e in jit]))
+                               for e in jit], width=width, drop=JIT_DROPS))
         if with_dispatch:
             for dtype, by_mode in sorted(doc["dispatch"][arch].items()):
                 for mode in ("fast", "deterministic"):
                     click.echo(f"\ndispatch {arch} {dtype} {mode}:")
                     click.echo(_table(("rows", "k", "n", "kernel", "chunks", "source", "without JIT"),
                                       [(_span(r["rows"]), _span(r["k"]), _span(r["n"]), r["kernel"], str(r["chunks"]),
-                                        r["source"], _without_jit(r)) for r in by_mode[mode]]))
+                                        r["source"], _without_jit(r)) for r in by_mode[mode]], width=width,
+                                      drop=DISPATCH_DROPS))
 
 
 def _sizes(kernels: list[dict[str, Any]], jit: list[dict[str, Any]], archs: list[str]) -> dict[str, Any]:
