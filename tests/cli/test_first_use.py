@@ -110,3 +110,14 @@ def test_plan_json_is_the_same_on_a_narrow_terminal():
 
     status, shown = on_terminal("plan", "--format", "json", env={**ENV, "COLUMNS": "60"})
     assert status == 0 and json.loads(shown) == json.loads(topkgen("plan", "--format", "json").stdout)
+
+
+def test_explain_sm_count_plans_for_another_part(cli):
+    args = ("explain", "--arch", "sm_90", "--dtype", "fp32", "--k", "256", "--n", "131072", "--rows", "8")
+    h200, h20 = cli(*args).stdout, cli(*args, "--sm-count", "78").stdout
+    assert "split:  32 chunks per row" in h200 and "132 SMs x 2 / 8 rows = 33" in h200
+    assert "split:  16 chunks per row" in h20 and "78 SMs x 2 / 8 rows = 19" in h20
+    assert cli(*args, "--sm-count", "132").stdout == h200
+    bad = cli(*args, "--sm-count", "0")
+    assert (bad.exit_code, bad.stderr) == (2, "topkgen: error: explain: Invalid value for '--sm-count': 0 is not in "
+                                              "the range 1<=x<=1024\n")

@@ -16,7 +16,7 @@ from topkgen.policy.split import ROWS_MAX
 from topkgen.cli.group import InputError, main
 from topkgen.cli.options import (
     ARCH_OPTION, DTYPE_HELP, K_OPTION, POLICY_OPTION, ArchType, Count, DtypeType, _ArchHelpOption, _arch_counts,
-    WIDE_OPTION, _archs, _check_arch, _kernels_per_arch, _table)
+    WIDE_OPTION, _archs, _check_arch, _kernels_per_arch, _policy_label, _table)
 PLAN_SCHEMA_VERSION = 2  # schemas/plan.schema.json
 # Left out, in this order, until a table fits the terminal (the kernel's name tells its family,
 # dtype and K; --wide shows them all).
@@ -108,15 +108,23 @@ Examples:
                    "plan (0, an empty batch, launches nothing). Without it: one CTA per row.")
 @click.option("--deterministic", is_flag=True, help="Ask for the deterministic mode (ties by lower index).")
 @click.option("--no-jit", is_flag=True, help="Only AOT kernels may serve the shape.")
+@click.option("--sm-count", "sm_count", type=Count(1, 1024), default=None, metavar="N",
+              help="Plan the split for a GPU of N SMs (H100 PCIe 114, H20 78) instead of the part the policy's "
+                   "split section names (H200's 132 for sm_90); the runtime takes the GPU's own.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="json: schemas/explain.schema.json, the request echoed.")
 def explain_command(policy_path: str | None, arch: str, dtype: str, k: int, n: int, rows: int | None,
-                    deterministic: bool, no_jit: bool, fmt: str) -> None:
+                    deterministic: bool, no_jit: bool, sm_count: int | None, fmt: str) -> None:
     """Say which kernel serves a shape, aot or jit, and the rule that chose it."""
     from topkgen.policy.explain import explain
 
     policy = pol.load(policy_path)
     _check_arch(policy, arch)
+    if sm_count is not None:
+        if policy.archs[arch].split is None:
+            raise InputError(f"--sm-count: {arch} has no split section in {_policy_label(policy)}: its batches are "
+                             f"never split, whatever the GPU's SM count")
+        policy = policy.with_sm_count(arch, sm_count)
     try:
         answer = explain(policy, arch, dtype, k, n, deterministic=deterministic, jit=not no_jit, rows=rows)
     except pol.DispatchError as err:

@@ -3,7 +3,7 @@ where the packaged policies and templates live. Every other stage reads these ty
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import cached_property
 from importlib import resources
 from pathlib import Path
@@ -267,6 +267,17 @@ class Policy:
             if r.name == name:
                 return r
         raise KeyError(name)
+
+    def with_sm_count(self, arch: str, sm_count: int) -> "Policy":
+        """This policy with `arch`'s split tuned for a GPU of `sm_count` SMs (an H100 PCIe's
+        114, an H20's 78) instead of the part its split section names: the same kernels, other
+        chunks per row for small batches (the sm_count x ctas_per_sm / rows term). Itself when
+        the arch does not split or already assumes that count."""
+        tuning = self.archs[arch]
+        if tuning.split is None or tuning.split.sm_count == sm_count:
+            return self
+        split = replace(tuning.split, sm_count=sm_count)
+        return replace(self, archs={**self.archs, arch: replace(tuning, split=split)}, _kernel_cache={})
 
     def jit_only_rules(self, archs: Iterable[str] | None = None) -> list[Rule]:
         """The JIT-only tiers (aot: false) that apply to any of `archs` (all when None)."""

@@ -113,6 +113,10 @@ class _Backend:
     def current_arch(self) -> str:
         raise NotImplementedError
 
+    def sm_count(self) -> int | None:
+        """The GPU's SM count, which the split plan fills (None: no GPU, the policy's count)."""
+        return None
+
     def view(self, x: Any, dtype: str | None) -> _View:
         raise NotImplementedError
 

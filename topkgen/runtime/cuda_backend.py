@@ -117,6 +117,9 @@ class _CudaBackend(_Backend):
         major, minor = self.device.compute_capability
         return f"sm_{major}{minor}"
 
+    def sm_count(self) -> int | None:
+        return int(self.device.properties.multiprocessor_count)
+
     def view(self, x: Any, dtype: str | None) -> _View:
         ptr, shape, strides, found = _device_array(x, "x")
         check_device("x", x, self.device_id)

@@ -29,6 +29,7 @@ from topkgen.runtime.cuda_backend import _CudaBackend
 from topkgen.runtime.emulator_backend import _EmulatorBackend
 
 BACKENDS = ("cuda", "emulator")
+SM_COUNT_MAX = 1024  # as the policy schema bounds split.sm_count
 
 
 def jit_disabled() -> bool:
@@ -39,18 +40,22 @@ class TopK:
     """Top-k over the last dimension, served by the kernels of a bundle (or JIT)."""
 
     def __init__(self, bundle: str | os.PathLike, *, arch: str | None = None, backend: str = "cuda",
-                 gpu_arch: str | None = None) -> None:
+                 gpu_arch: str | None = None, sm_count: int | None = None) -> None:
         """`bundle`: the bundle's directory (or its manifest.json); `arch`: the arch whose
         kernels serve the calls ("sm_90"; default: the one the load order of
         topkgen.runtime.binary picks for the GPU); `backend`: "cuda" or "emulator";
         `gpu_arch`: the GPU the emulator stands in for (the cuda backend takes the device's),
-        so the load order runs on the CPU. Each is checked before anything is read."""
+        so the load order runs on the CPU; `sm_count`: the SMs a split batch is planned to fill
+        (default the GPU's own on the cuda backend; the policy's split.sm_count on the
+        emulator). Each is checked before anything is read."""
         if not isinstance(bundle, (str, os.PathLike)):
             raise TopKError(f"bundle: expected a path (str or os.PathLike), got {type(bundle).__name__} {bundle!r}")
         if arch is not None and not isinstance(arch, str):
             raise TopKError(f"arch: expected a name such as 'sm_90' (a str), got {type(arch).__name__} {arch!r}")
         if not isinstance(backend, str) or backend not in BACKENDS:
             raise TopKError(f"backend: {backend!r} is not one of {', '.join(BACKENDS)}")
+        if sm_count is not None and (_integer("sm_count", sm_count) < 1 or sm_count > SM_COUNT_MAX):
+            raise TopKError(f"sm_count: must be in 1..{SM_COUNT_MAX}, got {sm_count}")
         try:
             self.manifest, self.root = manifests.load_manifest(bundle)
             self.policy = manifests.manifest_policy(self.manifest, str(bundle))
@@ -85,6 +90,7 @@ class TopK:
         self._table, self.in_bundle = dispatch_table.serving_table(self.manifest, self.policy, self.arch)
         if self.binary is not None and self.binary.way == "jit":  # the arch's cubins do not run on this GPU
             self.in_bundle = False
+        self._use_sm_count(sm_count if sm_count is not None else self._backend.sm_count())
         if self.in_bundle:
             self._entries = {e.record["name"]: e.record for e in entries(self.manifest) if e.record["arch"] == self.arch}
             try:  # every file checked now (sha256, ELF machine, SM) and kept: nothing is re-read later
@@ -95,6 +101,18 @@ class TopK:
             self._entries = {name: bundles.spec_entry(spec) for name, spec in self._specs.items()}
             self._files = {}
         self._loaded: dict[str, Any] = {}
+
+    def _use_sm_count(self, sm_count: int | None) -> None:
+        """Plan split batches for a GPU of `sm_count` SMs: the bundle's table assumes the part
+        its policy's split section names (H200's 132 for sm_90), and an H100 PCIe (114) or an
+        H20 (78) would get H200's chunk counts. The same kernels serve; only the chunks per row
+        of small batches change, so the table is tabulated again from the embedded policy."""
+        split = self.policy.archs[self.arch].split
+        self.sm_count = split.sm_count if split is not None and sm_count is None else sm_count
+        if split is None or sm_count is None or sm_count == split.sm_count:
+            return
+        self.policy = self.policy.with_sm_count(self.arch, int(sm_count))
+        self._table = dispatch_table.ArchTable(self.arch, dispatch_table.build(self.policy, [self.arch])[self.arch])
 
     def _check_gpu_runs(self, arch: str) -> None:
         """An arch named to the cuda backend must be one whose cubins this GPU runs: the same
