@@ -46,7 +46,7 @@ def test_help_lists_every_command_in_workflow_order_with_its_whole_summary():
     out = CliRunner().invoke(cli_module.main, ["--help"], terminal_width=80).output
     listed = re.search(r"\nCommands:\n(.*?)\n\n", out, re.S).group(1).splitlines()
     names = [line.split()[0] for line in listed]
-    assert names == ["plan", "explain", "build", "show", "diff", "run", "merge", "cache"]
+    assert names == ["plan", "explain", "map", "build", "show", "diff", "run", "merge", "cache"]
     for line in listed:
         name, summary = line.split(None, 1)
         assert summary == cli_module.main.commands[name].short_help, line  # never cut ("...")

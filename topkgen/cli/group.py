@@ -22,12 +22,13 @@ EXIT_INTERNAL = 70  # EX_SOFTWARE
 _FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a write the file system refused for want of room
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for `cat file | head -1`'s cat
 # `topkgen --help` lists the commands in the order of a first session, then the rest.
-WORKFLOW = ("plan", "explain", "build", "show", "diff", "run", "merge", "cache")
+WORKFLOW = ("plan", "explain", "map", "build", "show", "diff", "run", "merge", "cache")
 
 MAIN_EPILOG = """\b
 Examples:
   topkgen plan                     the kernels the packaged policy builds
   topkgen explain --arch sm_90 --dtype bf16 --k 64 --n 4096
+  topkgen map --arch sm_90        which kernel serves each (k, n)
   topkgen build --out out          compile them into the bundle out/
   topkgen show out --dispatch      what the bundle holds
   topkgen diff HEAD~1              what the last commit changed
@@ -207,7 +208,7 @@ def _set_color(ctx: click.Context, _param: click.Parameter, value: str) -> None:
               expose_value=False, is_eager=True, callback=_set_color,
               help="Colour errors, warnings and diff markers: auto = on a terminal, unless NO_COLOR is set.")
 def main() -> None:
-    """Plan, explain, build, show, diff and run GPU top-k kernels, all decided by one YAML
+    """Plan, explain, map, build, show, diff and run GPU top-k kernels, all decided by one YAML
     policy (the packaged default, or --policy FILE).
 
     Run a command with -h for its options. Also `python -m topkgen`."""
