@@ -28,7 +28,7 @@ MAIN_EPILOG = """\b
 Examples:
   topkgen plan                     the kernels the packaged policy builds
   topkgen explain --arch sm_90 --dtype bf16 --k 64 --n 4096
-  topkgen map --arch sm_90        which kernel serves each (k, n)
+  topkgen map --arch sm_90         which kernel serves each (k, n)
   topkgen build --out out          compile them into the bundle out/
   topkgen show out --dispatch      what the bundle holds
   topkgen diff HEAD~1              what the last commit changed
