@@ -82,3 +82,26 @@ def test_without_matplotlib_it_says_which_extra_to_install(tmp_path):
                           capture_output=True, text=True,
                           env={**os.environ, "PYTHONPATH": os.pathsep.join([str(tmp_path / "shadow"), str(ROOT)])})
     assert text.returncode == 0 and text.stdout.startswith("sm_90 float32 fast\n")
+
+
+def test_diff_map_draws_the_regions_that_move(tmp_path):
+    """`diff --map` draws, per arch, dtype and mode, the (k, n) regions whose dispatch moves."""
+    from ..conftest import DEFAULT_POLICY
+
+    new = tmp_path / "new.yaml"
+    new.write_text(DEFAULT_POLICY.read_text().replace("rows_below: 96", "rows_below: 32", 1))
+    out = tmp_path / "moves.svg"
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run([sys.executable, "-m", "topkgen", "diff", str(DEFAULT_POLICY), str(new), "-q", "--map",
+                           str(out)], capture_output=True, text=True, env=env)
+    assert (proc.returncode, proc.stdout, proc.stderr) == (1, "", "")
+    svg = out.read_text()
+    assert "sm_90 float32 fast" in svg and "sm_100" not in svg  # only sm_90's split moved
+    assert "topk_radix_dyn_k256_fast_f32_sm_90 (aot, 32 chunks per row) -&gt; topk_radix_dyn_k256_fast_f32_sm_90 " \
+           "(aot) [split, rows 32..95]" in svg
+    same = subprocess.run([sys.executable, "-m", "topkgen", "diff", str(DEFAULT_POLICY), str(DEFAULT_POLICY), "-q",
+                           "--map", str(tmp_path / "same.png")], capture_output=True, text=True, env=env)
+    assert same.returncode == 0 and (tmp_path / "same.png").read_bytes()[:4] == b"\x89PNG"
+    bad = subprocess.run([sys.executable, "-m", "topkgen", "diff", str(DEFAULT_POLICY), str(new), "--map",
+                          str(tmp_path / "m.svg"), "--shapes", str(new)], capture_output=True, text=True, env=env)
+    assert bad.returncode == 2 and bad.stderr.startswith("topkgen: error: --map: ") and bad.stderr.count("\n") == 1

@@ -11,6 +11,7 @@ import click
 from topkgen.cli import console
 from topkgen.common.reader import printable
 from topkgen.cli.group import EXIT_INPUT, InputError, main
+from topkgen.cli.map_command import check_picture, draw
 from topkgen.cli.options import Count, JOBS_HELP, PathArg, TextArg
 
 
@@ -38,8 +39,11 @@ Examples:
               metavar="N", help=JOBS_HELP + ", with --build.")
 @click.option("--stat", is_flag=True, help="Print the summary only (text or markdown).")
 @click.option("-q", "--quiet", is_flag=True, help="Print nothing; the exit status says whether the sides differ.")
+@click.option("--map", "map_path", type=PathArg(dir_okay=False), default=None, metavar="OUT.svg|OUT.png",
+              help="Also draw the (k, n) regions whose dispatch moves, per arch, dtype and mode (needs "
+                   "matplotlib: pip install 'topkgen[plot]'); not with --shapes.")
 def diff(old: str, new: str | None, policy_in_repo: str, shapes_file: str | None, fmt: str, build: bool,
-         jobs: int, stat: bool, quiet: bool) -> None:
+         jobs: int, stat: bool, quiet: bool, map_path: str | None) -> None:
     """Compare kernel sets, their rendered sources and dispatch. OLD and NEW: a policy file (or
     a pipe: <(...)), a manifest (compared alone), a bundle directory (its files checked as a loader checks them)
     or a git revision (policy and templates read from git); OLD alone is a revision compared
@@ -50,6 +54,9 @@ def diff(old: str, new: str | None, policy_in_repo: str, shapes_file: str | None
 
     if stat and fmt == "json":
         raise InputError("--stat: prints the text or markdown summary; the json always holds it under 'summary'")
+    if map_path is not None and shapes_file:
+        raise InputError("--map: draws the regions of the whole domain; --shapes lists a workload's shapes instead")
+    picture = check_picture(map_path, "--map") if map_path is not None else None
     shapes = differ.load_shapes(shapes_file) if shapes_file else None
     for name, spec in (("OLD", old), ("NEW", new)) if new is not None else ():
         if differ.is_range(spec):  # it was "not a file, directory or git revision", which it is
@@ -68,6 +75,8 @@ def diff(old: str, new: str | None, policy_in_repo: str, shapes_file: str | None
     if build:
         _build_diff_sides(differ, sides, jobs, show_progress=not quiet)
     report = differ.compare(*sides, shapes)
+    if picture is not None:
+        _draw_moves(report, picture)
     if not quiet:
         if fmt == "json":
             text = json.dumps(diff_report.to_json(report), indent=2) + "\n"
@@ -77,6 +86,23 @@ def diff(old: str, new: str | None, policy_in_repo: str, shapes_file: str | None
             text = diff_report.to_text(report, style=click.style, summary_only=stat) + "\n"
         _write_stdout(text, color=fmt == "text" and console.color_enabled(sys.stdout))
     sys.exit(1 if report.differs else 0)
+
+
+def _draw_moves(report: Any, path: Any) -> None:
+    """The regions that move, a panel per arch, dtype and mode that has any, coloured by how
+    they move (old -> new); nothing moves: one empty panel that says so."""
+    from topkgen.diff.report import _choice_text
+    from topkgen.policy.split import ROWS_MAX
+
+    panels: dict[str, list[dict[str, Any]]] = {}
+    for r in report.regions:
+        rows = "" if r["rows"] == [1, ROWS_MAX] else f", rows {r['rows'][0]}..{r['rows'][1]}"
+        label = f"{_choice_text(r['old'])} -> {_choice_text(r['new'])} [{r['moves']}{rows}]"
+        panels.setdefault(f"{r['arch']} {r['dtype']} {r['mode']}", []).append(
+            {"k": r["k"], "n": r["n"], "label": label, "hatched": r["moves"] != "split"})
+    draw(list(panels.items()) or [("no (k, n) region moves", [])], path,
+         f"topkgen diff {printable(report.old.label)} -> {printable(report.new.label)}: the regions whose "
+         f"dispatch moves (hatched: another kernel or source; plain: other chunks per row)", "--map")
 
 
 def _build_diff_sides(differ: Any, sides: list[Any], jobs: int, show_progress: bool) -> None:

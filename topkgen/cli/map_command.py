@@ -74,14 +74,27 @@ def _n_labels() -> str:
     return "".join(labels).rstrip()
 
 
-def draw(panels: list[tuple[str, list[dict[str, Any]]]], path: Path) -> None:
-    """Every panel's boxes as rectangles on log2 axes (n across, k up), one colour per kernel,
-    written as SVG or PNG by the file's suffix."""
+def labelled(boxes: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """A map's boxes as `draw` takes them: labelled by their kernel, hatched where JIT serves."""
+    return [{**box, "label": _legend_key(box), "hatched": box["source"] == "jit"} for box in boxes]
+
+
+def check_picture(output: str, option: str = "-o") -> Path:
+    """An .svg or .png file to draw into (the suffix says which)."""
+    path = Path(output)
+    if path.suffix.lower() not in FORMATS:
+        raise InputError(f"{option} {printable(output)}: name an .svg or .png file")
+    return path
+
+
+def draw(panels: list[tuple[str, list[dict[str, Any]]]], path: Path, title: str, option: str = "-o") -> None:
+    """Every panel's boxes ({k, n, label, hatched}) as rectangles on log2 axes (n across, k up),
+    one colour per label, written as SVG or PNG by the file's suffix."""
     try:
         import matplotlib
     except ImportError:
-        raise InputError("-o: drawing needs matplotlib: pip install 'topkgen[plot]' (or leave -o out for the "
-                         "text map)") from None
+        raise InputError(f"{option}: drawing needs matplotlib: pip install 'topkgen[plot]'"
+                         + (" (or leave -o out for the text map)" if option == "-o" else "")) from None
     matplotlib.use("Agg")
     matplotlib.rcParams["svg.fonttype"] = "none"  # names stay text: searchable, and the file smaller
     matplotlib.rcParams["svg.hashsalt"] = "topkgen"  # the same SVG for the same policy
@@ -92,32 +105,32 @@ def draw(panels: list[tuple[str, list[dict[str, Any]]]], path: Path) -> None:
     rows = -(-len(panels) // columns)
     figure, axes = plt.subplots(rows, columns, figsize=(9 * columns, 5 * rows), squeeze=False)
     palette = plt.get_cmap("tab20").colors
-    for ax, (title, boxes) in zip(axes.flat, panels):
+    for ax, (panel, boxes) in zip(axes.flat, panels):
         colours: dict[str, Any] = {}
+        hatched = {box["label"] for box in boxes if box["hatched"]}
         for box in boxes:
-            key = _legend_key(box)
-            colour = colours.setdefault(key, palette[len(colours) % len(palette)])
+            colour = colours.setdefault(box["label"], palette[len(colours) % len(palette)])
             n_lo, n_hi = max(box["n"][0], box["k"][0]), box["n"][1] + 1
             ax.add_patch(Rectangle((n_lo, box["k"][0]), n_hi - n_lo, box["k"][1] + 1 - box["k"][0],
                                    facecolor=colour, edgecolor="white", linewidth=0.4,
-                                   hatch="//" if box["source"] == "jit" else None))
+                                   hatch="//" if box["hatched"] else None))
         ax.set_xscale("log", base=2)
         ax.set_yscale("log", base=2)
         ax.set_xlim(1, 2.0 ** 31)
         ax.set_ylim(1, 1025)
         ax.set_xlabel("n (row length)")
         ax.set_ylabel("k")
-        ax.set_title(title, fontsize=10)
-        ax.legend(handles=[Patch(facecolor=c, label=k, hatch="//" if "(jit" in k else None)
+        ax.set_title(panel, fontsize=10)
+        ax.legend(handles=[Patch(facecolor=c, label=k, hatch="//" if k in hatched else None)
                            for k, c in colours.items()], fontsize=6, loc="upper left", bbox_to_anchor=(1.01, 1))
     for ax in list(axes.flat)[len(panels):]:
         ax.set_visible(False)
-    figure.suptitle("topkgen map: the kernel that serves each (k, n); hatched: JIT, compiled on first use")
+    figure.suptitle(title)
     figure.tight_layout()
     try:
         figure.savefig(path, format=path.suffix[1:], metadata={"Date": None} if path.suffix == ".svg" else None)
     except OSError as err:
-        raise InputError(f"-o {printable(str(path))}: cannot write: {err.strerror}") from None
+        raise InputError(f"{option} {printable(str(path))}: cannot write: {err.strerror}") from None
     finally:
         plt.close(figure)
 
@@ -146,15 +159,14 @@ def map_command(policy_path: str | None, archs: tuple[str, ...], dtypes: tuple[s
     for dtype in dtypes:
         if dtype not in policy.dtypes:
             raise InputError(f"--dtype {dtype}: not in the policy (known: {', '.join(policy.dtypes)})")
-    if output is not None and Path(output).suffix.lower() not in FORMATS:
-        raise InputError(f"-o {printable(output)}: name an .svg or .png file")
+    path = check_picture(output) if output is not None else None
     panels = [(f"{arch} {dtype} {mode}" + ("" if rows is None else f", {rows} rows"),
                regions(policy, arch, dtype, mode, rows))
               for arch in chosen for dtype in (dtypes or policy.dtypes) for mode in (modes or pol.MODES)]
-    if output is None:
+    if path is None:
         for i, (title, boxes) in enumerate(panels):
             click.echo(("\n" if i else "") + "\n".join(text_map(title, boxes)))
         return
-    path = Path(output)
-    draw(panels, path.with_suffix(path.suffix.lower()) if path.suffix.lower() != path.suffix else path)
+    draw([(title, labelled(boxes)) for title, boxes in panels], path,
+         "topkgen map: the kernel that serves each (k, n); hatched: JIT, compiled on first use")
     click.echo(f"{printable(output)}: {len(panels)} map(s) of {sum(len(b) for _, b in panels)} regions")
