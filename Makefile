@@ -8,7 +8,7 @@ JOBS   ?= $(shell nproc 2>/dev/null || echo 2)
 FUZZ_SECONDS ?= 300
 FUZZ_SEED ?= 0
 
-.PHONY: build build-legacy test test-quick test-cache install cpp bench bench-plan bench-emulator bench-build bench-diff bench-dispatch bench-kernels bench-hostile fuzz gpu-check clean
+.PHONY: build build-legacy test test-quick test-cache install cpp pkgconfig bench bench-plan bench-emulator bench-build bench-diff bench-dispatch bench-kernels bench-hostile fuzz gpu-check clean
 
 # The system packages make needs (Debian: python3-venv, g++, libssl-dev), each missing one named.
 SETUP_CHECK = PYTHON=$(PYTHON) CXX="$(CXX)" sh scripts/check_setup.sh
@@ -51,6 +51,18 @@ $(CPP_BIN): $(CPP_SRC) | $(STAMP)
 	mv $@.tmp $@
 
 cpp: $(CPP_BIN)
+
+# pkg-config for the header (CMake users: add_subdirectory(loaders/cpp), target topkgen::loader):
+#   PKG_CONFIG_PATH=build/pkgconfig pkg-config --cflags --libs topkgen-loader
+PC_FILE := build/pkgconfig/topkgen-loader.pc
+$(PC_FILE): pyproject.toml | $(STAMP)
+	mkdir -p $(dir $@)
+	printf '%s\n' 'Name: topkgen-loader' 'Description: topkgen bundle loader (header-only C++17)' \
+		'Version: $(shell $(BIN)/python -c "import topkgen; print(topkgen.__version__)")' \
+		'Cflags: -std=c++17 -I$(CURDIR)/loaders/cpp/include -isystem $(NLOHMANN)' 'Libs: -lcrypto -ldl' > $@.tmp
+	mv $@.tmp $@
+
+pkgconfig: $(PC_FILE)
 
 # Tests share one compile cache per checkout so pytest-xdist workers reuse each other's work.
 # What `make build` (and build-legacy) compiled seeds it first: `topkgen cache import` checks

@@ -5,8 +5,14 @@ README, and README's compile line for the header works as written."""
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
 import subprocess
+import sys
+import zipfile
+
+import pytest
 
 from ..conftest import ROOT
 from .test_cpp_loader import cpp, cpp_select, python_select  # noqa: F401 (cpp: the fixture)
@@ -77,3 +83,67 @@ def test_readmes_compile_line_for_the_header_works_as_written(cpp, built_bundle,
     assert built.returncode == 0, built.stderr
     ran = subprocess.run([tmp_path / "app", built_bundle], capture_output=True, text=True)
     assert (ran.returncode, ran.stdout) == (0, _select(cpp, built_bundle, "sm_90 float32 8 1000 fast 0\n").stdout)
+
+
+APP = ('#include <topkgen/loader.hpp>\n#include <iostream>\n'
+       'int main(int, char** argv) { topkgen::Bundle b(argv[1]);\n'
+       '  std::cout << b.select("sm_90", "float32", 8, 1000, false, false).name << "\\n"; }\n')
+
+
+def _runs(app, cpp, bundle) -> None:  # noqa: F811
+    ran = subprocess.run([app, bundle], capture_output=True, text=True)
+    assert (ran.returncode, ran.stdout) == (0, _select(cpp, bundle, "sm_90 float32 8 1000 fast 0\n").stdout)
+
+
+def test_the_header_builds_through_pkg_config(cpp, built_bundle, tmp_path):  # noqa: F811
+    made = subprocess.run(["make", "-s", "-C", str(ROOT), "pkgconfig"], capture_output=True, text=True)
+    assert made.returncode == 0, made.stderr
+    (tmp_path / "app.cpp").write_text(APP)
+    built = subprocess.run(["bash", "-c", f"g++ {tmp_path / 'app.cpp'} -o {tmp_path / 'app'} "
+                                          "$(pkg-config --cflags --libs topkgen-loader)"],
+                           capture_output=True, text=True, env={**os.environ,
+                                                                "PKG_CONFIG_PATH": str(ROOT / "build" / "pkgconfig")})
+    assert built.returncode == 0, built.stderr
+    _runs(tmp_path / "app", cpp, built_bundle)
+
+
+@pytest.mark.skipif(shutil.which("cmake") is None, reason="no cmake here")
+def test_the_header_builds_as_a_cmake_target(cpp, built_bundle, tmp_path):  # noqa: F811
+    import nlohmann_json
+
+    (tmp_path / "src").mkdir()
+    (tmp_path / "src" / "app.cpp").write_text(APP)
+    (tmp_path / "src" / "CMakeLists.txt").write_text(
+        "cmake_minimum_required(VERSION 3.16)\nproject(app LANGUAGES CXX)\n"
+        f"add_subdirectory({ROOT / 'loaders' / 'cpp'} topkgen-loader)\n"
+        "add_executable(app app.cpp)\ntarget_link_libraries(app PRIVATE topkgen::loader)\n")
+    for step in (["cmake", "-S", tmp_path / "src", "-B", tmp_path / "b",
+                  f"-DTOPKGEN_NLOHMANN_INCLUDE={nlohmann_json.get_include()}"], ["cmake", "--build", tmp_path / "b"]):
+        proc = subprocess.run([str(a) for a in step], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stdout + proc.stderr
+    _runs(tmp_path / "b" / "app", cpp, built_bundle)
+
+
+def test_the_wheel_ships_the_header(cpp, built_bundle, tmp_path):  # noqa: F811
+    import nlohmann_json
+
+    built = subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-w",
+                            str(tmp_path / "wheel"), str(ROOT)], capture_output=True, text=True)
+    assert built.returncode == 0 and "warning" not in (built.stdout + built.stderr).lower(), built.stderr
+    wheel = next((tmp_path / "wheel").glob("topkgen-*.whl"))
+    with zipfile.ZipFile(wheel) as archive:
+        names = set(archive.namelist())
+    assert {"topkgen/include/topkgen/loader.hpp", "topkgen/include/topkgen/manifest_schema.hpp"} <= names
+    site = tmp_path / "site"
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target", str(site), str(wheel)],
+                   check=True, capture_output=True)
+    include = subprocess.run([sys.executable, "-c", "import topkgen.common.paths as p; print(p.cpp_include_dir())"],
+                             capture_output=True, text=True, cwd=tmp_path, env={"PYTHONPATH": str(site)},
+                             check=True).stdout.strip()
+    assert include == str(site / "topkgen" / "include")
+    (tmp_path / "app.cpp").write_text(APP)
+    proc = subprocess.run(["g++", "-std=c++17", f"-I{include}", "-isystem", str(nlohmann_json.get_include()),
+                           str(tmp_path / "app.cpp"), "-o", str(tmp_path / "app"), "-lcrypto", "-ldl"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    _runs(tmp_path / "app", cpp, built_bundle)

@@ -94,3 +94,13 @@ def shared_cache_directory() -> Path | None:
     if url.startswith(("file://", "local://")):
         return Path(url.split("://", 1)[1])
     return None
+
+
+def cpp_include_dir() -> Path:
+    """The folder holding topkgen/loader.hpp, the C++ loader's header (-I this): the
+    checkout's loaders/cpp/include, or an installed wheel's topkgen/include."""
+    here = Path(__file__).resolve()
+    checkout = here.parents[2] / "loaders" / "cpp" / "include"
+    if (checkout / "topkgen" / "loader.hpp").is_file():
+        return checkout
+    return here.parents[1] / "include"
