@@ -186,7 +186,8 @@ class TopK:
                  workspace: Any = None):
         """Returns (values, indices) of the k largest (or smallest) along the last dimension,
         sorted by value: largest first (smallest first with largest=False); deterministic=True
-        takes the lowest-indexed of equal values at the k-th place; k = 0 returns empty arrays of shape [..., 0], as torch.topk does.
+        takes the lowest-indexed of equal values at the k-th place; k = 0 returns empty arrays
+        of shape [..., 0], as torch.topk does.
         A small batch of long rows may be split (two launches on the stream): `workspace`, an
         array of at least `workspace_bytes(...)` bytes, serves it without an allocation;
         without one the backend allocates it on the stream. Nothing waits for the GPU.
