@@ -234,7 +234,7 @@ WIDE_OPTION = click.option("--wide", is_flag=True,
 def _table(header: tuple[str, ...], rows: list[tuple[str, ...]], *, width: int | None = None,
            drop: tuple[str, ...] = ()) -> str:
     """Columns padded to their widest cell. With `width`, the columns named in `drop` are left
-    out, in that order, until the table fits (a note after it names them); None: all."""
+    out, in that order, until the table fits (a line after it counts them); None: all."""
     keep = list(range(len(header)))
 
     def lines() -> list[str]:
