@@ -27,6 +27,7 @@ from topkgen.policy import dispatch_table
 from topkgen import policy as pol
 from topkgen.runtime import TopK, TopKError
 from topkgen.common.schema import _resolve, format_path, load_schema
+from topkgen.policy.split import ROWS_MAX
 
 from ..conftest import ROOT
 from ..support.cpp import loader_flags
@@ -78,7 +79,7 @@ def random_shapes(policy: pol.Policy, count: int, seed: int = 9) -> list[tuple]:
         k = rng.randint(1, pol.K_MAX)
         n = rng.choice([rng.randint(k, max(k, 4200)), min(pol.N_MAX, int(k * 2 ** rng.uniform(0, 31))),
                         rng.randint(max(k, 100_000), 600_000)])
-        rows = rng.choice([None, 0, rng.randint(1, 128), rng.randint(1, pol.ROWS_MAX)])
+        rows = rng.choice([None, 0, rng.randint(1, 128), rng.randint(1, ROWS_MAX)])
         shape = (rng.choice(list(policy.archs)), rng.choice(policy.dtypes), k, n, rng.random() < 0.5)
         shapes += [(*shape, True, rows), (*shape, False, rows)]
     return shapes
@@ -419,7 +420,7 @@ def test_both_loaders_refuse_a_table_cut_too_finely_to_index(cpp, built_bundle, 
     doc = json.loads((root / "manifest.json").read_text())
     rows, pieces = doc["dispatch"]["sm_90"]["float32"]["fast"], 1100  # 1100 + 1100 x 1100 visits
     rows[:] = [{**rows[0], "k": [1, pol.K_MAX], "n": [1 + 1000 * j, pol.N_MAX if j == pieces - 1 else 1000 * (j + 1)],
-                "rows": [1, pol.ROWS_MAX]} for j in range(pieces)]
+                "rows": [1, ROWS_MAX]} for j in range(pieces)]
     (root / "manifest.json").write_text(json.dumps(doc))
     assert _both_refuse(cpp, root) == (f": dispatch.sm_90.float32.fast: the dispatch lists are cut too finely: "
                                        f"indexing them takes more than {dispatch_table.MAX_INDEX_VISITS} row visits")
