@@ -19,13 +19,8 @@ from topkgen import cli as cli_module
 from topkgen.cli import console
 
 from ..conftest import ROOT
-from ..support.commands import ENV, on_terminal
+from ..support.commands import ENV, on_terminal, run_topkgen as topkgen
 
-
-
-def topkgen(*args, env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "topkgen", *map(str, args)], capture_output=True, text=True,
-                          env=env or ENV, **kwargs)
 
 
 

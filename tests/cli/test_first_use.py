@@ -84,7 +84,7 @@ def _lines(text: str) -> list[str]:
 def test_tables_fit_the_terminal_and_wide_shows_every_column(command, built_bundle):
     """plan's and show's tables were 148 and 179 columns wide: on a terminal they now fit its
     width (columns left out, said so), --wide shows all, and a pipe gets every column."""
-    from .test_cli_usability import ENV, on_terminal, topkgen
+    from ..support.commands import ENV, on_terminal, run_topkgen as topkgen
 
     args = [str(built_bundle) if a == "{bundle}" else a for a in command]
     status, shown = on_terminal(*args, env={**ENV, "COLUMNS": "100"})
@@ -104,7 +104,7 @@ def test_tables_fit_the_terminal_and_wide_shows_every_column(command, built_bund
 
 
 def test_plan_json_is_the_same_on_a_narrow_terminal():
-    from .test_cli_usability import ENV, on_terminal, topkgen
+    from ..support.commands import ENV, on_terminal, run_topkgen as topkgen
 
     import json
 

@@ -15,7 +15,7 @@ import zipfile
 import pytest
 
 from ..conftest import ROOT
-from .test_cpp_loader import cpp, cpp_select, python_select  # noqa: F401 (cpp: the fixture)
+from ..support.cpp import cpp_select, python_select
 
 LINES = "sm_90 float32 8 1000 fast 1\nsm_90 bfloat16 256 131072 fast 1 1\nsm_100 float16 40 700 deterministic 1 3\n"
 

@@ -30,35 +30,8 @@ from topkgen.common.schema import _resolve, format_path, load_schema
 from topkgen.policy.split import ROWS_MAX
 
 from ..conftest import ROOT
-from ..support.cpp import loader_flags
+from ..support.cpp import cpp_select, loader_flags, python_select
 
-
-
-def cpp_select(cpp: Path, bundle_dir: Path, shapes: list[tuple]) -> list[str]:
-    """Shapes (arch, dtype, k, n, det, jit[, rows])."""
-    lines = "".join(f"{a} {d} {k} {n} {'deterministic' if det else 'fast'} {int(jit)}"
-                    f"{'' if len(rest) == 0 or rest[0] is None else f' {rest[0]}'}\n"
-                    for a, d, k, n, det, jit, *rest in shapes)
-    proc = subprocess.run([cpp, "select", bundle_dir], input=lines, capture_output=True, text=True)
-    answers = proc.stdout.splitlines()
-    refused = any(answer.startswith("error: ") for answer in answers)
-    assert proc.returncode == (1 if refused else 0), proc.stderr  # 1: a request was refused
-    return answers
-
-
-def python_select(policy: pol.Policy, shape: tuple) -> str:
-    """What topkgen-cpp select prints: the kernel, then (rows given) its chunks per row and the
-    split's workspace bytes and candidate values' offset."""
-    arch, dtype, k, n, det, jit, *rest = shape
-    rows = rest[0] if rest else None
-    try:
-        sel = pol.select(policy, arch, dtype, k, n, deterministic=det, jit=jit, rows=rows)
-    except pol.DispatchError as err:
-        return f"error: {err}"
-    if rows is None:
-        return sel.kernel.name
-    plan = sel.split
-    return f"{sel.kernel.name} {sel.chunks} {plan.workspace_bytes if plan else 0} {plan.values_offset if plan else 0}"
 
 
 def boundary_shapes(policy: pol.Policy) -> list[tuple]:

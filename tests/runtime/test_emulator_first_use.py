@@ -10,7 +10,6 @@ import sys
 import numpy as np
 
 from ..conftest import ROOT
-from ..system.test_user_files import tiny_bundle, tiny_policy  # noqa: F401 (fixtures)
 
 
 def _run(bundle, x, cache) -> subprocess.CompletedProcess:

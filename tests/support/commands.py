@@ -23,6 +23,12 @@ def topkgen(*args, env: dict[str, str], check: bool = True) -> subprocess.Comple
     return proc
 
 
+def run_topkgen(*args, env: dict | None = None, **kwargs) -> subprocess.CompletedProcess:
+    """topkgen in a subprocess with ENV (or `env`), its output captured, not checked."""
+    return subprocess.run([*TOPKGEN, *map(str, args)], capture_output=True, text=True,
+                          env=env or ENV, **kwargs)
+
+
 def tree(root: Path) -> dict[str, bytes]:
     """Every file under root, by relative path, with its bytes."""
     return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
