@@ -114,8 +114,10 @@ def test_lookups_refuse_what_select_refuses(default_policy):
     assert table.lookup("float32", 5, 200_000, False, True, 0) == table.lookup("float32", 5, 200_000, False, True)
     assert _looked_up(table, "float16", 5, 50, False, False) == \
         "error: dtype: 'float16' has no AOT kernels and JIT is disabled"
-    assert _looked_up(table, "int8", 5, 50, False, True) == \
-        "error: dtype: 'int8' is not one of float32, bfloat16, float16 (or fp32, f32, bf16, fp16, f16, half)"
+    assert _looked_up(table, "int8", 5, 50, False, True) == _expected(default_policy, "sm_90", "int8", 5, 50, False,
+                                                                     True) == \
+        "error: dtype: 'int8': integer inputs are not supported; top-k runs on floating point values (float32, " \
+        "bfloat16, float16; or fp32, f32, bf16, fp16, f16, half)"
     assert _looked_up(table, "flaot32", 5, 50, False, True) == _expected(default_policy, "sm_90", "flaot32", 5, 50,
                                                                         False, True) == \
         "error: dtype: 'flaot32' is not one of float32, bfloat16, float16 (or fp32, f32, bf16, fp16, f16, half); " \

@@ -72,7 +72,7 @@ def test_the_variants_differ_from_the_policy_only_in_the_arch_split():
     for v in variants.values():
         assert v.archs["sm_100"] == base.archs["sm_100"]
         assert [s.name for s in policy.plan(v, "sm_90")] == [s.name for s in policy.plan(base, "sm_90")]
-    assert (variants["split"].archs["sm_90"].split.__dict__ | {"rows_below": 96}
+    assert (variants["split"].archs["sm_90"].split.__dict__ | {"rows_below": base.archs["sm_90"].split.rows_below}
             == base.archs["sm_90"].split.__dict__)
 
 
@@ -105,7 +105,8 @@ def test_the_command_writes_the_policy_or_refuses_with_exit_2(tmp_path):
     command = [sys.executable, str(ROOT / "benchmarks" / "split_crossover.py"), str(results), "--policy", str(pol)]
     shown = subprocess.run(command, capture_output=True, text=True)
     assert shown.returncode == 0, shown.stderr
-    assert "crossover: rows_below 17 (the policy has 96)" in shown.stdout
+    rows_below = policy.load().archs["sm_90"].split.rows_below
+    assert f"crossover: rows_below 17 (the policy has {rows_below})" in shown.stdout
     assert pol.read_text() == policy.default_policy_path().read_text()  # not asked to write
     wrote = subprocess.run([*command, "--write"], capture_output=True, text=True)
     assert wrote.returncode == 0 and f"wrote rows_below 17 for sm_90 into {pol}" in wrote.stdout
