@@ -24,7 +24,7 @@ def shapes(policy: pol.Policy, count: int = 1000) -> list[tuple]:
     rng = random.Random(1)
     out = []
     for _ in range(count):
-        k = rng.randint(1, pol.K_MAX)
+        k = rng.randint(1, pol.K_COVERED)
         n = rng.choice([rng.randint(k, max(k, 4200)), min(pol.N_MAX, int(k * 2 ** rng.uniform(0, 24)))])
         out.append((rng.choice(list(policy.archs)), rng.choice(policy.dtypes), k, n, rng.random() < 0.5))
     return out

@@ -1,8 +1,12 @@
 // Shared device code of every topkgen top-k kernel: key transforms, warp and block
 // primitives, radix digit search, sorts, and the two kernel bodies. Each rendered kernel
 // includes this text once; the guard lets many kernels share one translation unit.
-#ifndef TOPKGEN_TOPK_COMMON_CUH
-#define TOPKGEN_TOPK_COMMON_CUH
+{% set large = large_k is defined and large_k %}
+{#- The large-k path's kernels (large_k) render the lines marked by `large` below; every other
+    kernel renders none of them, and its text is the same as before the path existed. Their
+    guard differs, so a translation unit that mixes both fails to compile, never silently. -#}
+#ifndef TOPKGEN_TOPK_COMMON_CUH{{ "_LARGE_K" if large else "" }}
+#define TOPKGEN_TOPK_COMMON_CUH{{ "_LARGE_K" if large else "" }}
 
 #include <cuda_bf16.h>
 #include <cuda_fp16.h>
@@ -314,6 +318,42 @@ __device__ __forceinline__ void block_sort(u64* cand, int width) {
   }
 }
 
+{% if large %}
+// Bitonic sort, descending, of cand[0, k) for any k up to 2^31 - 1 (the large-k path, whose
+// candidates lie in global memory): the merge network whose first step of each merge pairs
+// position i with its mirror, so that every comparison keeps the larger key at the lower
+// position. Positions at or past k stand for keys below every key and never move, so they
+// need no padding (and no memory). Positions are 64-bit: the padded width may be 2^31.
+template <int THREADS>
+__device__ __forceinline__ void block_sort_global(u64* cand, long long k) {
+  long long width = 1;
+  while (width < k) width <<= 1;
+  for (long long size = 2; size <= width; size <<= 1) {
+    for (long long stride = size >> 1; stride > 0; stride >>= 1) {
+      for (long long i = threadIdx.x; i < width / 2; i += THREADS) {
+        long long lo, hi;
+        if (stride == size >> 1) {  // the mirror step: i-th pair of its block of `size`
+          const long long start = (i / stride) * size, p = i % stride;
+          lo = start + p;
+          hi = start + size - 1 - p;
+        } else {
+          lo = ((i / stride) * 2) * stride + i % stride;
+          hi = lo + stride;
+        }
+        if (hi < k) {
+          const u64 a = cand[lo], b = cand[hi];
+          if (a < b) {
+            cand[lo] = b;
+            cand[hi] = a;
+          }
+        }
+      }
+      __syncthreads();
+    }
+  }
+}
+
+{% endif %}
 // Bitonic sort of 32 * E packed values held by one warp (E per lane, element e * 32 + lane),
 // descending, with shuffles only: no block barrier for k <= 64.
 template <int E>
@@ -406,7 +446,13 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
   __shared__ unsigned span[2];  // smallest and largest key a pass counted
   __shared__ int counters[3];   // output candidates, tie slots, collected candidates
   __shared__ RadixState state;
+{% if large %}
+  // The large-k path (KR = 0): the k candidates are gathered into this row's slots of the
+  // indices output (8 bytes each, what a packed candidate takes) and sorted there.
+  u64* const cand = reinterpret_cast<u64*>(indices) + (unsigned long long)blockIdx.x * (unsigned long long)k;
+{% else %}
   __shared__ u64 cand[KR];
+{% endif %}
 
   const Part part = part_of_row(n_arg, chunk, row_stride);
   if (part.row >= rows) return;
@@ -608,6 +654,11 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     store_global(indices + out_base + i, x_indices != nullptr ? load_global_nc(x_indices + where.offset + index)
                                                               : (long long)(where.first + index));
   };
+{% if large %}
+  // Each slot is read by the thread that then overwrites it with the index.
+  block_sort_global<THREADS>(cand, k);
+  for (long long i = t; i < k; i += THREADS) emit(int(i), cand[i]);
+{% else %}
   if constexpr (KR <= 64) {
     constexpr int E = KR > 32 ? 2 : 1;
     if (t < 32) {
@@ -627,6 +678,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     block_sort<THREADS>(cand, width);
     for (int i = t; i < k; i += THREADS) emit(i, cand[i]);
   }
+{% endif %}
 }
 
 // Register top-k for one row held by one warp: each lane keeps PER packed keys (lane + 32j)

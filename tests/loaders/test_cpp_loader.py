@@ -49,7 +49,7 @@ def random_shapes(policy: pol.Policy, count: int, seed: int = 9) -> list[tuple]:
     rng = random.Random(seed)
     shapes = []
     for _ in range(count):
-        k = rng.randint(1, pol.K_MAX)
+        k = rng.randint(1, pol.K_COVERED)
         n = rng.choice([rng.randint(k, max(k, 4200)), min(pol.N_MAX, int(k * 2 ** rng.uniform(0, 31))),
                         rng.randint(max(k, 100_000), 600_000)])
         rows = rng.choice([None, 0, rng.randint(1, 128), rng.randint(1, ROWS_MAX)])
@@ -392,7 +392,7 @@ def test_both_loaders_refuse_a_table_cut_too_finely_to_index(cpp, built_bundle, 
     shutil.copytree(built_bundle, root)
     doc = json.loads((root / "manifest.json").read_text())
     rows, pieces = doc["dispatch"]["sm_90"]["float32"]["fast"], 1100  # 1100 + 1100 x 1100 visits
-    rows[:] = [{**rows[0], "k": [1, pol.K_MAX], "n": [1 + 1000 * j, pol.N_MAX if j == pieces - 1 else 1000 * (j + 1)],
+    rows[:] = [{**rows[0], "k": [1, pol.N_MAX], "n": [1 + 1000 * j, pol.N_MAX if j == pieces - 1 else 1000 * (j + 1)],
                 "rows": [1, ROWS_MAX]} for j in range(pieces)]
     (root / "manifest.json").write_text(json.dumps(doc))
     assert _both_refuse(cpp, root) == (f": dispatch.sm_90.float32.fast: the dispatch lists are cut too finely: "

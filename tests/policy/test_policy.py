@@ -74,6 +74,7 @@ def test_jit_only_tiers_and_reasons(default_policy):
         ("reg_exact_k16_n2048", (16,), (2048,), ARCHS),
         ("reg_exact_k32_n256", (32,), (256,), ARCHS),
         ("reg_exact_k16_n1024_sm100", (16,), (1024,), ("sm_100",)),
+        ("radix_k2048_k4096", (2048, 4096), (), ARCHS),
     }
     assert "72%" in default_policy.rule("reg_exact_k16_n2048").reason
     assert "10.91%" in default_policy.rule("reg_exact_k16_n1024_sm100").reason
@@ -142,7 +143,7 @@ def test_total_dispatch_exhaustive_over_k_at_every_boundary(default_policy):
         for dtype in DTYPES:
             for det in (False, True):
                 for n in ns:
-                    for k in range(1, min(n, pol.K_MAX) + 1):
+                    for k in range(1, min(n, pol.K_COVERED) + 1):
                         sel = pol.select(default_policy, arch, dtype, k, n, deterministic=det)
                         _check(sel, k, n, arch, dtype, det)
                         if dtype != "float16":
@@ -165,7 +166,7 @@ def test_total_dispatch_property(default_policy, arch, dtype, k, extra, det, jit
 
 @pytest.mark.parametrize("args,word", [
     (("sm_90", "float32", 0, 10), "k"), (("sm_90", "float32", -3, 10), "k"),
-    (("sm_90", "float32", 11, 10), "k"), (("sm_90", "float32", 1025, 4096), "k"),
+    (("sm_90", "float32", 11, 10), "k"), (("sm_90", "float32", 2**31, 2**31 - 1), "k"),
     (("sm_90", "float32", 1, 0), "n"), (("sm_90", "float32", 1, 2**31), "n"),
     (("sm_90", "float64", 1, 10), "dtype"), (("sm_89", "float32", 1, 10), "arch"),
     (("sm_90", "float32", 1.5, 10), "k"),

@@ -26,14 +26,14 @@ CASES = {
                        r"rules\[3\]\.name: 'Reg-Ladder' does not match the pattern"),
     "number_out_of_range": (_variant("n: {min: 1, max: 2147483647}", "n: {min: 1, max: 4294967296}"),
                             r"rules\[6\]\.n\.max: 4294967296 is greater than the maximum 2147483647"),
-    "k_not_a_rung": (_variant("k: [64, 128, 256, 512, 1024]", "k: [64, 128, 256, 512, 2048]"),
-                     r"rules\[6\]\.k\[4\]: 2048 is not one of"),
+    "k_not_a_rung": (_variant("k: [64, 128, 256, 512, 1024]", "k: [64, 128, 256, 512, 8192]"),
+                     r"rules\[6\]\.k\[4\]: 8192 is not one of"),
     "duplicate_kernel_names": (_variant("\n# With JIT disabled",
                                         "  - name: radix_dynamic_again\n    family: radix\n    work: dynamic\n"
                                         "    k: [64]\n    n: {min: 1, max: 10}\n    modes: [fast]\n"
                                         "\n# With JIT disabled"
                                         ).replace("  - radix_dynamic\n", "  - radix_dynamic\n  - radix_dynamic_again\n"),
-                               r"rules\[7\]\.name: duplicate kernel name 'topk_radix_dyn_k64_fast_f32_sm_90'"),
+                               r"rules\[8\]\.name: duplicate kernel name 'topk_radix_dyn_k64_fast_f32_sm_90'"),
     "ambiguous_dispatch_missing_rule": (_variant("  - radix_k512_bounded\n", ""),
                                         r"rules\[5\]\.name: rule 'radix_k512_bounded' has no place in dispatch_order"),
     "dispatch_lists_rule_twice": (_variant("  - radix_dynamic\n", "  - radix_dynamic\n  - reg_ladder\n"),

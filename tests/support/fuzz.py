@@ -191,7 +191,7 @@ def _check_accepted_policy(draw, policy: pol.Policy) -> None:
         arch = draw(st.sampled_from(sorted(policy.archs)))
         dtype = draw(st.sampled_from(policy.dtypes))
         n = draw(st.integers(1, pol.N_MAX) | st.integers(1, 5000))
-        k = draw(st.integers(1, min(n, pol.K_MAX)))
+        k = draw(st.integers(1, min(n, pol.K_COVERED)))
         det = draw(st.booleans())
         jit = not (policy.aot_covers_all and dtype in policy.aot_dtypes and draw(st.booleans()))
         spec = pol.select(policy, arch, dtype, k, n, deterministic=det, jit=jit).kernel

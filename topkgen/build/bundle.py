@@ -34,7 +34,7 @@ from topkgen.policy import SHARED_BYTES_PER_BLOCK, KernelSpec, Policy, in_policy
 from topkgen.build.render import render
 from topkgen.manifest.params import params
 from topkgen.common.schema import load_schema, validate
-from topkgen.manifest.reading import MANIFEST, SCHEMAS, SCHEMA_VERSION
+from topkgen.manifest.reading import MANIFEST, MANIFEST_OPTIONS, SCHEMAS, SCHEMA_VERSION
 GRID_RULE = "ceil_div(rows, rows_per_block)"
 
 
@@ -162,6 +162,7 @@ def manifest_document(policy: Policy, policy_rec: dict, archs: list[str], kernel
         "jit_kernels": [jit_entry(s, src) for s, src in zip(jit_specs, jit_sources)],
         "jit_only": [rule_record(r) for r in policy.jit_only_rules(archs)],
         "dispatch": dispatch,
+        "options": MANIFEST_OPTIONS,
     }
     if shard is not None:
         manifest["shard"] = shard

@@ -12,7 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from topkgen.common.errors import InputError
-from topkgen.policy import FAMILY_TEMPLATES, SHARED_BYTES_PER_BLOCK, KernelSpec, _data_dir
+from topkgen.policy import FAMILY_TEMPLATES, K_RUNG_MAX, SHARED_BYTES_PER_BLOCK, KernelSpec, _data_dir
 from topkgen.manifest.params import C_TYPES, params
 
 
@@ -84,14 +84,16 @@ def context(spec: KernelSpec) -> dict[str, object]:
         "name": spec.name,
         "arch": spec.arch if re.fullmatch(r"sm_[0-9]{2,3}", spec.arch) else "",
         "ctype": C_TYPES[spec.dtype],
-        "k": _int(spec.k, 1, 1024, "k"),
+        # The large-k path renders K rung 0: its candidates live in global memory, not shared.
+        "k": 0 if spec.work == "large" else _int(spec.k, 1, K_RUNG_MAX, "k"),
+        "large_k": spec.work == "large",
         "threads": _int(spec.threads, 32, 1024, "threads"),
         "min_ctas_per_sm": _int(spec.min_ctas_per_sm, 1, 32, "min_ctas_per_sm"),
         "rows_per_block": _int(spec.rows_per_block, 1, 32, "rows_per_block"),
         "mode": {"fast": "fast", "deterministic": "deterministic"}[spec.mode],
         "deterministic": spec.mode == "deterministic",
         "work_rung": {"ladder": "ladder", "dynamic": "dynamic", "exact": f"exact N={int(spec.exact_n or 0)}",
-                      "fixed_vec": f"fixed_vec={int(spec.vector_iterations or 0)}"}[spec.work],
+                      "fixed_vec": f"fixed_vec={int(spec.vector_iterations or 0)}", "large": "large k"}[spec.work],
         "body_vectors": _int(spec.vector_iterations, 1, 8, "vector_iterations") if spec.work == "fixed_vec" else 0,
         "dynamic_shared_bytes": _int(spec.dynamic_shared_bytes, 0, max(SHARED_BYTES_PER_BLOCK.values()),
                                      "dynamic_shared_bytes"),

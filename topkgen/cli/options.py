@@ -191,7 +191,7 @@ ARCH_OPTION = click.option("--arch", "archs", cls=_ArchHelpOption, type=ArchType
                            help="Architecture(s) of the policy ({archs} in the packaged default policy); repeat "
                                 "or comma-separate them. Default: all of the policy's.")
 DTYPE_HELP = "Element type: float32, bfloat16 or float16 (fp32, bf16, fp16 too)."
-K_OPTION = click.option("--k", "k", type=Count(1, pol.K_MAX), required=True,
+K_OPTION = click.option("--k", "k", type=Count(1, pol.N_MAX), required=True,
                         help="How many values per row.")
 JOBS_HELP = (f"Kernels compiled in parallel. Default: the CPUs this process may use "
              f"({console.available_cpus()} here)")

@@ -13,15 +13,16 @@ lookup tables a manifest ships) and explain. This facade keeps `topkgen.policy.l
 from __future__ import annotations
 
 from topkgen.policy.model import (
-    DTYPE_SIZES, DTYPE_TAGS, MODE_TAGS, MODES, K_MAX, N_MAX, VECTOR_BYTES, THREADS_PER_SM, THREADS_PER_SM_BY_ARCH,
-    SHARED_BYTES_PER_BLOCK, RADIX_STATIC_SHARED_BYTES, REGISTER_MAX_N, REGISTER_MAX_K, WORK_BY_FAMILY,
+    DTYPE_SIZES, DTYPE_TAGS, MODE_TAGS, MODES, K_RUNG_MAX, K_COVERED, LARGE_K_PATH, N_MAX, VECTOR_BYTES, THREADS_PER_SM,
+    THREADS_PER_SM_BY_ARCH, SHARED_BYTES_PER_BLOCK, RADIX_STATIC_SHARED_BYTES, radix_static_shared_bytes, REGISTER_MAX_N,
+    REGISTER_MAX_K, WORK_BY_FAMILY,
     FAMILY_TEMPLATES, FAMILY_ARCH_KEYS, MAX_POLICY_BYTES, MAX_KERNELS, MAX_DISPATCH_CELLS, PolicyError,
     DispatchError, SplitTuning, ArchTuning, Family, Rule, KernelSpec, Selection, Policy, rule_record,
     default_policy_path, _data_dir)
 from topkgen.policy.loading import load, loads, read_file
 from topkgen.policy.planning import (
     arch_capability, block_shape, kernels_of_rule, plan, jit_kernels, all_kernels, jit_plan,
-    in_policy_order)
+    in_policy_order, largest_rung, large_kernel)
 from topkgen.policy.selection import (
     select, unknown_dtype, check_rows, resident_elements, split_capable, check_shape, as_integer,
     as_flag)
@@ -30,13 +31,14 @@ from topkgen.policy.split import ROWS_MAX, ChunkPlan
 
 __all__ = [
     "ROWS_MAX", "ChunkPlan",
-    "DTYPE_SIZES", "DTYPE_TAGS", "MODE_TAGS", "MODES", "K_MAX", "N_MAX", "VECTOR_BYTES",
-    "THREADS_PER_SM", "THREADS_PER_SM_BY_ARCH", "SHARED_BYTES_PER_BLOCK", "RADIX_STATIC_SHARED_BYTES", "REGISTER_MAX_N",
+    "DTYPE_SIZES", "DTYPE_TAGS", "MODE_TAGS", "MODES", "K_RUNG_MAX", "K_COVERED", "LARGE_K_PATH", "N_MAX", "VECTOR_BYTES",
+    "THREADS_PER_SM", "THREADS_PER_SM_BY_ARCH", "SHARED_BYTES_PER_BLOCK", "RADIX_STATIC_SHARED_BYTES",
+    "radix_static_shared_bytes", "REGISTER_MAX_N",
     "REGISTER_MAX_K", "WORK_BY_FAMILY", "FAMILY_TEMPLATES", "FAMILY_ARCH_KEYS", "MAX_POLICY_BYTES",
     "MAX_KERNELS", "MAX_DISPATCH_CELLS", "PolicyError", "DispatchError", "SplitTuning", "ArchTuning",
     "Family", "Rule", "KernelSpec", "Selection", "Policy", "rule_record", "default_policy_path",
     "_data_dir", "load", "read_file", "loads", "arch_capability", "block_shape", "kernels_of_rule",
-    "plan", "jit_kernels", "all_kernels", "jit_plan", "in_policy_order", "select", "unknown_dtype",
+    "plan", "jit_kernels", "all_kernels", "jit_plan", "in_policy_order", "largest_rung", "large_kernel", "select", "unknown_dtype",
     "check_rows", "resident_elements", "split_capable", "check_shape", "as_integer", "as_flag",
     "COVERAGE_RULE", "GAP_FIX_JIT", "GAP_FIX_AOT"
 ]

@@ -5,12 +5,13 @@ from __future__ import annotations
 
 
 
-from topkgen.policy.model import K_MAX, MAX_DISPATCH_CELLS, MODES, N_MAX, Policy, _Locator
-from topkgen.policy.planning import _built_mode, kernels_of_rule
+from topkgen.policy.model import MAX_DISPATCH_CELLS, MODES, N_MAX, Policy, _Locator
+from topkgen.policy.planning import _built_mode, kernels_of_rule, largest_rung
 
 
-COVERAGE_RULE = ("Every arch, dtype and mode of a policy needs a kernel for every 1 <= k <= 1024 and "
-                 "k <= n <= 2^31-1.")
+COVERAGE_RULE = ("Every arch, dtype and mode of a policy needs a kernel for every 1 <= k <= 1024 (and up to "
+                 "its largest K rung) and k <= n <= 2^31-1; k above the largest K rung is served by the "
+                 "large-k path.")
 GAP_FIX_JIT = ("To leave the shapes your rules do not cover to JIT, add a JIT-only rule and put it last in "
                "dispatch_order: {name: jit_rest, family: radix, work: dynamic, k: [1024], "
                "n: {min: 1, max: 2147483647}, modes: [fast, deterministic], aot: false, reason: \"...\"} "
@@ -20,22 +21,26 @@ GAP_FIX_AOT = ("aot_covers_all: true asks the AOT rules to serve it alone: add a
 
 
 def _check_total_dispatch(policy: Policy, loc: _Locator) -> None:
-    """Every (dtype, 1 <= k <= 1024, k <= n <= 2^31-1, mode) must be served on every arch
-    with JIT and, where the policy says aot_covers_all, by AOT kernels alone for AOT dtypes. The rules' k ranges and n windows are
+    """Every (dtype, 1 <= k <= the largest K rung (at least 1024), k <= n <= 2^31-1, mode)
+    must be served on every arch with JIT (k above it goes to the large-k path) and, where
+    the policy says aot_covers_all, by AOT kernels alone for AOT dtypes, every k up to the
+    largest K rung of the AOT rules (at least 1024). The rules' k ranges and n windows are
     intervals, so checking the n coverage at each k-segment start proves it for all k."""
     k_starts = {1}
     for rule in policy.rules:
         k_starts.add(rule.k_min)
         for k in rule.k_rungs:
-            if k + 1 <= K_MAX:
-                k_starts.add(k + 1)
+            k_starts.add(k + 1)
     for arch in policy.archs:
         for dtype in policy.dtypes:
+            top = largest_rung(policy, arch, dtype)
+            top_aot = max([1024] + [r.k_rungs[-1] for r in policy.rules
+                                    if r.aot and arch in r.archs and dtype in r.dtypes])
             for mode in MODES:
                 for with_jit in (True, False):
                     if not with_jit and (dtype not in policy.aot_dtypes or not policy.aot_covers_all):
                         continue
-                    for k in sorted(k_starts):
+                    for k in sorted(x for x in k_starts if x <= (top if with_jit else top_aot)):
                         gap = _n_gap(policy, arch, dtype, mode, k, with_jit)
                         if gap is not None:
                             raise loc.error(("dispatch_order",),

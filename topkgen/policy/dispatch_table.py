@@ -20,7 +20,7 @@ from bisect import bisect_right
 from dataclasses import dataclass
 from typing import Any
 
-from topkgen.policy.model import K_MAX, MODES, N_MAX, DispatchError, Policy
+from topkgen.policy.model import MODES, N_MAX, DispatchError, Policy
 from topkgen.policy.selection import check_rows, check_shape, resident_elements, select, split_capable, unknown_dtype
 from topkgen.policy.planning import kernels_of_rule
 from topkgen.policy.split import ROWS_MAX
@@ -52,7 +52,7 @@ def k_starts(policy: Policy) -> list[int]:
     starts = {1}
     for rule in policy.rules:
         starts.add(rule.k_min)
-        starts.update(k + 1 for k in rule.k_rungs if k < K_MAX)
+        starts.update(k + 1 for k in rule.k_rungs)  # the last rung's: the large-k path begins
     for arch, tuning in policy.archs.items():
         if tuning.split is None:
             continue
@@ -60,7 +60,7 @@ def k_starts(policy: Policy) -> list[int]:
             for spec in _split_specs(policy, arch, dtype):
                 for s in tuning.split.chunk_counts():
                     starts.update((-(-spec.n_min // s), spec.n_max // s + 1))
-    return sorted(x for x in starts if x <= K_MAX)
+    return sorted(x for x in starts if x <= N_MAX)
 
 
 def n_starts(policy: Policy, arch: str, dtype: str) -> list[int]:
@@ -116,7 +116,7 @@ def build_list(policy: Policy, arch: str, dtype: str, mode: str) -> list[Row]:
     ks, ns, rs = k_starts(policy), n_starts(policy, arch, dtype), rows_starts(policy, arch)
     segments: list[list[Any]] = []  # [k_lo, k_hi, n cells]; an n cell is [n_lo, n_hi, rows cells]
     for si, a in enumerate(ks):
-        b = ks[si + 1] - 1 if si + 1 < len(ks) else K_MAX
+        b = ks[si + 1] - 1 if si + 1 < len(ks) else N_MAX
         cells: list[list[Any]] = []
         for ni, lo in enumerate(ns):
             hi = ns[ni + 1] - 1 if ni + 1 < len(ns) else N_MAX
@@ -157,11 +157,11 @@ def boundary_grid(policy: Policy, arch: str, dtype: str) -> tuple[list[int], lis
     """The k, n and rows values at and beside every breakpoint, K rung and ladder rung: where
     a table and `select` could first disagree. Pair each k with n in ns + [k], n >= k; rows
     matter only where select may split (see `rows_for`)."""
-    ks = set(k_starts(policy)) | {r for rule in policy.rules for r in rule.k_rungs} | {K_MAX}
+    ks = set(k_starts(policy)) | {r for rule in policy.rules for r in rule.k_rungs} | {N_MAX}
     rungs = {r for rule in policy.rules for r in (*rule.k_rungs, *rule.ladder)}
     ns = set(n_starts(policy, arch, dtype)) | rungs | {N_MAX}
     rs = sorted({r + d for r in rows_starts(policy, arch) for d in (-1, 0) if r + d >= 1} | {ROWS_MAX})
-    return _beside(ks, 1, K_MAX), _beside(ns, 1, N_MAX), rs
+    return _beside(ks, 1, N_MAX), _beside(ns, 1, N_MAX), rs
 
 
 def rows_for(policy: Policy, arch: str, n: int, rs: list[int]) -> list[int]:
@@ -241,12 +241,12 @@ class ListIndex:
                 lo, hi = row[key]
                 if lo > hi:
                     raise FieldError(f"{path}[{i}].{key}", f"[{lo}, {hi}] is empty (lo > hi)")
-        self.k_starts = sorted({1} | {r["k"][0] for r in rows} | {r["k"][1] + 1 for r in rows if r["k"][1] < K_MAX})
+        self.k_starts = sorted({1} | {r["k"][0] for r in rows} | {r["k"][1] + 1 for r in rows if r["k"][1] < N_MAX})
         self.n_starts: list[list[int]] = []       # per k segment: where its n segments start
         self.rows_starts: list[list[list[int]]] = []  # per k and n segment: where its members' rows start
         self.members: list[list[list[int]]] = []      # per k and n segment: its rows, in rows order
         for si, a in enumerate(self.k_starts):
-            b = self.k_starts[si + 1] - 1 if si + 1 < len(self.k_starts) else K_MAX
+            b = self.k_starts[si + 1] - 1 if si + 1 < len(self.k_starts) else N_MAX
             if budget is not None:
                 budget.spend(len(rows), path)
             spanning = [i for i, r in enumerate(rows) if r["k"][0] <= a <= r["k"][1]]
@@ -336,10 +336,10 @@ class ArchTable:
 def serving_table(manifest: dict, policy: Policy, arch: str) -> tuple[ArchTable, bool]:
     """How a bundle serves `arch`, and whether it holds that arch's kernels: its own
     dispatch[arch]; for an arch it lacks (or a manifest older than schema 3, whose table has
-    no batch dimension, which diff still reads) the same table computed once from its
+    no batch dimension, or schema 3, whose k stops at 1024, which diff still reads) the same table computed once from its
     embedded policy. The runtime and `diff` both ask here, so a bundle side of a diff is
     served exactly as the runtime would serve it."""
     held = arch in manifest["archs"]
-    if held and manifest["schema_version"] == 3:
+    if held and manifest["schema_version"] == 4:
         return ArchTable(arch, manifest["dispatch"][arch]), True
     return ArchTable(arch, build(policy, [arch])[arch]), held

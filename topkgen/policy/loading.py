@@ -15,7 +15,8 @@ from topkgen.common.schema import SchemaViolation, load_schema, validate
 from topkgen.policy.coverage import _check_dispatch_grid, _check_total_dispatch
 from topkgen.policy.model import (
     FAMILY_ARCH_KEYS, FAMILY_TEMPLATES, MAX_KERNELS, MAX_POLICY_BYTES, MODES, RADIX_STATIC_SHARED_BYTES,
-    REGISTER_MAX_K, REGISTER_MAX_N, SHARED_BYTES_PER_BLOCK, THREADS_PER_SM_BY_ARCH, VECTOR_BYTES, WORK_BY_FAMILY,
+    radix_static_shared_bytes, REGISTER_MAX_K, REGISTER_MAX_N, SHARED_BYTES_PER_BLOCK, THREADS_PER_SM_BY_ARCH,
+    VECTOR_BYTES, WORK_BY_FAMILY,
     ArchTuning, Family, Policy, PolicyError, Rule, SplitTuning, _Locator, default_policy_path)
 from topkgen.policy.planning import arch_capability, block_shape, kernels_of_rule
 
@@ -180,6 +181,13 @@ def _check_occupancy(archs: dict[str, ArchTuning], rules: list[Rule], loc: _Loca
                     raise loc.error(("archs", arch, "min_ctas_per_sm", str(k)),
                                     f"{ctas} CTAs of {threads} threads (the {rule.family} kernels of rule "
                                     f"'{rule.name}', K={k}) exceed {arch}'s {most} threads per SM")
+                shared = tuning.shared_row_bytes + radix_static_shared_bytes(k)
+                if rule.family == "radix" and shared > SHARED_BYTES_PER_BLOCK[arch]:
+                    raise loc.error(("rules", rule.doc_index, "k"),
+                                    f"the radix kernels of K={k} on {arch} need {shared} bytes of shared memory "
+                                    f"(shared_row_bytes {tuning.shared_row_bytes} and "
+                                    f"{radix_static_shared_bytes(k)} static), more than its "
+                                    f"{SHARED_BYTES_PER_BLOCK[arch]} per block: lower shared_row_bytes")
 
 
 def _build_rule(r: dict, i: int, position: int, archs: dict, dtypes: tuple, families: dict,

@@ -18,8 +18,17 @@ DTYPE_SIZES = {"float32": 4, "bfloat16": 2, "float16": 2}
 DTYPE_TAGS = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
 MODE_TAGS = {"fast": "fast", "deterministic": "det"}
 MODES = ("fast", "deterministic")
-K_MAX = 1024
 N_MAX = 2**31 - 1
+# k has no bound but n: 1 <= k <= n <= N_MAX. K rungs go up to K_RUNG_MAX (a radix CTA keeps
+# K candidates in static shared memory); k above a policy's largest rung is served by the
+# large-k path (topkgen.policy.planning.large_kernel), which keeps them in global memory.
+K_RUNG_MAX = 4096
+# Every policy's rules serve at least 1 <= k <= K_COVERED (the coverage rule); the large-k
+# path serves k above the largest rung, and never below K_COVERED + 1.
+K_COVERED = 1024
+# The large-k path's name, as select, explain and the dispatch table give it (not a rule).
+LARGE_K_PATH = "large_k"
+MAX_THREADS_PER_BLOCK = 1024
 VECTOR_BYTES = 16
 THREADS_PER_SM = 2048  # the most of any arch (THREADS_PER_SM_BY_ARCH holds each one's)
 # Documented hardware limits per arch, from NVIDIA's documentation (the CUDA C++ Programming
@@ -35,8 +44,14 @@ SHARED_BYTES_PER_BLOCK = {"sm_75": 65536, "sm_80": 166912, "sm_86": 101376, "sm_
 THREADS_PER_SM_BY_ARCH = {"sm_75": 1024, "sm_80": 2048, "sm_86": 1536, "sm_87": 1536, "sm_89": 1536,
                           "sm_90": 2048, "sm_100": 2048, "sm_103": 2048, "sm_110": 1536,
                           "sm_120": 1536, "sm_121": 1536}
-# Static shared memory of the largest radix kernel (K=1024): histogram, candidates, scratch.
-RADIX_STATIC_SHARED_BYTES = 4 * 2048 + 8 * 1024 + 512
+# Static shared memory of a radix kernel of K rung k (histogram, candidates, scratch); the
+# large-k path keeps its candidates in global memory (k = 0 here).
+def radix_static_shared_bytes(k: int) -> int:
+    return 4 * 2048 + 8 * k + 512
+
+
+# The largest radix kernel of the classic rungs (K=1024), which every arch must fit.
+RADIX_STATIC_SHARED_BYTES = radix_static_shared_bytes(K_COVERED)
 # Register kernels keep N/32 keys per lane (at most 64) and one result per lane (K <= 32).
 REGISTER_MAX_N = 2048
 REGISTER_MAX_K = 32

@@ -5,9 +5,8 @@ from __future__ import annotations
 from typing import Iterable
 
 from topkgen.policy.model import (
-    DTYPE_SIZES, DTYPE_TAGS, MODE_TAGS, VECTOR_BYTES, ArchTuning, DispatchError, Family, KernelSpec, Policy,
-    Rule)
-
+    DTYPE_SIZES, DTYPE_TAGS, K_COVERED, LARGE_K_PATH, MAX_THREADS_PER_BLOCK, MODES, MODE_TAGS, N_MAX, VECTOR_BYTES,
+    ArchTuning, DispatchError, Family, KernelSpec, Policy, Rule)
 
 
 def arch_capability(arch: str) -> tuple[int, int]:
@@ -21,7 +20,7 @@ def block_shape(family: str, tuning: ArchTuning, k: int) -> tuple[int, int]:
     row for register kernels, max(K, threads) threads on one row for radix kernels."""
     if family == "register":
         return 32 * tuning.warps_per_block, tuning.warps_per_block
-    return max(k, tuning.threads), 1
+    return min(max(k, tuning.threads), MAX_THREADS_PER_BLOCK), 1  # K=2048, 4096: 1024 threads
 
 
 # ----------------------------------------------------------------------------- planning
@@ -90,6 +89,45 @@ def _dynamic_shared_bytes(rule: Rule, tuning: ArchTuning, n_max: int, vec: int, 
     return min(tuning.shared_row_bytes, whole_row)
 
 
+# ----------------------------------------------------------------------------- large k
+
+def largest_rung(policy: Policy, arch: str, dtype: str) -> int:
+    """The largest K rung of the rules that serve (arch, dtype), at least K_COVERED: k above
+    it is served by the large-k path."""
+    return max([K_COVERED] + [r.k_rungs[-1] for r in policy.rules if arch in r.archs and dtype in r.dtypes])
+
+
+def large_kernel(policy: Policy, arch: str, dtype: str, mode: str) -> KernelSpec:
+    """The large-k path's kernel of (arch, dtype, mode): the radix kernel with its K
+    candidates in global memory (the row's slots of the indices output) instead of static
+    shared memory, one CTA of 1024 threads per row, for every k above the largest rung and
+    every n. JIT-only: compiled on first use, never in the bundle (plan() leaves it out)."""
+    key = (LARGE_K_PATH, arch, dtype, mode)
+    cached = policy._kernel_cache.get(key)
+    if cached is not None:
+        return cached
+    tuning, family = policy.archs[arch], policy.families["radix"]
+    vec = VECTOR_BYTES // DTYPE_SIZES[dtype]
+    spec = KernelSpec(
+        name=f"topk_radix_large_{MODE_TAGS[mode]}_{DTYPE_TAGS[dtype]}_{arch}", arch=arch, family="radix",
+        template=family.template, rule=LARGE_K_PATH, work="large", dtype=dtype, k=N_MAX,
+        k_min=largest_rung(policy, arch, dtype) + 1, n_min=1, n_max=N_MAX, exact_n=None, mode=mode, serves=(mode,),
+        threads=MAX_THREADS_PER_BLOCK, rows_per_block=1, min_ctas_per_sm=1, vector_width=vec,
+        vector_iterations=None, ladder=(), tail_policy=tuning.tail_policy,
+        tail_max_iterations=tuning.tail_max_iterations, aot=False, max_registers=family.max_registers,
+        spills_allowed=family.spills_allowed, dynamic_shared_bytes=tuning.shared_row_bytes,
+        loads_in_flight=tuning.loads_in_flight)
+    policy._kernel_cache[key] = spec
+    return spec
+
+
+def large_kernels(policy: Policy, arch: str) -> list[KernelSpec]:
+    """The large-k path's kernels of one arch, every dtype and mode (none without radix)."""
+    if "radix" not in policy.families:
+        return []
+    return [large_kernel(policy, arch, dtype, mode) for dtype in policy.dtypes for mode in MODES]
+
+
 def plan(policy: Policy, arch: str) -> list[KernelSpec]:
     """The AOT kernel set of one arch, in a stable order (dispatch order, dtype, K, mode)."""
     _check_arch(policy, arch)
@@ -109,7 +147,7 @@ def all_kernels(policy: Policy, arch: str) -> list[KernelSpec]:
     """Every kernel of one arch that some rule declares, AOT or JIT, in every dtype, in a
     stable order (dispatch order, dtype, K, mode): all that a runtime may be asked for."""
     return [spec for rule in policy.rules for dtype in policy.dtypes
-            for spec in kernels_of_rule(policy, rule, arch, dtype)]
+            for spec in kernels_of_rule(policy, rule, arch, dtype)] + large_kernels(policy, arch)
 
 
 def jit_plan(policy: Policy, arch: str) -> list[KernelSpec]:

@@ -10,9 +10,9 @@ from typing import Iterable
 from topkgen.common import suggest
 from topkgen.policy.split import ROWS_MAX, ChunkPlan
 from topkgen.policy.model import (
-    DTYPE_SIZES, DispatchError, K_MAX, KernelSpec, N_MAX, SHARED_BYTES_PER_BLOCK, Policy, Rule, Selection,
+    DTYPE_SIZES, LARGE_K_PATH, DispatchError, KernelSpec, N_MAX, SHARED_BYTES_PER_BLOCK, Policy, Rule, Selection,
     SplitTuning, VECTOR_BYTES)
-from topkgen.policy.planning import _built_mode, _check_arch, kernels_of_rule
+from topkgen.policy.planning import _built_mode, _check_arch, kernels_of_rule, large_kernel, largest_rung
 
 
 def _rule_matches(policy: Policy, rule: Rule, arch: str, dtype: str, k: int, n: int,
@@ -46,6 +46,9 @@ def select(policy: Policy, arch: str, dtype: str, k: int, n: int, deterministic:
     if not jit and dtype not in policy.aot_dtypes:
         raise DispatchError(f"dtype: '{dtype}' has no AOT kernels and JIT is disabled")
     mode = "deterministic" if deterministic else "fast"
+    largest = largest_rung(policy, arch, dtype)
+    if k > largest:
+        return _large(policy, arch, dtype, k, n, mode, largest, jit, rows)
     skipped: list[str] = []
     for rule in policy.rules:
         spec = _rule_matches(policy, rule, arch, dtype, k, n, mode)
@@ -67,6 +70,29 @@ def select(policy: Policy, arch: str, dtype: str, k: int, n: int, deterministic:
         return Selection(spec, "aot" if spec.aot else "jit", rule.name, why, tuple(skipped), split)
     raise DispatchError(f"no kernel serves arch={arch} dtype={dtype} k={k} n={n} mode={mode}"
                         f"{' without JIT' if not jit else ''}")
+
+
+def _large(policy: Policy, arch: str, dtype: str, k: int, n: int, mode: str, largest: int, jit: bool,
+           rows: int | None) -> Selection:
+    """The large-k path's answer: k above every K rung of (arch, dtype)."""
+    if not jit:
+        raise DispatchError(f"no kernel serves arch={arch} dtype={dtype} k={k} n={n} mode={mode} without JIT "
+                            f"(k above the largest K rung {largest} is served by the large-k path, compiled on "
+                            f"first use)")
+    spec = large_kernel(policy, arch, dtype, mode)
+
+    def why() -> str:
+        reason = (f"k={k} is above the largest K rung {largest} of the rules for {arch} {dtype}: the large-k path "
+                  f"(built in, after every rule) serves k {spec.k_min}..n, any n: one CTA of {spec.threads} threads "
+                  f"per row finds the k-th key by radix select over the whole row, gathers the k survivors (the "
+                  f"keys above it, then its ties{', the lowest indices first' if mode == 'deterministic' else ''}) "
+                  f"into the row's slots of the indices output and sorts them there, in global memory: no "
+                  f"workspace, no host synchronisation; mode {mode}; JIT: compiled on first use, never in the bundle")
+        if rows is None:
+            return reason
+        return f"{reason}; not split: the large-k path runs one CTA per row"
+
+    return Selection(spec, "jit", LARGE_K_PATH, why, (), None)
 
 
 def unknown_dtype(dtype: str, known: Iterable[str]) -> DispatchError:
@@ -98,7 +124,7 @@ def resident_elements(spec: KernelSpec) -> int:
 def split_capable(spec: KernelSpec) -> bool:
     """Whether a kernel can run on chunks and merge candidates (it takes chunk, row_stride
     and x_indices: the radix family)."""
-    return spec.family == "radix"
+    return spec.family == "radix" and spec.work != "large"
 
 
 def _split(policy: Policy, arch: str, spec: KernelSpec, rows: int | None, n: int, k: int) -> ChunkPlan | None:
@@ -157,9 +183,9 @@ def _split_reason(tuning: SplitTuning | None, spec: KernelSpec, rows: int, n: in
 
 
 def check_shape(k: int, n: int) -> None:
-    """Refuse a (k, n) outside the dispatch domain, 1 <= k <= K_MAX, k <= n <= N_MAX, with
-    the message every loader gives (the manifest's table lookups call this too)."""
-    _check_counts(("k", k, K_MAX), ("n", n, N_MAX))
+    """Refuse a (k, n) outside the dispatch domain, 1 <= k <= n <= N_MAX, with the message
+    every loader gives (the manifest's table lookups call this too)."""
+    _check_counts(("k", k, N_MAX), ("n", n, N_MAX))
     if k > n:
         raise DispatchError(f"k: must be <= n, got k={k} > n={n}")
 
