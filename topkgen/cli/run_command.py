@@ -46,6 +46,9 @@ Reading bfloat16 results back (numpy has no bfloat16 type: they are
 @K_OPTION
 @click.option("--smallest", is_flag=True, help="The k smallest instead of the k largest.")
 @click.option("--deterministic", is_flag=True, help="Ties by lower index, bit-exact run to run.")
+@click.option("--unsorted", is_flag=True, help="No promised order of each row's k (sorted=False).")
+@click.option("--index-dtype", "index_dtype", type=click.Choice(["int64", "int32"]), default="int64",
+              show_default=True, help="The indices' type.")
 @click.option("--dtype", type=DtypeType(("bfloat16", "float16")), default=None,
               help="What raw uint16 input holds: bfloat16 (default) or float16 (bf16, fp16 too).")
 @click.argument("input_path", metavar="IN.npy", type=PathArg(dir_okay=False))
@@ -54,7 +57,8 @@ Reading bfloat16 results back (numpy has no bfloat16 type: they are
                    "printed.")
 @click.option("--force", is_flag=True, help="Replace -o even when it is not the output of an earlier run.")
 def run(bundle_dir: str, arch: str | None, backend: str, k: int, smallest: bool, deterministic: bool,
-        dtype: str | None, input_path: str, output_path: str | None, force: bool) -> None:
+        unsorted: bool, index_dtype: str, dtype: str | None, input_path: str, output_path: str | None,
+        force: bool) -> None:
     """Top-k over the last dimension of IN.npy with the bundle's kernels (or JIT)."""
     import io
 
@@ -82,9 +86,11 @@ def run(bundle_dir: str, arch: str | None, backend: str, k: int, smallest: bool,
         except TopKError as err:
             raise InputError(f"{input_path}: {found}{list(x.shape)}: {err}") from None
         if backend == "cuda":
-            values, indices = _run_on_gpu(op, x, k, smallest, deterministic, name)
+            values, indices = _run_on_gpu(op, x, k, smallest, deterministic, name, not unsorted)
+            indices = indices.astype(index_dtype)  # on the host: every index < n fits int32
         else:
-            values, indices = op(x, k, largest=not smallest, deterministic=deterministic, dtype=name)
+            values, indices = op(x, k, largest=not smallest, deterministic=deterministic, sorted=not unsorted,
+                                 index_dtype=index_dtype, dtype=name)
     except NoGpuError as err:
         raise InputError(f"{err}; without a GPU, run the same kernels on the CPU: --backend emulator "
                          f"--arch {arch or _first_arch(bundle_dir)}") from None
@@ -101,7 +107,7 @@ def run(bundle_dir: str, arch: str | None, backend: str, k: int, smallest: bool,
     except OSError as err:
         raise InputError(f"-o {output_path}: cannot write: {err.strerror}") from None
     click.echo(f"{printable(output_path)}: values {values.dtype}{list(values.shape)}, "
-               f"indices int64{list(indices.shape)} {by}")
+               f"indices {indices.dtype}{list(indices.shape)} {by}")
 
 
 def _first_arch(bundle_dir: str) -> str:
@@ -138,7 +144,8 @@ def _print_rows(input_path: str, shape: tuple[int, ...], dtype: str, values: Any
         click.echo(f"  ... {rows - ROWS_SHOWN} more rows; -o OUT.npz saves them all")
 
 
-def _run_on_gpu(op: Any, x: Any, k: int, smallest: bool, deterministic: bool, dtype: str | None):
+def _run_on_gpu(op: Any, x: Any, k: int, smallest: bool, deterministic: bool, dtype: str | None,
+                sorted_: bool = True):
     """Host arrays go through device buffers that cuda.core allocates."""
     import numpy as np
 
@@ -151,6 +158,7 @@ def _run_on_gpu(op: Any, x: Any, k: int, smallest: bool, deterministic: bool, dt
     shape = (*x.shape[:-1], k)
     values = DeviceArray.empty(shape, x.dtype, device, stream)
     indices = DeviceArray.empty(shape, np.dtype(np.int64), device, stream)
-    op(dx, k, largest=not smallest, deterministic=deterministic, out=(values, indices), dtype=dtype, stream=stream)
+    op(dx, k, largest=not smallest, deterministic=deterministic, sorted=sorted_, out=(values, indices), dtype=dtype,
+       stream=stream)
     stream.sync()
     return values.to_host(stream), indices.to_host(stream)

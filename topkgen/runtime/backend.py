@@ -71,6 +71,7 @@ class _Work:
     params: list[dict[str, str]]
     stages: list[Stage]
     plan: ChunkPlan | None
+    index_dtype: str = "int64"  # the indices the caller gets; the kernels write int64 (narrowed after)
 
 
 def launch_arguments(spec: Any, x: Any, values: Any, indices: Any, rows: int, n: int, k: int, largest: bool) -> list[Any]:
@@ -120,10 +121,11 @@ class _Backend:
     def view(self, x: Any, dtype: str | None) -> _View:
         raise NotImplementedError
 
-    def check(self, view: _View, k: int, out: Any, workspace: Any, plan: ChunkPlan | None) -> _Arrays:
+    def check(self, view: _View, k: int, out: Any, workspace: Any, plan: ChunkPlan | None,
+              index_dtype: str = "int64") -> _Arrays:
         """Every check of `out` and `workspace` (`plan`: how the call splits, None when it
-        does not), made before the kernel is loaded: nothing is compiled for a call that is
-        refused."""
+        does not; `index_dtype`: what out[1] holds), made before the kernel is loaded: nothing
+        is compiled for a call that is refused."""
         raise NotImplementedError
 
     def load_aot(self, name: str, cubin: bytes, symbol: str, source: str) -> Any:
@@ -141,6 +143,14 @@ class _Backend:
 
 
 OUT_LABELS = ("out[0] (values)", "out[1] (indices)")
+INDEX_DTYPES = ("int64", "int32")  # int64: torch's and the kernels'; int32 is narrowed from it
+
+
+def index_dtype_of(value: Any) -> str:
+    """The index_dtype argument, checked: "int64" (the default) or "int32"."""
+    if not isinstance(value, str) or value not in INDEX_DTYPES:
+        raise TopKError(f"index_dtype: expected 'int64' or 'int32', got {value!r}")
+    return value
 # Both backends refuse a masked x (numpy.ma, or a __cuda_array_interface__ with a mask): the
 # kernels read every element, so a masked one could be returned as a top value.
 MASKED = ("a masked array: the kernels would read its masked elements as values; fill them first "

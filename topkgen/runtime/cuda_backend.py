@@ -141,7 +141,8 @@ class _CudaBackend(_Backend):
         compiled = compile_kernel(source, name, arch)  # cached on disk, shared by processes
         return self.load_aot(name, compiled.cubin, compiled.symbol, source)
 
-    def check(self, view: _View, k: int, out: Any, workspace: Any, plan: ChunkPlan | None) -> _Arrays:
+    def check(self, view: _View, k: int, out: Any, workspace: Any, plan: ChunkPlan | None,
+              index_dtype: str = "int64") -> _Arrays:
         shape = (*view.shape[:-1], k)
         size = DTYPE_SIZES[view.dtype]  # of uint16 values too
         pointers = {"x": int(view.ptr)}
@@ -151,8 +152,12 @@ class _CudaBackend(_Backend):
                 raise TopKError("out: pass (values, indices) device arrays for inputs that are not torch tensors")
         else:
             out = _out_pair(out)
-            for array, dtypes, label, itemsize in zip(out, (_value_types(view.dtype), ("int64",)), OUT_LABELS,
-                                                      (size, 8)):
+            if index_dtype == "int32" and _torch_of(out[1]) is None:
+                raise TopKError("index_dtype: int32 indices on the cuda backend are narrowed from int64 by torch: "
+                                "pass torch tensors (or index_dtype='int64')")
+            index_bytes = 4 if index_dtype == "int32" else 8
+            for array, dtypes, label, itemsize in zip(out, (_value_types(view.dtype), (index_dtype,)), OUT_LABELS,
+                                                      (size, index_bytes)):
                 ptr, found_shape, strides, found = _device_array(array, label, written=True)
                 check_device(label, array, self.device_id)
                 _check_out(label, shape, found_shape, _c_contiguous(found_shape, strides), dtypes, found)
@@ -177,7 +182,7 @@ class _CudaBackend(_Backend):
         if arrays.out is None:  # torch input (check refused any other): outputs on x's device
             shape = (*view.shape[:-1], k)
             values = torch.empty(shape, dtype=view.array.dtype, device=view.array.device)
-            indices = torch.empty(shape, dtype=torch.int64, device=view.array.device)
+            indices = torch.empty(shape, dtype=getattr(torch, work.index_dtype), device=view.array.device)
             pointers = {"x": arrays.pointers["x"], "values": values.data_ptr(), "indices": indices.data_ptr()}
         else:
             values, indices = arrays.out
@@ -186,6 +191,12 @@ class _CudaBackend(_Backend):
         if not work.stages:  # an empty batch launches nothing
             return values, indices
         cuda_stream = self._stream(stream, view.array)
+        wide = None  # int32 indices: the kernels write int64 scratch, narrowed on the stream after them
+        if work.index_dtype == "int32":
+            torch = _torch_of(indices)
+            with torch.cuda.stream(torch.cuda.ExternalStream(int(cuda_stream.handle), device=indices.device)):
+                wide = torch.empty(tuple(indices.shape), dtype=torch.int64, device=indices.device)
+            pointers["indices"] = wide.data_ptr()
         release = None
         if work.plan is not None:
             base, release = self._workspace(work.plan, arrays.workspace, cuda_stream, torch, view.array)
@@ -204,6 +215,9 @@ class _CudaBackend(_Backend):
             core.launch(cuda_stream, config, work.kernel, *arguments(work.params, stage, pointers, 0))
         if release is not None:
             release()
+        if wide is not None:
+            with torch.cuda.stream(torch.cuda.ExternalStream(int(cuda_stream.handle), device=indices.device)):
+                indices.copy_(wide)  # every index < n <= 2^31 - 1 fits
         return values, indices
 
     def _workspace(self, plan: ChunkPlan, space: tuple[int, int] | None, cuda_stream: Any, torch: Any, array: Any):

@@ -37,11 +37,12 @@ class _EmulatorBackend(_Backend):
 
         return compile_source(source, name=name, announce=_announce)
 
-    def check(self, view: _View, k: int, out: Any, workspace: Any, plan: ChunkPlan | None) -> _Arrays:
+    def check(self, view: _View, k: int, out: Any, workspace: Any, plan: ChunkPlan | None,
+              index_dtype: str = "int64") -> _Arrays:
         shape = (*view.shape[:-1], k)
         if out is not None:
             out = _out_pair(out)
-            for array, dtypes, label in zip(out, (_value_types(view.dtype), ("int64",)), OUT_LABELS):
+            for array, dtypes, label in zip(out, (_value_types(view.dtype), (index_dtype,)), OUT_LABELS):
                 _host_array(array, label)
                 _check_out(label, shape, array.shape, array.flags.c_contiguous, dtypes, str(array.dtype))
         if workspace is not None:
@@ -73,8 +74,10 @@ class _EmulatorBackend(_Backend):
                                shared_bytes=work.launch.dynamic_shared_bytes)
         if out is not None:  # the bits, into uint16 values too
             out[0][...] = values.reshape(shape).view(out[0].dtype)
-            out[1][...] = indices.reshape(shape)
+            out[1][...] = indices.reshape(shape)  # narrowed to int32 when out[1] is int32: every index < n
             return out
+        if work.index_dtype == "int32":
+            indices = indices.astype(np.int32)
         return values.reshape(shape), indices.reshape(shape)
 
     @staticmethod

@@ -23,7 +23,7 @@ from topkgen.policy.explain import Explanation, explain
 from topkgen.build.render import render
 from topkgen.policy.split import ChunkPlan, stages
 from topkgen.common.suggest import did_you_mean
-from topkgen.runtime.backend import Launch, TopKError, _Backend, _Work, _dtype
+from topkgen.runtime.backend import Launch, TopKError, _Backend, _Work, _dtype, index_dtype_of
 from topkgen.runtime.binary import Binary, NoBinaryError, resolve, shared_from_manifest
 from topkgen.runtime.cuda_backend import _CudaBackend
 from topkgen.runtime.emulator_backend import _EmulatorBackend
@@ -182,6 +182,7 @@ class TopK:
 
     # ------------------------------------------------------------------ running
     def __call__(self, x: Any, k: int, *, largest: bool = True, deterministic: bool = False,
+                 sorted: bool = True, index_dtype: str = "int64",  # noqa: A002 (torch.topk's name)
                  out: tuple[Any, Any] | None = None, dtype: str | None = None, stream: Any = None,
                  workspace: Any = None):
         """Returns (values, indices) of the k largest (or smallest) along the last dimension,
@@ -194,24 +195,30 @@ class TopK:
         `out`: (values, indices), contiguous, of x's leading shape and k; values of x's type
         (or uint16 bits for 16-bit types), indices int64. Neither `out` nor `workspace` may
         share memory with x or with each other. `dtype` (short spellings too: bf16, fp16)
-        says what raw uint16 input holds. Every argument is checked before a kernel is loaded
-        (or JIT-compiled), in the same order by both backends: a refused call costs no compile."""
+        says what raw uint16 input holds. `sorted=False` promises no order (this version
+        serves it with the same launches, so the order is the sorted one; deterministic mode:
+        the sorted call's set, in the same order run to run); `index_dtype` "int64" (torch's)
+        or "int32" (narrowed from the kernels' int64; `out[1]` follows it). Every argument is
+        checked before a kernel is loaded (or JIT-compiled), in the same order by both
+        backends: a refused call costs no compile."""
         view = self._backend.view(x, dtype)
         k, largest = _integer("k", k), _flag("largest", largest)
+        _flag("sorted", sorted)
+        index_dtype = _index_dtype(index_dtype)
         self._backend.check_stream(stream)
         if k < 0:
             raise TopKError(f"k: must be >= 0 (0 returns empty results), got {k}")
         if k == 0:  # as torch.topk: empty values and indices of shape [..., 0]; nothing launched
             _flag("deterministic", deterministic)
-            arrays = self._backend.check(view, 0, out, workspace, None)
-            return self._backend.run(_Work(None, "", Launch(1, 1, 0), [], [], None), view, 0, arrays, stream)
+            arrays = self._backend.check(view, 0, out, workspace, None, index_dtype)
+            return self._backend.run(_Work(None, "", Launch(1, 1, 0), [], [], None, index_dtype), view, 0, arrays, stream)
         choice = self.choose(view.dtype, k, view.n, deterministic, view.rows)
         plan = ChunkPlan(view.rows, view.n, k, choice.chunks, DTYPE_SIZES[view.dtype]) if choice.chunks > 1 else None
-        arrays = self._backend.check(view, k, out, workspace, plan)
+        arrays = self._backend.check(view, k, out, workspace, plan, index_dtype)
         kernel = self._kernel(choice) if view.rows else None  # an empty batch loads and compiles nothing
         entry = self._entries[choice.kernel]
         work = _Work(kernel, choice.kernel, Launch.of(entry), entry["params"],
-                     stages(view.rows, view.n, k, largest, plan) if view.rows else [], plan)
+                     stages(view.rows, view.n, k, largest, plan) if view.rows else [], plan, index_dtype)
         return self._backend.run(work, view, k, arrays, stream)
 
 
@@ -241,6 +248,10 @@ def _integer(label: str, value: Any) -> int:
         return as_integer(label, value)
     except DispatchError as err:
         raise TopKError(str(err)) from None
+
+
+def _index_dtype(value: Any) -> str:
+    return index_dtype_of(value)
 
 
 def _flag(label: str, value: Any) -> bool:
