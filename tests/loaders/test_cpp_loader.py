@@ -293,7 +293,7 @@ RAW_CASES = {
     "binary": (lambda raw: b"\x93NUMPY\x01\x00v\x00{'descr': '<f4'}" + raw,  # a .npy given for a bundle's manifest
                lambda raw: ":1:1: not UTF-8: byte 0x93 cannot be decoded; the file is binary (it holds NUL bytes), "
                            "not text"),
-    "duplicate key": (lambda raw: raw.replace(b"{", b'{\n  "schema_version": 3,', 1),  # named where written last
+    "duplicate key": (lambda raw: raw.replace(b"{", b'{\n  "schema_version": 4,', 1),  # named where written last
                       lambda raw: f":{_at(raw, raw.rindex(VERSION_KEY))}: duplicate key " + '"schema_version"'),
     "bidirectional control": (lambda raw: raw.replace(b'"topkgen"', b'"' + BIDI + b'"', 1),
                               lambda raw: f":{_at(raw, raw.index(BIDI) + 7)}: U+202E, a bidirectional control, "
@@ -307,16 +307,16 @@ RAW_CASES = {
                                               lambda raw: ": kernels[0].launch.dynamic_shared_bytes: 1099511627776 "
                                                           "is greater than the maximum 232448"),
     "schema_version 3.0": (_set(("schema_version",), 3.0),
-                           lambda raw: ": schema_version: 3.0 is not supported (this topkgen reads version 3)"),
+                           lambda raw: ": schema_version: 3.0 is not supported (this topkgen reads version 4)"),
     "schema_version true": (_set(("schema_version",), True),
-                            lambda raw: ": schema_version: true is not supported (this topkgen reads version 3)"),
+                            lambda raw: ": schema_version: true is not supported (this topkgen reads version 4)"),
     "a float for an integer": (_set(("kernels", 0, "k"), 64.0),
                                lambda raw: ": kernels[0].k: expected integer, got 64.0"),
     "an integer beyond 64 bits": (_set(("kernels", 0, "launch", "threads_per_block"), 2**70),
                                   lambda raw: f":{_at(raw, raw.index(str(2**70).encode()))}: the integer {2**70} "
                                               f"does not fit in 64 bits"),
     # were an unnamed nlohmann error in C++ ("number overflow parsing '1E400'") and inf in Python
-    "a number beyond a double": (lambda raw: raw.replace(VERSION_KEY + b" 3", VERSION_KEY + b" -1E400", 1),
+    "a number beyond a double": (lambda raw: raw.replace(VERSION_KEY + b" 4", VERSION_KEY + b" -1E400", 1),
                                  lambda raw: f":{_at(raw, raw.index(b'-1E400'))}: the number -1E400 is beyond the "
                                              f"range of a double"),
     # floats as Python's repr writes them: nlohmann wrote 1e+15 and 2.3782631626533768e+16
@@ -327,7 +327,7 @@ RAW_CASES = {
     # as json.dumps writes it: nlohmann wrote {"a":1,"b":[2.5,"é"]}
     "schema_version a mapping": (_set(("schema_version",), {"a": 1, "b": [2.5, "\u00e9"]}),
                                  lambda raw: ': schema_version: {"a": 1, "b": [2.5, "\\u00e9"]} is not supported '
-                                             '(this topkgen reads version 3)'),
+                                             '(this topkgen reads version 4)'),
     "an invisible character where a number goes": (_set(("kernels", 0, "k"), "\u200b"),
                                                    lambda raw: ": kernels[0].k: expected integer, got '\\u200b'"),
 }
@@ -346,7 +346,7 @@ SYNTAX_CASES = {
                         "Expecting ',' delimiter"),
     "a missing colon": (lambda raw: raw.replace(b'"archs":', b'"archs"', 1), lambda raw: raw.index(b"["),
                         "Expecting ':' delimiter"),
-    "a missing value": (lambda raw: raw.replace(VERSION_KEY + b" 3", VERSION_KEY, 1),
+    "a missing value": (lambda raw: raw.replace(VERSION_KEY + b" 4", VERSION_KEY, 1),
                         lambda raw: raw.index(VERSION_KEY) + len(VERSION_KEY), "Expecting value"),
     "a trailing comma": (lambda raw: raw[:-3] + b",\n}\n", lambda raw: raw.rindex(b"}"),
                          "Expecting property name enclosed in double quotes"),
@@ -358,9 +358,9 @@ SYNTAX_CASES = {
                           "Invalid \\escape"),
     "a short \\u escape": (lambda raw: raw.replace(SM90, b'"sm\\u90"', 1), lambda raw: raw.index(b"sm\\u") + 3,
                             "Invalid \\uXXXX escape"),
-    "a number ending in a dot": (lambda raw: raw.replace(VERSION_KEY + b" 3", VERSION_KEY + b" 3.", 1),
+    "a number ending in a dot": (lambda raw: raw.replace(VERSION_KEY + b" 4", VERSION_KEY + b" 4.", 1),
                                  lambda raw: raw.index(VERSION_KEY) + len(VERSION_KEY) + 2, "Expecting ',' delimiter"),
-    "a leading zero": (lambda raw: raw.replace(VERSION_KEY + b" 3", VERSION_KEY + b" 03", 1),
+    "a leading zero": (lambda raw: raw.replace(VERSION_KEY + b" 4", VERSION_KEY + b" 04", 1),
                        lambda raw: raw.index(VERSION_KEY) + len(VERSION_KEY) + 2, "Expecting ',' delimiter"),
     "a comment": (lambda raw: b"// the bundle's manifest\n" + raw, lambda raw: 0, "Expecting value"),
     "a second document": (lambda raw: raw + b"{}\n", lambda raw: raw.rindex(b"{"), "Extra data"),
@@ -937,3 +937,32 @@ def test_gpu_check_launches_every_aot_kernel_through_both_loaders(cpp, built_bun
         assert [op.choose(dtype, k, n, det).kernel for _, dtype, k, n, det in cases] == [c[0] for c in cases]
         shapes = [(arch, dtype, k, n, det, False) for _, dtype, k, n, det in cases]
         assert cpp_select(cpp, built_bundle, shapes) == [c[0] for c in cases]
+
+
+def test_both_loaders_refuse_a_schema_3_manifest_by_its_version(cpp, built_bundle, tmp_path):
+    """Schema 4 (issue 29) serves k up to n and has `options`; a schema-3 bundle, whose table
+    stops at k = 1024, is refused by its version, in the same words, before anything else."""
+    root = tmp_path / "bundle"
+    shutil.copytree(built_bundle, root)
+    doc = json.loads((root / "manifest.json").read_text())
+    doc["schema_version"] = 3
+    del doc["options"]
+    (root / "manifest.json").write_text(json.dumps(doc))
+    assert _both_refuse(cpp, root) == (": schema_version: 3 stops k at 1024 and has no options (sorted, "
+                                       "index_dtype); rebuild the bundle (topkgen build)")
+    assert json.loads((built_bundle / "manifest.json").read_text())["options"] == {
+        "unsorted": "same_launches", "index_dtypes": ["int64", "int32"], "int32_indices": "narrow_int64"}
+
+
+def test_the_cpp_loader_serves_every_k(cpp, built_bundle):
+    """k above 1024 dispatches to the JIT-only K=2048/4096 tier, above 4096 to the large-k path,
+    as select says; without JIT nothing serves them."""
+    lines = "sm_90 bfloat16 2048 163840 fast 1 1\nsm_90 float32 40000 163840 deterministic 1\n" \
+            "sm_100 float16 4097 4097 fast 1\nsm_90 float32 2048 4096 fast 0\n"
+    proc = subprocess.run([str(cpp), "select", str(built_bundle)], input=lines, capture_output=True, text=True,
+                          timeout=60)
+    out = proc.stdout.splitlines()
+    assert out[0].startswith("topk_radix_dyn_k2048_fast_bf16_sm_90 4 "), out
+    assert out[1] == "topk_radix_large_det_f32_sm_90", out
+    assert out[2] == "topk_radix_large_fast_f16_sm_100", out
+    assert "no kernel serves arch=sm_90 dtype=float32 k=2048 n=4096 mode=fast without JIT" in proc.stderr + proc.stdout

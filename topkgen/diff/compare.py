@@ -23,8 +23,9 @@ from topkgen.policy.split import ROWS_MAX
 from topkgen.build.sources import Templates
 from topkgen.diff.regions import dispatch_regions
 from topkgen.diff.sides import DiffInputError, Side
-DEFAULT_KS = (1, 16, 32, 64, 100, 128, 256, 512, 1024)
-DEFAULT_NS = (64, 256, 1000, 1024, 2048, 4096, 8192, 16384, 32768, 131072)
+# k above 1024 too (issue 29): the K=2048 and 4096 rungs, and 10000 and 40000 on the large-k path
+DEFAULT_KS = (1, 16, 32, 64, 100, 128, 256, 512, 1024, 2048, 4096, 10000, 40000)
+DEFAULT_NS = (64, 256, 1000, 1024, 2048, 4096, 8192, 16384, 32768, 131072, 163840)
 DEFAULT_ROWS = (1, 64, 4096)  # a sampling step, a small batch, a large one: the split depends on rows
 UNSUPPORTED = "unsupported"
 MOVES = ("jit -> aot", "aot -> jit", "kernel -> kernel", "split", "served -> unsupported", "unsupported -> served")

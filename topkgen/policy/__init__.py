@@ -40,5 +40,5 @@ __all__ = [
     "_data_dir", "load", "read_file", "loads", "arch_capability", "block_shape", "kernels_of_rule",
     "plan", "jit_kernels", "all_kernels", "jit_plan", "in_policy_order", "largest_rung", "large_kernel", "select", "unknown_dtype",
     "check_rows", "resident_elements", "split_capable", "check_shape", "as_integer", "as_flag",
-    "COVERAGE_RULE", "GAP_FIX_JIT", "GAP_FIX_AOT"
+    "COVERAGE_RULE", "GAP_FIX_JIT", "GAP_FIX_AOT", "ROWS_MAX"
 ]

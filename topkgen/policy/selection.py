@@ -76,9 +76,8 @@ def _large(policy: Policy, arch: str, dtype: str, k: int, n: int, mode: str, lar
            rows: int | None) -> Selection:
     """The large-k path's answer: k above every K rung of (arch, dtype)."""
     if not jit:
-        raise DispatchError(f"no kernel serves arch={arch} dtype={dtype} k={k} n={n} mode={mode} without JIT "
-                            f"(k above the largest K rung {largest} is served by the large-k path, compiled on "
-                            f"first use)")
+        # worded as every loader's table lookup words it: the large-k path is JIT-only
+        raise DispatchError(f"no kernel serves arch={arch} dtype={dtype} k={k} n={n} mode={mode} without JIT")
     spec = large_kernel(policy, arch, dtype, mode)
 
     def why() -> str:

@@ -62,10 +62,9 @@ class Error : public std::runtime_error {
   using std::runtime_error::runtime_error;
 };
 
-constexpr std::int64_t K_MAX = 1024;
 constexpr std::int64_t N_MAX = 2147483647;
 constexpr std::int64_t ROWS_MAX = 2147483647;
-constexpr int SCHEMA_VERSION = 3;
+constexpr int SCHEMA_VERSION = 4;  // 4: k up to n (K rungs to 4096, the large-k path), options
 constexpr std::uint64_t WORKSPACE_ALIGN = 256;  // candidate values start at a multiple of it (topkgen.policy.split)
 constexpr std::uint64_t WORKSPACE_ALIGNMENT = 16;  // and the workspace itself at a multiple of this
 constexpr std::int64_t GRID_MAX = 2147483647;      // CTAs of one launch (grid.x)
@@ -1284,11 +1283,11 @@ struct List {
     std::set<std::int64_t> starts{1};
     for (const Row& r : rows) {
       starts.insert(r.k_lo);
-      if (r.k_hi < K_MAX) starts.insert(r.k_hi + 1);
+      if (r.k_hi < N_MAX) starts.insert(r.k_hi + 1);
     }
     k_starts.assign(starts.begin(), starts.end());
     for (std::size_t si = 0; si < k_starts.size(); ++si) {
-      std::int64_t a = k_starts[si], b = si + 1 < k_starts.size() ? k_starts[si + 1] - 1 : K_MAX;
+      std::int64_t a = k_starts[si], b = si + 1 < k_starts.size() ? k_starts[si + 1] - 1 : N_MAX;
       budget.spend(rows.size(), path, doc);
       std::vector<std::size_t> spanning;
       for (std::size_t i = 0; i < rows.size(); ++i)
@@ -1563,7 +1562,7 @@ class Bundle {
 
   static void check_shape(std::int64_t k, std::int64_t n) {
     if (k <= 0) throw Error("k: must be >= 1, got " + std::to_string(k));
-    if (k > K_MAX) throw Error("k: must be <= " + std::to_string(K_MAX) + ", got " + std::to_string(k));
+    if (k > N_MAX) throw Error("k: must be <= " + std::to_string(N_MAX) + ", got " + std::to_string(k));
     if (n <= 0) throw Error("n: must be >= 1, got " + std::to_string(n));
     if (n > N_MAX) throw Error("n: must be <= " + std::to_string(N_MAX) + ", got " + std::to_string(n));
     if (k > n) throw Error("k: must be <= n, got k=" + std::to_string(k) + " > n=" + std::to_string(n));
@@ -1577,6 +1576,9 @@ class Bundle {
       throw Error(doc_.file + ": schema_version: 1 has no dispatch table; rebuild the bundle (topkgen build)");
     if (integer && *it == 2)
       throw Error(doc_.file + ": schema_version: 2 has no batch size in its dispatch table; rebuild the bundle (topkgen build)");
+    if (integer && *it == 3)
+      throw Error(doc_.file + ": schema_version: 3 stops k at 1024 and has no options (sorted, index_dtype); rebuild "
+                  "the bundle (topkgen build)");
     throw Error(doc_.file + ": schema_version: " + (it == m.end() ? std::string("null") : detail::py_dumps(*it)) +
                 " is not supported (this topkgen reads version " + std::to_string(SCHEMA_VERSION) + ")");
   }
@@ -1598,8 +1600,8 @@ class Bundle {
         e.symbol = doc_.str(j, "symbol", e.field);
         e.path = doc_.str(j, e.aot ? "cubin" : "source", e.field);
         e.sha256 = doc_.str(j, "sha256", e.field);
-        e.k = doc_.integer(j, "k", e.field, 1, K_MAX);
-        e.k_min = doc_.integer(j, "k_min", e.field, 1, K_MAX);
+        e.k = doc_.integer(j, "k", e.field, 1, N_MAX);
+        e.k_min = doc_.integer(j, "k_min", e.field, 1, N_MAX);
         const detail::json& window = doc_.at(j, "n_window", e.field);
         e.n_min = doc_.integer(window, "min", e.field + ".n_window", 1, N_MAX);
         e.n_max = doc_.integer(window, "max", e.field + ".n_window", 1, N_MAX);
@@ -1668,7 +1670,7 @@ class Bundle {
           detail::List& list = tables_[arch][dtype][mode];
           for (std::size_t i = 0; i < rows.size(); ++i) {
             const std::string rf = path + "[" + std::to_string(i) + "]";
-            auto [k_lo, k_hi] = doc_.pair(rows[i], "k", rf, K_MAX);
+            auto [k_lo, k_hi] = doc_.pair(rows[i], "k", rf, N_MAX);
             auto [n_lo, n_hi] = doc_.pair(rows[i], "n", rf, N_MAX);
             auto [r_lo, r_hi] = doc_.pair(rows[i], "rows", rf, ROWS_MAX);
             list.rows.push_back({k_lo, k_hi, n_lo, n_hi, r_lo, r_hi, nullptr, nullptr, 1, 0});
