@@ -79,7 +79,7 @@ def test_default_bundle_has_58_cubins_for_sm90_and_sm100(default_bundle):
             vectors = int(entry["work_rung"].split("=")[1]) if entry["work"] == "fixed_vec" else 4
             assert entry["loads_in_flight"] == (1 if entry["k"] == 1024 else min(4, vectors))
     assert {t["rule"] for t in manifest["jit_only"]} == {"reg_exact_k16_n2048", "reg_exact_k32_n256",
-                                                        "reg_exact_k16_n1024_sm100"}
+                                                        "reg_exact_k16_n1024_sm100", "radix_k2048_k4096"}
     text = (out / "manifest.json").read_text()
     assert str(base) not in text and os.sep + "work" not in text  # no absolute paths
 
@@ -92,7 +92,7 @@ def test_jit_kernels_ship_their_rendered_source_and_exact_options(default_bundle
     for arch in ("sm_90", "sm_100"):
         specs = {s.name: s for s in pol.jit_plan(policy, arch)}
         shipped = {e["name"]: e for e in manifest["jit_kernels"] if e["arch"] == arch}
-        assert set(shipped) == set(specs) and len(shipped) == {"sm_90": 20, "sm_100": 23}[arch]
+        assert set(shipped) == set(specs) and len(shipped) == {"sm_90": 38, "sm_100": 41}[arch]  # 20/23, K=2048/4096 12, large k 6
         assert sorted(p.name for p in (out / "jit" / arch).iterdir()) == sorted(f"{n}.cu" for n in specs)
         for name, entry in shipped.items():
             assert (out / entry["source"]).read_text() == render(specs[name])
@@ -267,7 +267,7 @@ def test_concurrent_builds_into_one_directory(default_bundle, tmp_path):
     assert [p.wait() for p in procs] == [0, 0]
     manifest, root = manifests.load_manifest(out)
     assert len(manifest["kernels"]) == 29
-    assert len(manifests.read_files(root, manifest)) == 29 + {"sm_90": 20, "sm_100": 23}[manifest["archs"][0]]
+    assert len(manifests.read_files(root, manifest)) == 29 + {"sm_90": 38, "sm_100": 41}[manifest["archs"][0]]
     arch = manifest["archs"][0]
     assert sorted(p.name for p in out.iterdir()) == sorted(["manifest.json", arch, "jit"])
     assert sorted(p.name for p in (out / "jit").iterdir()) == [arch]
@@ -331,7 +331,7 @@ def test_builds_into_one_directory_with_different_caches_wait_for_each_other(tmp
                 proc.kill()
                 proc.wait()
     manifest, root = manifests.load_manifest(out)
-    assert len(manifests.read_files(root, manifest)) == 2
+    assert len(manifests.read_files(root, manifest)) == 2 + 2  # and the large-k path's two JIT sources
     assert [p.name for p in out.parent.iterdir()] == ["out"]  # no staging directory, no lock file
 
 

@@ -11,7 +11,7 @@ def test_plan_json_totals_default(cli):
     doc = json.loads(cli("plan", "--format", "json").stdout)
     assert doc["totals"] == {"per_arch": {"sm_90": 29, "sm_100": 29}, "all": 58}
     assert {t["rule"] for t in doc["jit_only"]} == {"reg_exact_k16_n2048", "reg_exact_k32_n256",
-                                                    "reg_exact_k16_n1024_sm100"}
+                                                    "reg_exact_k16_n1024_sm100", "radix_k2048_k4096"}
     assert all(t["reason"] for t in doc["jit_only"])
     assert doc["policy"]["path"] == "policies/topk.yaml"
 

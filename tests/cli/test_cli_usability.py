@@ -62,7 +62,7 @@ def test_option_help_names_the_valid_values():
     arch_line = next(line for line in out.splitlines() if line.strip().startswith("--arch"))
     assert "sm_90, sm_100" in arch_line  # the packaged default policy's archs
     assert "--dtype [float32|bfloat16|float16]" in out and "fp32, bf16, fp16" in out
-    assert "[1<=x<=1024; required]" in out  # --k
+    assert "[1<=x<=2147483647; required]" in out  # --k
     build = CliRunner().invoke(cli_module.main, ["build", "--help"], terminal_width=200).output
     assert f"({console.available_cpus()} here)" in build and "sm_90, sm_100" in build
 

@@ -9,7 +9,7 @@ def test_show_lists_kernels_by_family_with_resources_and_budget(cli, built_bundl
     result = cli("show", built_bundle, "--arch", "sm_90")
     assert result.exit_code == 0, result.stderr
     out = result.stdout
-    assert "manifest schema 3" in out and "policy policies/topk.yaml" in out
+    assert "manifest schema 4" in out and "policy policies/topk.yaml" in out
     assert "sm_90: 29 AOT kernels" in out and "sm_100" not in out
     assert "  family register" in out and "  family radix" in out
     for column in ("serves", "threads", "regs", "spills st/ld", "stack", "smem static", "smem dyn", "cubin bytes",
@@ -17,7 +17,7 @@ def test_show_lists_kernels_by_family_with_resources_and_budget(cli, built_bundl
         assert column in out
     line = next(row for row in out.splitlines() if row.strip().startswith("topk_radix_dyn_k1024_det_f32_sm_90 "))
     assert "1024" in line and "deterministic" in line and "96 regs, no spills" in line
-    assert "sm_90: 20 JIT sources" in out and "topk_register_n2048_k16_det_f16_sm_90" in out
+    assert "sm_90: 38 JIT sources" in out and "topk_register_n2048_k16_det_f16_sm_90" in out
     assert "dispatch sm_90" not in out
 
 
