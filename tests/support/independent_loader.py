@@ -25,13 +25,13 @@ class Refused(Exception):
 class IndependentLoader:
     def __init__(self, bundle_dir: str | Path) -> None:
         self.manifest = json.loads((Path(bundle_dir) / "manifest.json").read_text())
-        if self.manifest["schema_version"] != 3:
-            raise Refused("schema_version is not 3")
+        if self.manifest["schema_version"] != 4:
+            raise Refused("schema_version is not 4")
 
     def pick(self, arch: str, dtype: str, k: int, n: int, deterministic: bool, jit: bool,
              rows: int | None = None) -> tuple[str, int] | None:
         """(the kernel's name, chunks per row), or None where nothing serves the request."""
-        if not (1 <= k <= 1024 and k <= n <= 2147483647) or not (rows is None or 0 <= rows <= ROWS_MAX):
+        if not (1 <= k <= n <= 2147483647) or not (rows is None or 0 <= rows <= ROWS_MAX):
             raise Refused(f"k={k} n={n} rows={rows} is outside the domain")
         table = self.manifest["dispatch"][arch][dtype]["deterministic" if deterministic else "fast"]
         r = rows or ROWS_MAX  # unknown (None) or empty (0): the unsplit row
