@@ -10,11 +10,11 @@ from topkgen import cli as cli_module
 
 USAGE_ERRORS = [
     (["explain", "--arch", "sm_90", "--dtype", "fp32", "--k", "0", "--n", "10"],
-     "topkgen: error: explain: Invalid value for '--k': 0 is not in the range 1<=x<=1024"),
+     "topkgen: error: explain: Invalid value for '--k': 0 is not in the range 1<=x<=2147483647"),
     (["explain", "--arch", "sm_90", "--k", "3", "--n", "10"],
      "topkgen: error: explain: Missing option '--dtype'"),
-    (["run", "--bundle", ".", "--k", "2000", "x.npy"],
-     "topkgen: error: run: Invalid value for '--k': 2000 is not in the range 1<=x<=1024"),
+    (["run", "--bundle", ".", "--k", "0", "x.npy"],
+     "topkgen: error: run: Invalid value for '--k': 0 is not in the range 1<=x<=2147483647"),
     (["plan", "--bogus"], "topkgen: error: plan: No such option: --bogus"),
     (["plan", "extra"], "topkgen: error: plan: Got unexpected extra argument (extra)"),
     (["--color", "bad", "plan"],

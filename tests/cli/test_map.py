@@ -5,6 +5,7 @@ cell is checked against `select`."""
 from __future__ import annotations
 
 import os
+import re
 import subprocess
 import sys
 
@@ -88,11 +89,12 @@ def test_diff_map_draws_the_regions_that_move(tmp_path):
     """`diff --map` draws, per arch, dtype and mode, the (k, n) regions whose dispatch moves."""
     from ..conftest import DEFAULT_POLICY
 
-    new = tmp_path / "new.yaml"
-    new.write_text(DEFAULT_POLICY.read_text().replace("rows_below: 96", "rows_below: 32", 1))
+    old, new = tmp_path / "old.yaml", tmp_path / "new.yaml"
+    old.write_text(re.sub(r"rows_below: \d+", "rows_below: 96", DEFAULT_POLICY.read_text()))
+    new.write_text(old.read_text().replace("rows_below: 96", "rows_below: 32", 1))
     out = tmp_path / "moves.svg"
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run([sys.executable, "-m", "topkgen", "diff", str(DEFAULT_POLICY), str(new), "-q", "--map",
+    proc = subprocess.run([sys.executable, "-m", "topkgen", "diff", str(old), str(new), "-q", "--map",
                            str(out)], capture_output=True, text=True, env=env)
     assert (proc.returncode, proc.stdout, proc.stderr) == (1, "", "")
     svg = out.read_text()

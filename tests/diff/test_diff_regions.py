@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 import subprocess
 import sys
 
@@ -25,11 +26,11 @@ TOPKGEN = [sys.executable, "-m", "topkgen"]
 
 @pytest.fixture(scope="module")
 def policies(tmp_path_factory):
-    """The default policy and one whose sm_90 splits batches below 32 rows instead of 96; and
-    one below 95, a move no grid batch size (1, 64, 4096) sees."""
+    """The default policy with rows_below 96 on both archs, one whose sm_90 splits batches below
+    32 rows instead of 96, and one below 95, a move no grid batch size (1, 64, 4096) sees."""
     root = tmp_path_factory.mktemp("regions")
-    text = DEFAULT_POLICY.read_text()
-    assert text.count("rows_below: 96") == 2
+    text, count = re.subn(r"rows_below: \d+", "rows_below: 96", DEFAULT_POLICY.read_text())
+    assert count == 2
     old, fewer, one = root / "old.yaml", root / "fewer.yaml", root / "one.yaml"
     old.write_text(text)
     fewer.write_text(text.replace("rows_below: 96", "rows_below: 32", 1))
@@ -101,7 +102,7 @@ def test_a_move_between_the_grid_points_is_reported(policies):
     assert doc["dispatch"]["changed"] == [] and doc["differs"]
     assert {tuple(r["rows"]) for r in doc["dispatch"]["regions"]} == {(95, 95)}
     text = subprocess.run([*TOPKGEN, "diff", old, one], capture_output=True, text=True).stdout
-    assert "dispatch: 0 of 2952 shapes change; " in text and ", rows 95" in text
+    assert re.search(r"dispatch: 0 of \d+ shapes change; ", text) and ", rows 95" in text
 
 
 def test_same_sides_have_no_regions(policies):

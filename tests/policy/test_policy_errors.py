@@ -16,6 +16,11 @@ def _variant(old: str, new: str, count: int = 1) -> str:
     return BASE.replace(old, new, count)
 
 
+def _line_of(text: str) -> int:
+    """The line of the default policy that holds `text` (where an error in it is reported)."""
+    return BASE[:BASE.index(text)].count("\n") + 1
+
+
 CASES = {
     "malformed_yaml": (_variant("archs:\n  sm_90:", "archs:\n  sm_90: [\n"), r":\d+:\d+: malformed YAML"),
     "unknown_key": (_variant("    threads: 256              #", "    thread: 256              #"),
@@ -58,7 +63,8 @@ CASES = {
     # Planned 0 kernels, then build failed on its own manifest (an internal error, exit 70).
     "no_dtype": (_variant("  aot: [float32, bfloat16]    # compiled into the bundle\n"
                           "  jit: [float16]              # served by JIT from the same rules\n", "  aot: []\n"),
-                 r":64:8: dtypes\.aot: the policy serves no dtype: list one in dtypes\.aot"),
+                 rf":{_line_of('  aot: [float32, bfloat16]')}:8: dtypes\.aot: the policy serves no dtype: list one in "
+                 r"dtypes\.aot"),
     "shared_row_bytes_not_a_vector_multiple": (_variant("shared_row_bytes: 98304   #", "shared_row_bytes: 98300   #"),
                                                r"archs\.sm_90\.shared_row_bytes: 98300 is not a multiple of 16"),
     "shared_row_bytes_without_room": (_variant("shared_row_bytes: 98304   #", "shared_row_bytes: 230000   #"),

@@ -168,7 +168,7 @@ def test_occupancy_is_checked_at_each_familys_own_block_size(tmp_path):
     text = text.replace("    min_ctas_per_sm:          # launch bounds by K rung\n      1024: 2",
                         "    min_ctas_per_sm:          # launch bounds by K rung\n      16: 4\n      1024: 2", 1)
     with pytest.raises(pol.PolicyError, match=r"archs\.sm_90\.min_ctas_per_sm\.16: 4 CTAs of 1024 threads "
-                                              r"\(the register kernels of rule '[a-z0-9_]+', K=16\) exceed 2048"):
+                                              r"\(the register kernels of rule '[a-z0-9_]+', K=16\) exceed sm_90's 2048 threads per SM"):
         pol.loads(text)
     # and a radix K rung is checked at max(K, threads), not at the register block
     ok = _variant("    warps_per_block: 4        #", "    warps_per_block: 1        #")

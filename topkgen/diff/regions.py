@@ -15,7 +15,7 @@ from typing import Any
 
 from topkgen.policy import Policy
 from topkgen.policy.dispatch_table import build_list
-from topkgen.policy.model import K_MAX, MODES, N_MAX
+from topkgen.policy.model import MODES, N_MAX
 from topkgen.policy.split import ROWS_MAX
 
 Box = tuple[int, int, int, int, int, int]  # k lo, k hi, n lo, n hi, rows lo, rows hi (inclusive)
@@ -40,7 +40,7 @@ def _serving(side: Any) -> tuple[str, tuple[str, ...] | None]:
 
 
 def _whole(choice: dict[str, Any]) -> list[tuple[Box, dict[str, Any]]]:
-    return [((1, K_MAX, 1, N_MAX, 1, ROWS_MAX), choice)]
+    return [((1, N_MAX, 1, N_MAX, 1, ROWS_MAX), choice)]
 
 
 def _unsupported(side: Any, arch: str, dtype: str) -> dict[str, Any]:
@@ -141,7 +141,7 @@ def region_text(region: dict[str, Any]) -> str:
 
     rows = region["rows"]
     rows_text = "all rows" if rows == [1, ROWS_MAX] else span("rows", rows[0], rows[1], ROWS_MAX, "2^31-1")
-    return ", ".join((span("k", *region["k"], K_MAX, str(K_MAX)), span("n", *region["n"], N_MAX, "2^31-1"), rows_text))
+    return ", ".join((span("k", *region["k"], N_MAX, "2^31-1"), span("n", *region["n"], N_MAX, "2^31-1"), rows_text))
 
 
 def region_groups(regions: list[dict[str, Any]]) -> list[dict[str, Any]]:

@@ -68,8 +68,8 @@ MAX_KERNELS = 4096
 # Dispatch is tabulated on the grid of every k, n and batch bound some rule or split sets
 # (topkgen.policy.dispatch_table): build asks select at each cell, and every loader indexes the
 # table. A few hundred exact-n rules made that grid millions of cells (build spent 12
-# minutes on it) and the table more than loaders index; the default policy's is ~15,000.
-MAX_DISPATCH_CELLS = 1 << 17
+# minutes on it) and the table more than loaders index; the default policy's is ~15,000, the fleet's (11 archs, k up to n) ~163,000.
+MAX_DISPATCH_CELLS = 1 << 18
 
 
 class PolicyError(InputError):
