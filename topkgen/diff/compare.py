@@ -21,13 +21,12 @@ from topkgen.policy import DispatchError, Policy, select
 from topkgen.common.schema import describe
 from topkgen.policy.split import ROWS_MAX
 from topkgen.build.sources import Templates
-from topkgen.diff.regions import dispatch_regions
+from topkgen.diff.regions import UNSUPPORTED, dispatch_regions, movement
 from topkgen.diff.sides import DiffInputError, Side
 # k above 1024 too (issue 29): the K=2048 and 4096 rungs, and 10000 and 40000 on the large-k path
 DEFAULT_KS = (1, 16, 32, 64, 100, 128, 256, 512, 1024, 2048, 4096, 10000, 40000)
 DEFAULT_NS = (64, 256, 1000, 1024, 2048, 4096, 8192, 16384, 32768, 131072, 163840)
 DEFAULT_ROWS = (1, 64, 4096)  # a sampling step, a small batch, a large one: the split depends on rows
-UNSUPPORTED = "unsupported"
 MOVES = ("jit -> aot", "aot -> jit", "kernel -> kernel", "split", "served -> unsupported", "unsupported -> served")
 ASPECTS = ("launch", "resources", "parameters", "source")
 
@@ -200,16 +199,6 @@ def bundle_serves(side: Side, shape: Shape) -> dict[str, Any]:
 
 def serves(side: Side, shape: Shape) -> dict[str, Any]:
     return bundle_serves(side, shape) if side.kind == "manifest" else policy_serves(side.policy, shape)
-
-
-def movement(before: dict[str, Any], after: dict[str, Any]) -> str:
-    if before["source"] == UNSUPPORTED:
-        return "unsupported -> served"
-    if after["source"] == UNSUPPORTED:
-        return "served -> unsupported"
-    if before["source"] != after["source"]:
-        return f"{before['source']} -> {after['source']}"
-    return "kernel -> kernel" if before["kernel"] != after["kernel"] else "split"
 
 
 # ----------------------------------------------------------------------------- comparing

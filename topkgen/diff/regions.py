@@ -79,7 +79,8 @@ def _merge(boxes: list[Box]) -> list[Box]:
             return sorted(boxes)
 
 
-def _move(before: dict[str, Any], after: dict[str, Any]) -> str:
+def movement(before: dict[str, Any], after: dict[str, Any]) -> str:
+    """How a shape's serving moved between the sides (diff's MOVES), for the grid and the regions alike."""
     if before["source"] == UNSUPPORTED:
         return "unsupported -> served"
     if after["source"] == UNSUPPORTED:
@@ -123,7 +124,7 @@ def dispatch_regions(old: Any, new: Any) -> list[dict[str, Any]]:
                     for box in _merge(boxes):
                         regions.append({"arch": arch, "dtype": dtype, "mode": mode, "k": [box[0], box[1]],
                                         "n": [max(box[2], box[0]), box[3]], "rows": [box[4], box[5]],
-                                        "old": dict(before), "new": dict(after), "moves": _move(before, after)})
+                                        "old": dict(before), "new": dict(after), "moves": movement(before, after)})
     order = {arch: i for i, arch in enumerate(archs)}
     regions.sort(key=lambda r: (order[r["arch"]], dtypes.index(r["dtype"]), MODES.index(r["mode"]), r["k"], r["n"],
                                 r["rows"]))
