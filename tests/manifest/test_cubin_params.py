@@ -135,6 +135,7 @@ class FakeDevice:
     def __init__(self, log: dict) -> None:
         self.log, self.device_id, self.compute_capability = log, 0, (9, 0)
         self.default_stream = FakeStream(0)
+        self.properties = types.SimpleNamespace(multiprocessor_count=132)  # an H200, as the policy's split assumes
 
     def set_current(self) -> None:
         pass

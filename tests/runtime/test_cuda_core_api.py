@@ -22,7 +22,7 @@ from topkgen.runtime import TopKError  # noqa: E402
 # What topkgen.runtime, topkgen.runtime.gpu_arrays and scripts/gpu_check.py read of each class.
 USED = {
     "Device": ("set_current", "compute_capability", "allocate", "create_stream", "default_stream", "device_id",
-               "pci_bus_id"),
+               "pci_bus_id", "properties"),
     "ObjectCode": ("from_cubin", "get_kernel"),
     "Stream": ("from_handle", "handle", "sync"),
     "Buffer": ("handle", "close"),
@@ -51,6 +51,9 @@ def test_the_classes_have_what_the_backend_reads():
         assert not missing, f"cuda.core {cls} lacks {missing}"
     kernel = package.Kernel
     assert hasattr(kernel, "handle") or hasattr(kernel, "_handle"), "cuda_backend._kernel_handle finds no handle"
+    # Device.properties (the SM count a split batch is planned for: cuda_backend.sm_count)
+    properties = importlib.import_module(package.Device.__module__).DeviceProperties
+    assert hasattr(properties, "multiprocessor_count"), "cuda.core DeviceProperties lacks multiprocessor_count"
 
 
 def test_nvml_has_what_gpu_check_reads_the_clock_with():

@@ -29,7 +29,7 @@ def test_cases_cover_the_bench_shapes_and_the_seed_grid_at_132_and_4096_rows(gc)
     assert {(132, 2048), (4096, 2048), (132, 16384), (4096, 16384)} <= seed
     small = {(c.rows, c.n, c.k) for c in cases if c.dtype == "float32" and c.data == "normal"}
     assert {(r, n, k) for r in (1, 4, 16, 64) for n in (131072, 262144) for k in (16, 256, 1024)} <= small
-    assert len({c.id for c in cases}) == len(cases) == 130
+    assert len({c.id for c in cases}) == len(cases) == 158  # 164 set x rows x data-kind cases, 6 of them shared by two sets
     assert all(c.id.isascii() and " " not in c.id for c in cases)
 
 
@@ -76,8 +76,12 @@ def test_the_small_batch_cases_split_as_the_policy_says(gc):
     cases = gc.cases("small batch")
     chunks = gc.chunks_per_row(cases, "sm_90")
     assert len(cases) == 24 and all(c.data == "normal" for c in cases)
-    assert all(chunks[c.id] > 1 for c in cases)
-    assert chunks["float32-1x131072-k256-normal"] == 32 and chunks["float32-64x262144-k16-normal"] == 16
+    from topkgen import policy
+
+    rows_below = policy.load().archs["sm_90"].split.rows_below
+    assert {c.rows for c in cases if c.rows < rows_below} and {c.rows for c in cases if c.rows >= rows_below}
+    assert all((chunks[c.id] > 1) == (c.rows < rows_below) for c in cases)  # the split ones, and only they
+    assert chunks["float32-1x131072-k256-normal"] == 32 and chunks["float32-16x262144-k16-normal"] == 16
 
 
 def test_ncu_csv_gives_dram_bytes_per_launch_in_order(gc):
@@ -122,7 +126,7 @@ def test_list_needs_no_gpu(tmp_path):
     proc = subprocess.run([sys.executable, str(ROOT / "scripts" / "gpu_check.py"), "--list", "--sets", "register ladder"],
                           capture_output=True, text=True, cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.splitlines()[-1] == "8 cases x 3 implementations"
+    assert proc.stdout.splitlines()[-1] == "10 cases x 3 implementations"  # 2 shapes x 1 batch x 5 data kinds
 
 
 def test_without_a_gpu_it_says_so_builds_and_exits_3(tmp_path):
@@ -138,7 +142,7 @@ def test_without_a_gpu_it_says_so_builds_and_exits_3(tmp_path):
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert proc.stdout.startswith("no GPU: ")
     assert proc.stdout.endswith("\nno GPU: the device checks did not run, nothing was measured (exit 3)\n")
-    assert "would time 130 cases x 3 implementations" in proc.stdout
+    assert "would time 158 cases x 3 implementations" in proc.stdout
     # Issue 14's crossover: two bundles of the same kernels, one splitting every batch of the
     # grid (108: 2 dtypes x 2 n x 3 K x 9 batches) and one splitting none.
     assert "would time 108 batches twice: the split bundle splits 108 of them, the unsplit one 0" in proc.stdout
