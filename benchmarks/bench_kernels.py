@@ -177,9 +177,10 @@ class SplitRow:
     # issue 27: both launches' warp instructions per input key (SASS x emulator), the HBM floor
     warp_instructions_per_key: float = 0.0
     hbm_floor_us: float = 0.0
+    data: str = "normal"  # the row's data kind (shapes.DATA_KINDS)
 
     def key(self) -> str:
-        return f"small batch|{self.dtype}|{self.n}|{self.k}|{self.rows}"
+        return f"small batch|{self.dtype}|{self.n}|{self.k}|{self.rows}|{self.data}"
 
 
 def _facts(kernels: Kernels, spec, counts, elements: int, ctas: int, input_bytes: int) -> KernelFacts:
@@ -191,7 +192,8 @@ def _facts(kernels: Kernels, spec, counts, elements: int, ctas: int, input_bytes
                        barriers_per_row=counts.barriers / ctas)
 
 
-def measure_split(kernels: Kernels, dtype: str, n: int, k: int, batches: tuple[int, ...]) -> list[SplitRow]:
+def measure_split(kernels: Kernels, dtype: str, n: int, k: int, batches: tuple[int, ...],
+                  kind: str = "normal") -> list[SplitRow]:
     """One emulated row of (dtype, n, k) once with one CTA and once as each batch's plan
     splits it (the launches of topkgen.policy.split.stages, bound as the runtime binds them)."""
     from topkgen import policy
@@ -202,7 +204,8 @@ def measure_split(kernels: Kernels, dtype: str, n: int, k: int, batches: tuple[i
 
     import ml_dtypes
 
-    x = make_rows("normal", 1, n, seed=n + k).astype(np.float32 if dtype == "float32" else ml_dtypes.bfloat16)
+    x = make_rows(kind, 1, n, seed=n + k + DATA_KINDS.index(kind)).astype(
+        np.float32 if dtype == "float32" else ml_dtypes.bfloat16)
     expect, _ = reference.topk(x, k, largest=True)
     spec = policy.select(kernels.policy, ARCH, dtype, k, n).kernel
     module = kernels.module(spec)
@@ -238,7 +241,7 @@ def measure_split(kernels: Kernels, dtype: str, n: int, k: int, batches: tuple[i
         unsplit_s, _ = estimate_seconds(rows, n, k, x.itemsize, one_cta)
         if sel.split is None:
             out.append(SplitRow(dtype, n, k, rows, spec.name, 1, n, one_cta.reads_per_element, 0, 0.0,
-                                unsplit_s * 1e6, unsplit_s * 1e6, whole_per_key, floor_us(rows)))
+                                unsplit_s * 1e6, unsplit_s * 1e6, whole_per_key, floor_us(rows), kind))
             continue
         plan = sel.split
         first, second = run(plan.chunks)
@@ -249,19 +252,19 @@ def measure_split(kernels: Kernels, dtype: str, n: int, k: int, batches: tuple[i
                    + estimate_seconds(rows, plan.candidates, k, x.itemsize, stage2)[0])
         out.append(SplitRow(dtype, n, k, rows, spec.name, plan.chunks, plan.chunk, stage1.reads_per_element,
                             plan.candidates, second.global_load_bytes / plan.candidates, seconds * 1e6,
-                            unsplit_s * 1e6, per_key([first, second]), floor_us(rows)))
+                            unsplit_s * 1e6, per_key([first, second]), floor_us(rows), kind))
     return out
 
 
 def print_split_table(rows: list[SplitRow]) -> None:
     print("\n### radix kernels, small batch, split across CTAs (model: each line's batch)\n")
-    head = ("| dtype | N | K | rows | kernel | CTAs/row | chunk | stage-1 reads/elem | merge candidates/row "
+    head = ("| dtype | N | K | rows | data | kernel | CTAs/row | chunk | stage-1 reads/elem | merge candidates/row "
             "| merge bytes read/candidate | warp instr/key (both launches) | HBM floor us | model us (H200) "
             "| model us, one CTA/row | model ratio |")
     print(head)
     print("|" + "---|" * (head.count("|") - 1))
     for r in rows:
-        print(f"| {r.dtype} | {r.n} | {r.k} | {r.rows} | {r.kernel} | {r.ctas_per_row} | {r.chunk} "
+        print(f"| {r.dtype} | {r.n} | {r.k} | {r.rows} | {r.data} | {r.kernel} | {r.ctas_per_row} | {r.chunk} "
               f"| {r.stage1_reads_per_element:.3f} | {r.merge_candidates} | {r.merge_bytes_per_candidate:.2f} "
               f"| {r.warp_instructions_per_key:.2f} | {r.hbm_floor_us:.2f} | {r.model_us:.0f} | {r.model_one_cta_us:.0f} | {r.model_one_cta_us / r.model_us:.1f}x |")
 
@@ -338,8 +341,9 @@ def main(argv: list[str] | None = None) -> int:
     kernels = Kernels()
     rows = [measure(kernels, s.name, s.model_rows, s.emulated_rows, dtype, n, k, kind)
             for s in wanted if not s.per_batch for dtype, n, k in s.shapes for kind in s.data]
-    split_rows = [r for s in wanted if s.per_batch for dtype, n, k in s.shapes
-                  for r in measure_split(kernels, dtype, n, k, s.gpu_rows)]
+    # The small batches on every data kind (gpu_check times them on normal rows only).
+    split_rows = [r for s in wanted if s.per_batch for dtype, n, k in s.shapes for kind in DATA_KINDS
+                  for r in measure_split(kernels, dtype, n, k, s.gpu_rows, kind)]
     import contextlib
     import io
 
