@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from topkgen.manifest import reading as manifests
+
 from ..support.commands import topkgen, tree
 
 
@@ -153,5 +155,6 @@ def test_diff_refuses_a_part_and_show_says_what_it_is(built):
                                f"merge the parts first: topkgen merge PART... --out DIR\n")
     header = topkgen("show", built / "part2", env={}).stdout.splitlines()[0]
     assert header.startswith(f"part {built / 'part2'} (shard 2/3 of a plan; merge the parts for a bundle): "
-                             f"manifest schema 3, NVRTC "), header
-    assert topkgen("show", built / "full", env={}).stdout.startswith(f"bundle {built / 'full'}: manifest schema 3, ")
+                             f"manifest schema {manifests.SCHEMA_VERSION}, NVRTC "), header
+    assert topkgen("show", built / "full", env={}).stdout.startswith(
+        f"bundle {built / 'full'}: manifest schema {manifests.SCHEMA_VERSION}, ")

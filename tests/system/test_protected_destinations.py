@@ -62,8 +62,10 @@ def test_merge_force_replaces_a_directory_that_is_not_a_bundle(cli, tmp_path, ti
     assert (target / "precious.txt").exists()
     result = cli("merge", tiny_shards / "s1", tiny_shards / "s2", "--out", target, "--force")  # was: no such option
     assert result.exit_code == 0, result.stderr
-    assert sorted(tree(target)) == ["manifest.json", "sm_90/topk_radix_dyn_k1024_det_f32_sm_90.cubin",
-                                     "sm_90/topk_radix_dyn_k64_det_f32_sm_90.cubin"]
+    assert sorted(tree(target)) == [  # the large-k path (k above K 1024) ships as JIT sources
+        "jit/sm_90/topk_radix_large_det_f32_sm_90.cu", "jit/sm_90/topk_radix_large_fast_f32_sm_90.cu",
+        "manifest.json", "sm_90/topk_radix_dyn_k1024_det_f32_sm_90.cubin",
+        "sm_90/topk_radix_dyn_k64_det_f32_sm_90.cubin"]
 
 
 # ----------------------------------------------------------------------------- build --force

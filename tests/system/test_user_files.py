@@ -42,8 +42,10 @@ def test_build_never_replaces_a_directory_that_is_not_a_bundle(cli, tmp_path, ti
     # --force is the user asking for it.
     result = cli("build", "--policy", tiny_policy, "--out", "victim", "--force")
     assert result.exit_code == 0, result.stderr
-    assert sorted(tree(tmp_path / "victim")) == ["manifest.json", "sm_90/topk_radix_dyn_k1024_det_f32_sm_90.cubin",
-                                                  "sm_90/topk_radix_dyn_k64_det_f32_sm_90.cubin"]
+    assert sorted(tree(tmp_path / "victim")) == [  # the large-k path (k above K 1024) ships as JIT sources
+        "jit/sm_90/topk_radix_large_det_f32_sm_90.cu", "jit/sm_90/topk_radix_large_fast_f32_sm_90.cu",
+        "manifest.json", "sm_90/topk_radix_dyn_k1024_det_f32_sm_90.cubin",
+        "sm_90/topk_radix_dyn_k64_det_f32_sm_90.cubin"]
 
 
 def test_a_policy_whose_file_name_is_not_utf8_builds_a_bundle_that_loads(cli, tmp_path, tiny_policy, monkeypatch):
