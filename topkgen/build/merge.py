@@ -44,10 +44,7 @@ def merge(parts: list[Path], out: Path, *, force: bool = False) -> dict:
                          f"not both)")
     first_part, first, _ = loaded[0]
     for part, manifest, _ in loaded[1:]:
-        for field in SHARED_FIELDS:
-            if manifest[field] != first[field]:
-                raise ShardError(f"{part}: {_first_difference(field, first[field], manifest[field])} differs from "
-                                 f"{first_part} (the parts come from different builds)")
+        _same_build(part, manifest, first_part, first, SHARED_FIELDS, "the parts")
         for field in ("count", "plan_sha256"):
             if manifest["shard"][field] != first["shard"][field]:
                 raise ShardError(f"{part}: shard.{field} differs from {first_part} (the parts come from different plans)")
@@ -91,16 +88,21 @@ def merge(parts: list[Path], out: Path, *, force: bool = False) -> dict:
     return manifest
 
 
+def _same_build(part: Path, manifest: dict, first_part: Path, first: dict, fields: tuple[str, ...], what: str) -> None:
+    """`part` has the first part's `fields`, or the first that differs is named."""
+    for field in fields:
+        if manifest[field] != first[field]:
+            raise ShardError(f"{part}: {_first_difference(field, first[field], manifest[field])} differs from "
+                             f"{first_part} ({what} come from different builds)")
+
+
 def _merge_archs(loaded: list[tuple[Path, dict, Path]], out: Path, *, force: bool) -> dict:
     """Bundles of disjoint archs (`build --arch`) of one policy and toolchain, joined into the
     bundle `build --arch` of all of them writes: the archs in the policy's order, each one's
     kernels checked against the plan, the dispatch and JIT sources made as a build makes them."""
     first_part, first, _ = loaded[0]
     for part, manifest, _ in loaded[1:]:
-        for field in BUILD_FIELDS:
-            if manifest[field] != first[field]:
-                raise ShardError(f"{part}: {_first_difference(field, first[field], manifest[field])} differs from "
-                                 f"{first_part} (the bundles come from different builds)")
+        _same_build(part, manifest, first_part, first, BUILD_FIELDS, "the bundles")
     owner: dict[str, Path] = {}
     for part, manifest, _ in loaded:
         for arch in manifest["archs"]:
