@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable
 
 from topkgen import __version__
+from topkgen.common import errors
 from topkgen.build import cache, workers
 from topkgen.policy import dispatch_table
 from topkgen.manifest import checks as manifest_checks
@@ -40,6 +41,10 @@ GRID_RULE = "ceil_div(rows, rows_per_block)"
 
 class BuildError(RuntimeError):
     """A build that must not produce a bundle (compile error, resources over budget)."""
+
+
+class BundleDiskFull(BuildError, errors.DiskFull):
+    """The bundle could not be written for want of room: the environment (exit 2), not a failed build."""
 
 
 def budget_problems(resources: dict, budget: dict) -> list[str]:
@@ -224,7 +229,8 @@ def write_bundle(out: Path, manifest: dict, files: dict[str, bytes], *, force: b
             _write_atomically(out, manifest, files)
         except OSError as err:
             where = f" ({err.filename})" if err.filename else ""
-            raise BuildError(f"cannot write the bundle {out}: {err.strerror}{where}") from None
+            message = f"cannot write the bundle {out}: {err.strerror}{where}"
+            raise (BundleDiskFull if err.errno in errors.DISK_FULL else BuildError)(message) from None
 
 
 def manifest_bytes(manifest: dict) -> bytes:

@@ -60,6 +60,8 @@ def build(policy_path: str | None, archs: tuple[str, ...], out_dir: str, jobs: i
                                   progress=lambda spec, compiled, s: progress(spec.name, compiled.outcome.origin, s))
     except cache.CacheConfigError as err:
         raise InputError(str(err)) from None
+    except bundle.BundleDiskFull as err:  # the disk, not the kernels: one line, exit 2
+        raise InputError(f"build: {out_dir} left as it was: {err}") from None
     except (bundle.BuildError, nvrtc_compile.CompileError, cache.CacheError) as err:
         console.error(f"build failed, {out_dir} left as it was:\n{err}")
         sys.exit(1)

@@ -5,7 +5,6 @@ imports them all)."""
 from __future__ import annotations
 
 import contextlib
-import errno
 import os
 import traceback
 from typing import Any, Iterator
@@ -19,7 +18,7 @@ from topkgen.common.reader import printable
 
 EXIT_INPUT = 2
 EXIT_INTERNAL = 70  # EX_SOFTWARE
-_FULL = (errno.ENOSPC, errno.EDQUOT, errno.EFBIG)  # a write the file system refused for want of room
+_FULL = errors.DISK_FULL
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE: what a shell reports for `cat file | head -1`'s cat
 # `topkgen --help` lists the commands in the order of a first session, then the rest.
 WORKFLOW = ("plan", "explain", "map", "build", "show", "diff", "run", "merge", "cache")
@@ -121,6 +120,8 @@ class _Main(_Group):
             raise
         except errors.InputError as err:
             raise InputError(str(err)) from None
+        except MemoryError as err:  # the machine's memory, not a bug: numpy's words say how much
+            raise InputError(f"out of memory: {err}" if str(err) else "out of memory") from None
         except Exception as err:  # noqa: BLE001 - the one place that catches everything
             return self._internal_error(ctx, err)
 

@@ -26,6 +26,7 @@ import os
 import re
 import shutil
 import subprocess
+import threading
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
@@ -34,6 +35,7 @@ from typing import Any, Callable, Iterator, Sequence
 import numpy as np
 
 from topkgen.common import machine_key
+from topkgen.common.errors import DISK_FULL, OutOfMemory
 from topkgen.emulator.counters import Counters, PhaseStats, from_phases, site_paths
 from topkgen.common.files import atomic_write, read_regular
 from topkgen.common.paths import cache_root, cuda_include_dir, unusable_message
@@ -53,6 +55,10 @@ SO_LIMIT = 256 << 20  # the most a cached shared object may hold (they are about
 
 class EmulationError(RuntimeError):
     """A fault found while compiling or running a kernel on the emulator."""
+
+
+class EmulatorOutOfMemory(EmulationError, OutOfMemory):
+    """The host refused the memory a launch's arguments need: the machine, not a bug (exit 2)."""
 
 
 @dataclass(frozen=True)
@@ -179,6 +185,7 @@ def compile_source(source: str, *, name: str = "kernel", defines: Sequence[str] 
                    str(out)]
             proc = subprocess.run(cmd, capture_output=True, text=True)
             if proc.returncode != 0:
+                _no_room(proc.stderr, cache)
                 raise EmulationError(f"host compilation of '{name}' failed:\n{proc.stderr.strip()}")
             with _cache_writes(cache):
                 image = out.read_bytes()
@@ -204,6 +211,17 @@ def _cache_writes(cache: Path) -> Iterator[None]:
                                              "the emulator cache")) from None
 
 
+def _no_room(stderr: str, cache: Path) -> None:
+    """A host compile that failed for want of room (the compiler's or linker's own words for
+    a full disk or quota, in the cache or in TMPDIR): the environment, one line, exit 2."""
+    for code in DISK_FULL:
+        if os.strerror(code) in stderr:
+            from topkgen.build.cache import CacheUnusable
+
+            raise CacheUnusable(unusable_message(cache, f"the host compiler could not write its output: "
+                                                 f"{os.strerror(code)} (here or in TMPDIR)", "the emulator cache"))
+
+
 def _record(key: str, image: bytes) -> str:
     """What `<key>.sha256` holds: an HMAC-SHA256, under this machine's key (machine_key), of
     the rebuild key (the translation unit, compiler, flags and header that built the object)
@@ -226,7 +244,7 @@ def _intact(so_path: Path, key: str) -> bytes | None:
 
 
 _ENTRY_POINTS = ("tk_kernel_signature", "tk_kernel_display", "tk_kernel_symbol", "tk_region_alloc", "tk_region_data",
-                 "tk_region_check", "tk_region_free", "tk_launch", "tk_kernel_count", "tk_max_phases")
+                 "tk_region_check", "tk_region_free", "tk_launch", "tk_cancel", "tk_kernel_count", "tk_max_phases")
 
 
 class Module:
@@ -299,7 +317,8 @@ class Module:
                         raise EmulationError(f"argument #{i} of '{symbol}' is {_CODE_NAMES[code]}, got an array")
                     region = lib.tk_region_alloc(max(1, arg.nbytes))
                     if not region:
-                        raise EmulationError(f"cannot allocate {arg.nbytes} bytes for argument #{i}")
+                        raise EmulatorOutOfMemory(f"the emulator cannot allocate {arg.nbytes} bytes for argument #{i} "
+                                                  f"({arg.dtype}[{arg.size}]) of '{symbol}': out of memory")
                     regions.append((region, i, arg))
                     data = lib.tk_region_data(region)
                     ctypes.memmove(data, np.ascontiguousarray(arg).ctypes.data, arg.nbytes)
@@ -325,11 +344,11 @@ class Module:
             err = ctypes.create_string_buffer(2048)
             phases = (PhaseStats * lib.tk_max_phases())()
             nphases = ctypes.c_int(0)
-            status = lib.tk_launch(kernel.index, (ctypes.c_uint * 3)(*grid3), (ctypes.c_uint * 3)(*block3), argv,
-                                   region_ptrs, region_names, len(regions), shared_bytes,
-                                   int(schedule_seed is not None), (schedule_seed or 0) & (2**64 - 1),
-                                   timeout, workers or os.cpu_count() or 1, err, len(err), int(counters),
-                                   phases, ctypes.byref(nphases))
+            status = _cancellable(lambda: lib.tk_launch(
+                kernel.index, (ctypes.c_uint * 3)(*grid3), (ctypes.c_uint * 3)(*block3), argv, region_ptrs,
+                region_names, len(regions), shared_bytes, int(schedule_seed is not None),
+                (schedule_seed or 0) & (2**64 - 1), timeout, workers or os.cpu_count() or 1, err, len(err),
+                int(counters), phases, ctypes.byref(nphases)), lib.tk_cancel)
             if status != 0:
                 raise EmulationError(err.value.decode(errors="replace"))
             for region, i, arr in regions:
@@ -356,6 +375,35 @@ class Module:
         finally:
             for region, _, _ in regions:
                 lib.tk_region_free(region)
+
+
+def _cancellable(launch: Callable[[], int], cancel: Callable[[], None]) -> int:
+    """Run `launch` (tk_launch, which holds no GIL) on a thread of its own while this one waits,
+    so that a Ctrl-C or a SIGTERM (topkgen.cli.stops) is taken at once, not when a kernel on a
+    GiB of data returns: the launch is then cancelled (tk_cancel: its blocks stop at their next
+    watchdog poll), waited for, so that its regions are freed only once nothing uses them, and
+    the interruption goes on up."""
+    outcome: list[Any] = []
+
+    def run() -> None:
+        try:
+            outcome.append(launch())
+        except BaseException as err:  # noqa: BLE001 - handed to the waiting thread
+            outcome.append(err)
+
+    worker = threading.Thread(target=run, name="topkgen-emulator-launch", daemon=True)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(0.05)
+    except BaseException:
+        while worker.is_alive():
+            cancel()  # again and again: the launch clears the flag as it starts
+            worker.join(0.05)
+        raise
+    if isinstance(outcome[0], BaseException):
+        raise outcome[0]
+    return outcome[0]
 
 
 def _dim3(value: int | Sequence[int], label: str) -> tuple[int, int, int]:

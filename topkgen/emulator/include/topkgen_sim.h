@@ -451,12 +451,21 @@ inline void yield_to_scheduler() {
   __builtin_unreachable();
 }
 
+// Set by tk_cancel() (the host's Ctrl-C or SIGTERM, taken while the launch runs on another
+// thread): the launch under way stops at its next watchdog poll or scheduler round.
+inline std::atomic<int>& cancel_flag() {
+  static std::atomic<int> flag{0};
+  return flag;
+}
+inline const char* kCancelled = "cancelled";
+
 // Returns the calling thread's block (one thread-local access serves the caller too).
 inline Block* poll_watchdog() {
   Block* b = t_block;
   if (!b || (++b->polls & 1023u) != 0) return b;
   if (b->launch->failed.load(std::memory_order_relaxed))
     thread_fault("");  // another block failed: stop
+  if (cancel_flag().load(std::memory_order_relaxed)) thread_fault(kCancelled);
   if (std::chrono::steady_clock::now() > b->launch->deadline) {
     char buf[64];
     snprintf(buf, sizeof buf, "%.1f", b->launch->timeout_s);
@@ -936,6 +945,10 @@ struct Scheduler {
           const unsigned group = t->mask & warp_lanes(t->warp);
           if ((waiting & group) == group && !resolve_warp(t->warp)) return;
         }
+      }
+      if (cancel_flag().load(std::memory_order_relaxed)) {
+        fail(b, kCancelled);
+        return;
       }
       if (std::chrono::steady_clock::now() > b->launch->deadline) {
         char buf[64];
@@ -1529,6 +1542,7 @@ __attribute__((visibility("default"))) const char* tk_kernel_symbol(int i) {
   return ::tk::registry()[i].display;
 }
 
+__attribute__((visibility("default"))) void tk_cancel() { ::tk::cancel_flag().store(1); }
 __attribute__((visibility("default"))) void* tk_region_alloc(size_t nbytes) { return ::tk::region_alloc(nbytes); }
 __attribute__((visibility("default"))) void* tk_region_data(void* r) { return static_cast<::tk::Region*>(r)->data; }
 __attribute__((visibility("default"))) int tk_region_check(void* r) { return ::tk::region_check(static_cast<::tk::Region*>(r)); }
@@ -1544,6 +1558,7 @@ __attribute__((visibility("default"))) int tk_launch(int kernel, const unsigned*
                                                      char* err, size_t errlen, int counting,
                                                      ::tk::PhaseStats* phases, int* nphases) {
   using namespace ::tk;
+  cancel_flag().store(0);  // the host calls tk_cancel until this launch has returned
   if (counting && !TK_COUNTERS) {
     snprintf(err, errlen, "traffic counters: this module was compiled with TK_COUNTERS=0");
     return 1;
