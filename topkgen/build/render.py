@@ -30,11 +30,11 @@ def environment(loader: Any) -> Any:
     Sandboxed: `topkgen diff` renders the templates of any revision it is given, and a
     reviewer's machine must not run the Python that a template of a branch under review
     could reach through attributes (`cycler.__init__.__globals__.os`). The sandbox refuses
-    such access; range() is bounded so that a loop cannot run for hours."""
+    such access; range(), lipsum(), `*` and `**` are bounded so that no one call runs for hours
+    or takes the machine's memory (render_bounded bounds the rest, in a child process)."""
     import jinja2
-    from jinja2.sandbox import SandboxedEnvironment
 
-    env = SandboxedEnvironment(
+    env = _bounded_sandbox()(
         loader=loader,
         undefined=jinja2.StrictUndefined,
         autoescape=False,
@@ -50,8 +50,50 @@ def environment(loader: Any) -> Any:
                                                f"{MAX_TEMPLATE_RANGE}")
         return values
 
+    def bounded_lipsum(n: int = 5, html: bool = True, min: int = 20, max: int = 100) -> str:  # noqa: A002
+        if not (0 <= n <= 100 and 0 <= min <= max <= 1000):
+            raise jinja2.sandbox.SecurityError(f"lipsum({n}, min={min}, max={max}): templates may ask for at most "
+                                               f"100 paragraphs of 1000 words")
+        return jinja2.utils.generate_lorem_ipsum(n=n, html=html, min=min, max=max)
+
     env.globals["range"] = bounded_range
+    env.globals["lipsum"] = bounded_lipsum
     return env
+
+
+MAX_TEMPLATE_REPEAT = 1 << 20  # the most items (characters) a template's `*` of a string or list may make
+MAX_TEMPLATE_BITS = 1 << 12    # the largest integer, in bits, a template's `**` may make
+
+
+@lru_cache(maxsize=1)
+def _bounded_sandbox() -> type:
+    """SandboxedEnvironment whose `*` and `**` refuse results beyond MAX_TEMPLATE_REPEAT items
+    and MAX_TEMPLATE_BITS bits: one C call each (`'x' * 10**10`, `2 ** 10**11`) that no
+    timer interrupts and that would take the machine's memory or minutes of CPU."""
+    from jinja2.sandbox import SandboxedEnvironment, SecurityError
+
+    def is_int(value: object) -> bool:
+        return isinstance(value, int) and not isinstance(value, bool)
+
+    class Bounded(SandboxedEnvironment):
+        intercepted_binops = frozenset({"*", "**"})
+
+        def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:
+            if operator == "**" and is_int(left) and is_int(right) and abs(left) > 1 \
+                    and right * abs(left).bit_length() > MAX_TEMPLATE_BITS:
+                raise SecurityError(f"{left} ** {right}: templates may make integers of at most "
+                                    f"{MAX_TEMPLATE_BITS} bits")
+            if operator == "*":
+                for seq, times in ((left, right), (right, left)):
+                    if isinstance(seq, (str, bytes, list, tuple)) and is_int(times) \
+                            and len(seq) * times > MAX_TEMPLATE_REPEAT:
+                        raise SecurityError(f"a {type(seq).__name__} of {len(seq)} times {times}: templates may "
+                                            f"make at most {MAX_TEMPLATE_REPEAT} items so")
+                if is_int(left) and is_int(right) and left.bit_length() + right.bit_length() > MAX_TEMPLATE_BITS:
+                    raise SecurityError(f"templates may make integers of at most {MAX_TEMPLATE_BITS} bits")
+            return super().call_binop(context, operator, left, right)
+
+    return Bounded
 
 
 @lru_cache(maxsize=1)

@@ -9,44 +9,29 @@ files: a process per file would make `diff HEAD~1 HEAD` slow.
 from __future__ import annotations
 
 import hashlib
+import os
 import subprocess
 from dataclasses import dataclass
 from functools import cached_property, lru_cache
 from pathlib import Path, PurePosixPath
-from typing import Any
+from typing import Any, Iterable
 
 import jinja2
 
 from topkgen.common import reader
-from topkgen.build import render
+from topkgen.common.files import file_kind
+from topkgen.build import render, render_bounded
+from topkgen.build.render_bounded import FilesLoader, RenderRefused
 from topkgen.policy import KernelSpec
 
 TEMPLATES_IN_REPO = "templates"
 MAX_TEMPLATE_BYTES = 1 << 20  # a template file (the largest shipped is 30 KB)
+MAX_TEMPLATE_FILES = 256      # files in a templates folder (4 are shipped)
+MAX_TEMPLATES_BYTES = 8 << 20  # all of them together (the shipped ones: 40 KB)
 
 
 class SourceError(ValueError):
     """A revision, path or template that cannot be read; the message names it."""
-
-
-class _FilesLoader(jinja2.BaseLoader):
-    """A Jinja loader over file contents held in memory (read from git or a directory)."""
-
-    def __init__(self, files: dict[str, bytes], where: str) -> None:
-        self.files, self.where = files, where
-
-    def get_source(self, environment: jinja2.Environment, template: str) -> tuple[str, str, Any]:
-        data = self.files.get(template)
-        if data is None:
-            raise jinja2.TemplateNotFound(template)
-        try:
-            text = data.decode("utf-8")
-        except UnicodeDecodeError as err:
-            raise SourceError(f"{self.where}{template}: not UTF-8 text (byte {err.start})") from None
-        return text, f"{self.where}{template}", lambda: True
-
-    def list_templates(self) -> list[str]:
-        return sorted(self.files)
 
 
 class _Renderer:
@@ -54,7 +39,7 @@ class _Renderer:
     with it: two sides with the same templates (most diffs) compile and render them once."""
 
     def __init__(self, files: dict[str, bytes], where: str) -> None:
-        self.env = render.environment(_FilesLoader(files, where))
+        self.env = render.environment(FilesLoader(files, where))
         self.loads: dict[str, tuple[str, ...]] = {}
         self.sources: dict[KernelSpec, str] = {}
 
@@ -76,6 +61,9 @@ class Templates:
 
     where: str                # how messages name the folder: "HEAD~1:templates/", "templates/"
     files: dict[str, bytes]   # name relative to the folder -> content
+    # Not the installed templates (a revision's, a working tree's): rendered in a child process
+    # with limits (render_bounded), never in this one; the same files as the installed ones are not.
+    bounded: bool = False
 
     def __post_init__(self) -> None:
         # Git and the file system hand over names that are not UTF-8 with their bytes kept as
@@ -87,6 +75,9 @@ class Templates:
             except UnicodeEncodeError:
                 raise SourceError(f"{self.where}{display_name(name)}: the file name is not UTF-8 "
                                   f"(templates are named in UTF-8)") from None
+        check_template_totals(self.where, [len(data) for data in self.files.values()])
+        if self.bounded and self.files == installed_templates().files:
+            self.bounded = False
 
     def digest(self, name: str) -> str | None:
         data = self.files.get(name)
@@ -98,13 +89,31 @@ class Templates:
                                       for name, data in sorted(self.files.items()))).hexdigest()
         return _RENDERERS.get(key) or _RENDERERS.setdefault(key, _Renderer(self.files, self.where))
 
+    def prepare(self, specs: Iterable[KernelSpec]) -> None:
+        """Render `specs` ahead of `render`, all in one bounded child when `bounded` (a child per
+        kernel would cost a process each); nothing to do for the installed templates."""
+        if not self.bounded:
+            return
+        renderer = self._renderer
+        todo = [s for s in dict.fromkeys(specs) if s not in renderer.sources]
+        try:
+            done = render_bounded.render_all(self.files, self.where, todo)
+        except RenderRefused as err:
+            raise SourceError(str(err)) from None
+        for spec, (source, loads) in done.items():
+            renderer.sources[spec], renderer.loads[render.template_name(spec)] = source, loads
+
     def render(self, spec: KernelSpec) -> tuple[str, tuple[str, ...]]:
         """The kernel's source and the template files that made it."""
         renderer = self._renderer
+        if self.bounded and spec not in renderer.sources:
+            self.prepare([spec])
         try:
             return renderer.render(spec)
         except SourceError:
             raise
+        except RenderRefused as err:
+            raise SourceError(str(err)) from None
         except (jinja2.TemplateError, ValueError) as err:
             raise SourceError(render.template_problem(err, self.where, spec.name)) from None
 
@@ -120,19 +129,60 @@ def too_large(where: str, size: int, limit: int) -> SourceError:
     return SourceError(f"{display_name(where)}: larger than {limit} bytes ({size}); not read")
 
 
-def directory_templates(path: Path, where: str) -> Templates:
+def check_template_totals(where: str, sizes: list[int]) -> None:
+    """A folder of templates holds at most MAX_TEMPLATE_FILES files and MAX_TEMPLATES_BYTES in
+    all: checked from the sizes (git's listing, stat) before anything is read."""
+    if len(sizes) > MAX_TEMPLATE_FILES:
+        raise SourceError(f"{display_name(where)}: {len(sizes)} files, more than the {MAX_TEMPLATE_FILES} a "
+                          f"templates folder may hold; not read")
+    if sum(sizes) > MAX_TEMPLATES_BYTES:
+        raise SourceError(f"{display_name(where)}: {sum(sizes)} bytes of files, more than the {MAX_TEMPLATES_BYTES} "
+                          f"a templates folder may hold; not read")
+
+
+def directory_templates(path: Path, where: str, *, bounded: bool = False) -> Templates:
+    """The templates in a folder; `bounded`: not the installed ones (see Templates)."""
     files: dict[str, bytes] = {}
     try:
-        for file in sorted(path.rglob("*")):
-            if file.is_file():
-                name = file.relative_to(path).as_posix()
-                size = file.stat().st_size
-                if size > MAX_TEMPLATE_BYTES:
-                    raise too_large(f"{where}{name}", size, MAX_TEMPLATE_BYTES)
-                files[name] = file.read_bytes()
+        found = _linked_out(path, where) if bounded else \
+            [(file, file.stat().st_size) for file in sorted(path.rglob("*")) if file.is_file()]
+        check_template_totals(where, [size for _, size in found])
+        for file, size in found:
+            name = file.relative_to(path).as_posix()
+            if size > MAX_TEMPLATE_BYTES:
+                raise too_large(f"{where}{name}", size, MAX_TEMPLATE_BYTES)
+            files[name] = file.read_bytes()
     except OSError as err:
         raise SourceError(f"{where}: cannot read templates: {err.strerror}") from None
-    return Templates(where, files)
+    return Templates(where, files, bounded)
+
+
+def _linked_out(path: Path, where: str) -> list[tuple[Path, int]]:
+    """The regular files under a working tree's templates folder and their sizes, walked
+    through no symbolic link: a link (in a revision: a blob diff never follows) or a FIFO
+    or device is refused by name, never read, as its policy is (issue 33, point 8)."""
+    import stat
+
+    found = []
+    for top, dirs, names in os.walk(path, followlinks=False, onerror=_raise):
+        for name in sorted(dirs) + sorted(names):
+            entry = Path(top) / name
+            mode = os.lstat(entry).st_mode
+            rel = display_name(entry.relative_to(path).as_posix())
+            if stat.S_ISLNK(mode):
+                raise SourceError(f"{where}{rel}: a symbolic link in the working tree (to "
+                                  f"{display_name(os.readlink(entry))}); diff reads a working tree's regular "
+                                  f"files only, as a revision's")
+            if stat.S_ISREG(mode):
+                found.append((entry, os.lstat(entry).st_size))
+            elif not stat.S_ISDIR(mode):
+                raise SourceError(f"{where}{rel}: not a regular file but {file_kind(mode)}; diff reads regular "
+                                  f"files only")
+    return sorted(found)
+
+
+def _raise(err: OSError) -> None:
+    raise err
 
 
 @lru_cache(maxsize=1)
@@ -181,19 +231,22 @@ class GitRepo:
             raise SourceError(f"{old}...{new}: the two revisions have no common ancestor")
         return _git(["rev-parse", "--short=12", base.stdout.decode().strip()], self.root).stdout.decode().strip()
 
-    def read(self, commit: str, limits: dict[str, int], label: str | None = None) -> dict[str, bytes]:
+    def read(self, commit: str, limits: dict[str, int], label: str | None = None,
+             folders: tuple[str, ...] = ()) -> dict[str, bytes]:
         """Every regular file at or under each path of `limits` in that commit: path -> content.
 
         A file over its path's limit (bytes) is refused from the size git lists, before any
         content is read: reading first would hold a 200 MB blob in memory only to refuse it.
         A path asked for by name that is a symbolic link is refused too, since a revision's
         link has no target diff could read, and skipping it would say there is no such file.
-        `label` names the revision in messages (the commit's hash when None)."""
+        `label` names the revision in messages (the commit's hash when None). Each of `folders`
+        (templates) is held to check_template_totals, from the listing too."""
         label = label or commit[:12]
         listing = _git(["ls-tree", "-r", "-l", "-z", "--full-tree", commit, "--", *limits], self.root)
         if listing.returncode != 0:
             raise SourceError(f"{commit[:12]}: git ls-tree failed: {listing.stderr.decode(errors='replace').strip()}")
         blobs: dict[str, str] = {}
+        sizes: dict[str, int] = {}
         links: dict[str, str] = {}
         for entry in listing.stdout.split(b"\0"):
             if not entry:
@@ -201,15 +254,22 @@ class GitRepo:
             meta, _, raw_name = entry.partition(b"\t")
             mode, kind, obj, size = meta.decode().split()
             name = raw_name.decode("utf-8", "surrogateescape")
+            if kind == "commit" and any(name == p or name.startswith(p.rstrip("/") + "/") for p in limits):
+                raise SourceError(f"{label}:{display_name(name)}: a git submodule at that revision (commit "
+                                  f"{obj[:12]}); diff reads a revision's own files, never a submodule's, and "
+                                  f"would not render it from other templates")
             if kind != "blob":
                 continue
             limit = _limit(limits, name)
             if int(size) > limit:
                 raise too_large(f"{label}:{name}", int(size), limit)
             if mode in ("100644", "100755"):
-                blobs[name] = obj
+                blobs[name], sizes[name] = obj, int(size)
             elif mode == "120000" and name in limits:
                 links[name] = obj
+        for folder in folders:
+            under = [sizes[name] for name in blobs if name.startswith(folder.rstrip("/") + "/")]
+            check_template_totals(f"{label}:{folder.rstrip('/')}/", under)
         contents = self._cat(commit, {**blobs, **links})
         if links:
             name = next(iter(links))

@@ -95,7 +95,10 @@ def _check_node(value: Any, schema: dict, root: dict, path: Path) -> None:
     if "type" in schema:
         types = schema["type"] if isinstance(schema["type"], list) else [schema["type"]]
         if not any(_TYPES[t](value) for t in types):
-            raise SchemaViolation(path, f"expected {' or '.join(types)}, got {describe(value)}")
+            # the whole document of the wrong type: a file that is no policy or manifest at all
+            # (a secret linked in its place) is named, its content never echoed
+            got = describe(value) if path else kind_of(value)
+            raise SchemaViolation(path, f"expected {' or '.join(types)}, got {got}")
     if "const" in schema and not _same(value, schema["const"]):
         raise SchemaViolation(path, f"must be {json.dumps(schema['const'])}, got {describe(value)}")
     if "enum" in schema and not any(_same(value, e) for e in schema["enum"]):
@@ -176,6 +179,13 @@ def _identity(value: Any) -> Any:
 def _same(a: Any, b: Any) -> bool:
     # JSON equality: 1 and True are different values.
     return type(a) is type(b) and a == b or (_TYPES["number"](a) and _TYPES["number"](b) and a == b)
+
+
+def kind_of(value: Any) -> str:
+    """What a value is, in the file's words, without what it holds."""
+    if isinstance(value, (bool, type(None), dict, list)):
+        return describe(value)
+    return "a string" if isinstance(value, str) else "a number"
 
 
 def describe(value: Any) -> str:

@@ -6,6 +6,7 @@ compiled through the compile cache when resources are compared (`build_sides`)."
 from __future__ import annotations
 
 import hashlib
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable
@@ -15,7 +16,7 @@ from topkgen.policy import MAX_POLICY_BYTES, KernelSpec, Policy, PolicyError, al
     plan, read_file, rule_record
 from topkgen.diff.worktree_files import WorktreeFileError, read_worktree_file
 from topkgen.build.sources import MAX_TEMPLATE_BYTES, TEMPLATES_IN_REPO, GitRepo, SourceError, Templates, \
-    directory_templates, installed_templates, repo_path
+    directory_templates, display_name, installed_templates, repo_path
 
 DEFAULT_POLICY_IN_REPO = "policies/topk.yaml"
 WORKTREE = "working tree"
@@ -109,8 +110,13 @@ def load_worktree_side(*, policy_in_repo: str = DEFAULT_POLICY_IN_REPO, cwd: Pat
             raise DiffInputError(err.strerror) from None
         policy = loads(data, source=policy_path)
         folder = repo.root / TEMPLATES_IN_REPO
+        if folder.is_symlink():
+            raise DiffInputError(f"{WORKTREE}: {TEMPLATES_IN_REPO}: a symbolic link in the working tree (to "
+                                 f"{display_name(os.readlink(folder))}); diff reads a working tree's regular files "
+                                 f"only, as a revision's")
         if folder.is_dir():
-            templates, where = directory_templates(folder, f"{TEMPLATES_IN_REPO}/"), f"{TEMPLATES_IN_REPO}/"
+            where = f"{TEMPLATES_IN_REPO}/"
+            templates = directory_templates(folder, where, bounded=True)
         else:
             templates, where = installed_templates(), "installed templates"
         return _rendered_side(WORKTREE, "worktree", f"working tree: {policy_path}, {where}", policy, templates)
@@ -122,14 +128,15 @@ def _revision_side(rev: str, policy_in_repo: str, cwd: Path | None) -> Side:
     repo = GitRepo.around(cwd, rev)
     commit = repo.commit(rev)
     policy_path = repo_path(policy_in_repo, "--policy")
-    files = repo.read(commit, {policy_path: MAX_POLICY_BYTES, TEMPLATES_IN_REPO: MAX_TEMPLATE_BYTES}, label=rev)
+    files = repo.read(commit, {policy_path: MAX_POLICY_BYTES, TEMPLATES_IN_REPO: MAX_TEMPLATE_BYTES}, label=rev,
+                      folders=(TEMPLATES_IN_REPO,))
     if policy_path not in files:
         raise DiffInputError(f"{rev}: no {policy_path} at that revision")
     policy = loads(files[policy_path], source=f"{rev}:{policy_path}")
     prefix = f"{TEMPLATES_IN_REPO}/"
     template_files = {name[len(prefix):]: data for name, data in files.items() if name.startswith(prefix)}
     if template_files:
-        templates, where = Templates(f"{rev}:{prefix}", template_files), prefix
+        templates, where = Templates(f"{rev}:{prefix}", template_files, bounded=True), prefix
     else:  # a repository of policies alone: the installed templates render them
         templates, where = installed_templates(), f"installed templates (no {prefix} at that revision)"
     return _rendered_side(rev, "revision", f"revision {commit[:12]}: {policy_path}, {where}", policy, templates)
@@ -139,6 +146,7 @@ def _rendered_side(label: str, kind: str, origin: str, policy: Policy, templates
     specs = {s.name: s for arch in policy.archs for s in plan(policy, arch)}
     side = Side(label, kind, origin, policy, list(policy.archs), {},
                 {r.name: rule_record(r) for r in policy.jit_only_rules()}, templates, specs)
+    templates.prepare([*specs.values(), *(s for arch in policy.archs for s in all_kernels(policy, arch))])
     for name, spec in specs.items():
         source, used = templates.render(spec)
         side.kernels[name] = {**spec.record(), "source_sha256": _sha256(source)}
