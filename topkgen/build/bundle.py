@@ -120,15 +120,17 @@ Progress = Callable[[KernelSpec, CompiledKernel, float], None]
 
 
 def compile_specs(specs: list[KernelSpec], jobs: int = 1, progress: Progress | None = None,
-                  source_of: Callable[[KernelSpec], str] = render) -> list[tuple[str, CompiledKernel]]:
+                  source_of: Callable[[KernelSpec], str] = render,
+                  verify_percent: float = 0) -> list[tuple[str, CompiledKernel]]:
     """Render and compile kernels in parallel (NVRTC runs without the GIL), in threads that
     a Ctrl-C does not wait for (topkgen.build.workers). `source_of` renders from other templates
-    than the installed ones (topkgen diff --build)."""
+    than the installed ones (topkgen diff --build); `verify_percent` as for compile_kernel."""
 
     def one(spec: KernelSpec) -> tuple[str, CompiledKernel, float]:
         start = time.perf_counter()
         source = source_of(spec)
-        return source, compile_kernel(source, spec.name, spec.arch), time.perf_counter() - start
+        compiled = compile_kernel(source, spec.name, spec.arch, verify_percent=verify_percent)
+        return source, compiled, time.perf_counter() - start
 
     def finished(spec: KernelSpec, result: tuple[str, CompiledKernel, float]) -> None:
         if progress:
@@ -141,6 +143,14 @@ def compile_specs(specs: list[KernelSpec], jobs: int = 1, progress: Progress | N
 class BuildResult:
     manifest: dict
     cache: cache.Stats  # local hits, remote hits, compiled, remote traffic
+    provenance: tuple[dict, ...] = ()  # where each kernel came from (build --provenance)
+
+
+def provenance_entry(compiled: CompiledKernel) -> dict:
+    """One kernel's line of `build --provenance`: its key and cubin, and where it came from."""
+    return {"name": compiled.name, "arch": compiled.arch, "key": compiled.key,
+            "cubin_sha256": hashlib.sha256(compiled.cubin).hexdigest(), "origin": compiled.outcome.origin,
+            "verified_by_recompiling": compiled.outcome.verified}
 
 
 def policy_record(policy: Policy) -> dict:
@@ -178,7 +188,8 @@ def manifest_document(policy: Policy, policy_rec: dict, archs: list[str], kernel
 
 def build(policy: Policy, archs: list[str], out: Path, *, jobs: int = 1, allow_over_budget: bool = False,
           force: bool = False, progress: Progress | None = None,
-          warn: Callable[[str], None] | None = None, shard: tuple[int, int] | None = None) -> BuildResult:
+          warn: Callable[[str], None] | None = None, shard: tuple[int, int] | None = None,
+          verify_percent: float = 0) -> BuildResult:
     """Compile every planned kernel (or shard `(index, count)`'s share of them) and write the
     bundle to `out`, atomically. `out` is checked first (destinations.DestinationError) and
     again under the lock before the swap; `force` lets the build replace a directory that is
@@ -188,13 +199,14 @@ def build(policy: Policy, archs: list[str], out: Path, *, jobs: int = 1, allow_o
     inputs = (Path(policy.path),) if Path(policy.path).is_file() else ()
     check_bundle_destination(out, force=force, inputs=inputs)
     cache.remote_store()  # a TOPKGEN_CACHE_URL that cannot be opened fails before any compile
+    cache.cache_trust.pins()  # so does a TOPKGEN_CACHE_PINS that names no file of pins
     archs = in_policy_order(policy, archs)
     specs = [spec for arch in archs for spec in plan(policy, arch)]
     shard_record = None
     if shard is not None:
         shard_record = shards.shard_record(specs, archs, *shard)
         specs = shards.share(specs, *shard)
-    sources, compiled = zip(*compile_specs(specs, jobs, progress)) if specs else ((), ())
+    sources, compiled = zip(*compile_specs(specs, jobs, progress, verify_percent=verify_percent)) if specs else ((), ())
     problems = [p for p in (over_budget(s, c) for s, c in zip(specs, compiled)) if p]
     if problems and not allow_over_budget:
         raise BuildError("\n".join(problems))
@@ -206,7 +218,7 @@ def build(policy: Policy, archs: list[str], out: Path, *, jobs: int = 1, allow_o
                                             toolchain(), shard_record)
     write_bundle(out, manifest, {cubin_path(s): c.cubin for s, c in zip(specs, compiled)} | jit_files,
                  force=force, inputs=inputs)
-    return BuildResult(manifest, cache.Stats.of(c.outcome for c in compiled))
+    return BuildResult(manifest, cache.Stats.of(c.outcome for c in compiled), tuple(map(provenance_entry, compiled)))
 
 
 def write_bundle(out: Path, manifest: dict, files: dict[str, bytes], *, force: bool = False,

@@ -35,6 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable
 
+from topkgen.build import cache_trust
 from topkgen.manifest import checks as manifest_checks
 from topkgen.policy.dispatch_table import FieldError
 from topkgen.common.paths import cache_root, unusable_message
@@ -52,6 +53,11 @@ class CacheRecordLies(CacheConfigError):
     """An action record whose resources contradict its own cubin's ELF (registers, stack
     frame): no compile wrote it, so it is refused loudly, naming the entry (exit 2), never
     built into a bundle nor quietly replaced."""
+
+
+class CachePoisoned(CacheConfigError):
+    """A served entry whose cubin differs from a fresh compile of its key (build --verify-cache):
+    other code under a key that every other check passes; exit 2, naming the entry."""
 
 
 class CacheConflict(CacheError):
@@ -134,6 +140,8 @@ class Outcome:
     errors: tuple[str, ...] = ()  # remote I/O failures (the remote was skipped)
     local_errors: tuple[str, ...] = ()  # local writes that failed (disk full): the kernel was not cached
     local_added: bool = False  # this process wrote the local record (not another process, not an earlier run)
+    unpinned: int = 0        # remote entries TOPKGEN_CACHE_PINS kept from serving (so compiled here)
+    verified: bool = False   # served, and recompiled to the same cubin (build --verify-cache)
 
 
 @dataclass(frozen=True)
@@ -191,12 +199,13 @@ def lookup(key: str, source: str, name: str, arch: str) -> Hit | Outcome:
     one (which then fills the local tier); on a miss, the Outcome so far (rejected remote
     entries, remote failures). An entry that fails verification is never served nor copied:
     the kernel is compiled and store() repairs the local entry."""
+    pinned = cache_trust.pins()
     local = local_store()
     try:
         found = _read(local, key, name, arch)
     except ValueError:
         found = None  # compiled again; store() repairs the entry
-    if found is not None:
+    if found is not None and cache_trust.pin_problem(key, found[0]["cubin_sha256"], pinned, remote=False) is None:
         return Hit(found[0], found[1], Outcome("local"))
     remote = remote_store()
     if remote is None:
@@ -212,6 +221,9 @@ def lookup(key: str, source: str, name: str, arch: str) -> Hit | Outcome:
     if found is None:
         return Outcome("compiled")
     record, cubin, nbytes = found
+    if cache_trust.pin_problem(key, record["cubin_sha256"], pinned, remote=True) is not None:
+        pinned_here = pinned is not None and key in pinned  # pinned to other bytes: a rejected entry
+        return Outcome("compiled", remote_read=nbytes, rejected=int(pinned_here), unpinned=int(not pinned_here))
     try:
         _put(local, record, cubin, source, repair=True)
         local_errors: tuple[str, ...] = ()
@@ -245,8 +257,8 @@ def store(key: str, fields: dict[str, Any], cubin: bytes, source: str, miss: Out
             raise
         except Exception as err:
             errors += (store_failure(err),)
-    return Outcome("compiled", remote_written=written, rejected=miss.rejected, errors=errors,
-                   local_errors=local_errors, local_added=added)
+    return Outcome("compiled", remote_read=miss.remote_read, remote_written=written, rejected=miss.rejected,
+                   errors=errors, local_errors=local_errors, local_added=added, unpinned=miss.unpinned)
 
 
 def _local_failure(err: OSError) -> str:
@@ -268,8 +280,10 @@ def _put(target: Store, record: dict[str, Any], cubin: bytes, source: str, *, re
         return written + len(data), True
     existing = target.get(ac_path(record["key"]))
     other = parse_record(existing, record["key"]) if existing is not None else None
-    if other is not None and _forged(target, other, record):
-        other = None  # corrupt, like a record that does not parse: repaired locally, left alone in the remote
+    if other is not None and (_forged(target, other, record) or repair and cache_trust.pin_problem(
+            record["key"], other["cubin_sha256"], cache_trust.pins(), remote=False) is not None):
+        other = None  # corrupt, like a record that does not parse (or against the pins): repaired locally, left
+        # alone in the remote
     if other is not None and other["cubin_sha256"] != record["cubin_sha256"]:
         raise CacheConflict(
             f"cache conflict for kernel {record['name']} ({record['arch']}): {target.label}/{ac_path(record['key'])} "
@@ -311,6 +325,8 @@ class Stats:
     local_errors: tuple[str, ...]  # failed local writes: those kernels were compiled and not cached
     remote: str | None      # the remote store's URL (no credentials), None when unset
     readonly: bool
+    unpinned: int = 0       # remote entries TOPKGEN_CACHE_PINS kept from serving
+    verified: int = 0       # served entries recompiled to the same cubin (build --verify-cache)
 
     @classmethod
     def of(cls, outcomes: Iterable[Outcome]) -> "Stats":
@@ -328,4 +344,6 @@ class Stats:
             local_errors=tuple(dict.fromkeys(e for o in outcomes for e in o.local_errors)),
             remote=remote.label if remote is not None else None,
             readonly=remote_readonly(),
+            unpinned=sum(o.unpinned for o in outcomes),
+            verified=sum(o.verified for o in outcomes),
         )

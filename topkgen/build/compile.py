@@ -10,12 +10,12 @@ other headers or another NVRTC never receives this machine's cubins.
 from __future__ import annotations
 
 import re
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from topkgen.build import cache, toolchain as tc, workers
+from topkgen.build import cache, cache_trust, toolchain as tc, workers
 from topkgen.common.paths import cuda_include_dir
 
 
@@ -97,14 +97,18 @@ def cache_key(source: str, name: str, arch: str, toolchain_record: dict[str, Any
                             toolchain_digest=tc.digest(toolchain_record or toolchain()))
 
 
-def compile_kernel(source: str, name: str, arch: str, *, use_cache: bool = True) -> CompiledKernel:
-    """Compile one kernel (an extern "C" function called `name`) for `arch`."""
+def compile_kernel(source: str, name: str, arch: str, *, use_cache: bool = True,
+                   verify_percent: float = 0) -> CompiledKernel:
+    """Compile one kernel (an extern "C" function called `name`) for `arch`. `verify_percent`:
+    recompile a cache hit when cache_trust chooses its key, and refuse it if the cubins differ."""
     key = cache_key(source, name, arch)
     miss = cache.Outcome("compiled")
     if use_cache:
         found = cache.lookup(key, source, name, arch)
         if isinstance(found, cache.Hit):
             hit = _from_record(found.record, found.cubin, found.outcome)
+            if hit is not None and verify_percent and cache_trust.chosen_for_verification(key, verify_percent):
+                hit = _verified(hit, source)
             if hit is not None:
                 return hit
         else:
@@ -117,6 +121,20 @@ def compile_kernel(source: str, name: str, arch: str, *, use_cache: bool = True)
         fields = {"name": name, "arch": arch, "symbol": symbol, "resources": asdict(resources), "toolchain": toolchain()}
         outcome = cache.store(key, fields, cubin, source, miss)
     return CompiledKernel(name, arch, symbol, cubin, resources, key, outcome)
+
+
+def _verified(hit: CompiledKernel, source: str) -> CompiledKernel:
+    """The hit, once a fresh compile of its source gave the very same cubin; CachePoisoned if not."""
+    _, cubin, _ = _nvrtc(source, hit.name, hit.arch)
+    workers.python_handles_signals_again()
+    if cubin != hit.cubin:
+        store = cache.local_store() if hit.outcome.origin == "local" else cache.remote_store()
+        label = store.label if store is not None else hit.outcome.origin
+        raise cache.CachePoisoned(
+            f"{label}/{cache.ac_path(hit.key)}: kernel {hit.name} ({hit.arch}): its cubin (sha256 "
+            f"{cache.sha256(hit.cubin)[:16]}...) differs from a fresh compile ({cache.sha256(cubin)[:16]}...): other "
+            f"code under this key; no bundle written: delete the entry, and run `topkgen cache verify` on that store")
+    return replace(hit, outcome=replace(hit.outcome, verified=True))
 
 
 def _from_record(record: dict[str, Any], cubin: bytes, outcome: cache.Outcome) -> CompiledKernel | None:

@@ -40,8 +40,14 @@ by CI jobs; TOPKGEN_CACHE_READONLY=1 reads it without writing).""")
 @click.option("--shard", "shard_text", metavar="I/N",
               help="Build only shard I of N (1-based) of the plan; `topkgen merge` joins the shards.")
 @click.option("--force", is_flag=True, help="Replace --out even when it is a directory that is not a bundle.")
+@click.option("--verify-cache", "verify_percent", type=click.FloatRange(0, 100), default=0, metavar="P",
+              help="Recompile about P% of the kernels the compile cache serves (chosen by key) and fail, naming "
+                   "the entry, if one differs.")
+@click.option("--provenance", "provenance_path", type=click.Path(dir_okay=False), metavar="FILE",
+              help="Write where each kernel came from (local cache, remote, NVRTC) to FILE, outside the bundle; "
+                   "TOPKGEN_CACHE_PINS=FILE then pins a cache to that build's cubins.")
 def build(policy_path: str | None, archs: tuple[str, ...], out_dir: str, jobs: int, allow_over_budget: bool,
-          shard_text: str | None, force: bool) -> None:
+          shard_text: str | None, force: bool, verify_percent: float, provenance_path: str | None) -> None:
     """Render and compile every planned kernel with NVRTC into a cubin bundle and its
     manifest, through the compile cache. A failed build leaves --out as it was."""
     standard_output.report_only()
@@ -53,10 +59,12 @@ def build(policy_path: str | None, archs: tuple[str, ...], out_dir: str, jobs: i
     specs = [s for a in chosen for s in pol.plan(policy, a)]
     shard = shards.parse(shard_text, len(specs)) if shard_text is not None else None
     total = len(shards.share(specs, *shard)) if shard else len(specs)
+    if provenance_path is not None:
+        _check_provenance_path(Path(provenance_path), Path(out_dir))
     try:
         with console.BuildProgress(total, label="building", stream=sys.stdout, lines=True) as progress:
             result = bundle.build(policy, chosen, Path(out_dir), jobs=jobs, allow_over_budget=allow_over_budget,
-                                  force=force, warn=console.warning, shard=shard,
+                                  force=force, warn=console.warning, shard=shard, verify_percent=verify_percent,
                                   progress=lambda spec, compiled, s: progress(spec.name, compiled.outcome.origin, s))
     except cache.CacheConfigError as err:
         raise InputError(str(err)) from None
@@ -73,6 +81,27 @@ def build(policy_path: str | None, archs: tuple[str, ...], out_dir: str, jobs: i
                f"{_kernels_per_arch(manifest['kernels'], chosen)}, "
                f"{console.size(size)} of cubin, NVRTC {manifest['nvrtc_version']}\n  {_cache_stats(result.cache)}")
     _cache_warnings(result.cache)
+    if verify_percent:
+        click.echo(f"  verified: {result.cache.verified} of {result.cache.local_hits + result.cache.remote_hits} "
+                   f"cached kernels recompiled to the same cubin (--verify-cache {verify_percent:g})")
+    if provenance_path is not None:
+        from topkgen.build import cache_trust
+
+        try:
+            cache_trust.write_provenance(Path(provenance_path), result.provenance)
+        except OSError as err:
+            raise InputError(f"--provenance: cannot write {printable(provenance_path)}: {err.strerror}") from None
+
+
+def _check_provenance_path(path: Path, out: Path) -> None:
+    """--provenance names a file outside the bundle (which holds its own files only), before
+    any compile."""
+    resolved, bundle = path.resolve(), out.resolve()
+    if resolved == bundle or bundle in resolved.parents:
+        raise InputError(f"--provenance: {printable(str(path))} is inside the bundle {printable(str(out))}; "
+                         f"a bundle holds its own files only")
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        raise InputError(f"--provenance: {printable(str(path))} is not a regular file")
 
 
 def _cache_stats(stats: Any) -> str:
@@ -85,9 +114,12 @@ def _cache_stats(stats: Any) -> str:
 
 
 def _cache_warnings(stats: Any) -> None:
+    if stats.unpinned:
+        console.warning(f"{stats.unpinned} of the remote's entries are not pinned by TOPKGEN_CACHE_PINS and were "
+                        f"compiled here instead (and not copied into the local cache)")
     if stats.rejected:
-        console.warning(f"{stats.rejected} of the remote's entries failed verification (sha256, or the loaders' "
-                        f"checks of the cubin) and were compiled here instead")
+        console.warning(f"{stats.rejected} of the remote's entries failed verification (sha256, the loaders' "
+                        f"checks of the cubin, or TOPKGEN_CACHE_PINS) and were compiled here instead")
     for error in stats.errors[:3]:
         console.warning(f"remote cache unavailable, compiled instead: {error}")
     if stats.local_errors:  # disk full, say: the bundle is complete, the next build compiles these again

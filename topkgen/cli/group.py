@@ -48,6 +48,7 @@ Environment:
   TOPKGEN_CACHE_DIR       compile caches (default ~/.cache/topkgen)
   TOPKGEN_CACHE_URL       a shared compile cache: s3://, gs://, file://...
   TOPKGEN_CACHE_READONLY  1: read TOPKGEN_CACHE_URL, never write it
+  TOPKGEN_CACHE_PINS      a build --provenance FILE: the remote serves its cubins only
   TOPKGEN_DISABLE_JIT     1: run serves AOT kernels only
   TOPKGEN_CUDA_INCLUDE    CUDA headers, if not from the nvidia-cuda-* wheels
   TOPKGEN_DEBUG           1: print the traceback of an internal error
