@@ -32,7 +32,8 @@ def measure(argv: list[str], env: dict[str, str] | None = None, cwd: Path | None
     with tempfile.NamedTemporaryFile("r") as report:  # GNU time: the child's own peak, not this process's at fork
         start = time.perf_counter()
         proc = subprocess.run(["/usr/bin/time", "-o", report.name, "-f", "%M", *argv], stdout=subprocess.DEVNULL,
-                              stderr=subprocess.PIPE, env={**os.environ, **(env or {})}, cwd=cwd)
+                              stderr=subprocess.PIPE, env={**os.environ, "PYTHONPATH": str(ROOT), **(env or {})},
+                              cwd=cwd)
         seconds = time.perf_counter() - start
         peak = int(report.read().split()[-1]) * 1024
     err = proc.stderr.decode(errors="replace")
@@ -107,6 +108,34 @@ def main() -> int:
         (repo / "policies" / "topk.yaml").unlink()
         os.mkfifo(repo / "policies" / "topk.yaml")
         cases.append(("diff HEAD, working-tree policy a FIFO", [*TOPKGEN, "diff", "HEAD"], {"_cwd": str(repo)}))
+
+        branch = tmp / "branch"  # 7: a branch under review whose templates hang or crash a renderer
+        shutil.copytree(ROOT / "policies", branch / "policies")
+        shutil.copytree(ROOT / "templates", branch / "templates")
+        for git in (["init", "-q"], ["add", "-A"], ["-c", "user.name=b", "-c", "user.email=b@b", "commit", "-qm", "base"]):
+            subprocess.run(["git", "-C", str(branch), *git], check=True, capture_output=True)
+        base = subprocess.run(["git", "-C", str(branch), "rev-parse", "HEAD"], check=True, capture_output=True,
+                              text=True).stdout.strip()
+        for name, text in (("nested range loops", "{% for a in range(4000) %}{% for b in range(4000) %}"
+                                                  "{% for c in range(4000) %}{% endfor %}{% endfor %}{% endfor %}"),
+                           ("'x' * 10**10", "{{ 'x' * 10000000000 }}"), ("2 ** 10**11", "{{ 2 ** 100000000000 }}"),
+                           ("lipsum(10**8)", "{{ lipsum(100000000) }}"), ("a format width of 2 GB",
+                                                                         "{{ '%02000000000d' % 1 }}"),
+                           ("a recursive macro", "{% macro m(n) %}{{ m(n + 1) }}{% endmacro %}{{ m(0) }}"),
+                           ("a self-include", "{% include 'radix_select.cu.j2' %}")):
+            (branch / "templates" / "radix_select.cu.j2").write_text(text)
+            for git in (["add", "-A"], ["-c", "user.name=b", "-c", "user.email=b@b", "commit", "-qm", name]):
+                subprocess.run(["git", "-C", str(branch), *git], check=True, capture_output=True)
+            rev = subprocess.run(["git", "-C", str(branch), "rev-parse", "HEAD"], check=True, capture_output=True,
+                                 text=True).stdout.strip()
+            cases.append((f"diff of a template with {name}", [*TOPKGEN, "diff", base, rev, "--stat"],
+                          {"_cwd": str(branch)}))
+        for i in range(300):
+            (branch / "templates" / f"junk{i}.cuh").write_bytes(b"/" * (64 << 10))
+        for git in (["add", "-A"], ["-c", "user.name=b", "-c", "user.email=b@b", "commit", "-qm", "many"]):
+            subprocess.run(["git", "-C", str(branch), *git], check=True, capture_output=True)
+        cases.append(("diff of a revision of 300 template files", [*TOPKGEN, "diff", base, "HEAD", "--stat"],
+                      {"_cwd": str(branch)}))
 
         print(f"{'case':58} {'seconds':>8} {'peak MiB':>9} exit  first line")
         for name, argv, env in cases:
