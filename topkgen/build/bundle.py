@@ -34,6 +34,7 @@ from topkgen.policy import SHARED_BYTES_PER_BLOCK, KernelSpec, Policy, in_policy
 from topkgen.build.render import render
 from topkgen.manifest.params import params
 from topkgen.common.schema import load_schema, validate
+from topkgen.manifest import serving
 from topkgen.manifest.reading import MANIFEST, MANIFEST_OPTIONS, SCHEMAS, SCHEMA_VERSION
 GRID_RULE = "ceil_div(rows, rows_per_block)"
 
@@ -163,6 +164,8 @@ def manifest_document(policy: Policy, policy_rec: dict, archs: list[str], kernel
         "jit_only": [rule_record(r) for r in policy.jit_only_rules(archs)],
         "dispatch": dispatch,
         "options": MANIFEST_OPTIONS,
+        "split_rules": serving.split_rules(policy, archs),
+        "load_order": serving.load_order(policy, archs, kernels),
     }
     if shard is not None:
         manifest["shard"] = shard

@@ -24,7 +24,7 @@ from topkgen.build.render import render
 from topkgen.policy.split import ChunkPlan, stages
 from topkgen.common.suggest import did_you_mean
 from topkgen.runtime.backend import Launch, TopKError, _Backend, _Work, _dtype, index_dtype_of
-from topkgen.runtime.binary import Binary, NoBinaryError, resolve, shared_from_manifest
+from topkgen.runtime.binary import Binary, NoBinaryError, resolve_manifest
 from topkgen.runtime.cuda_backend import _CudaBackend
 from topkgen.runtime.emulator_backend import _EmulatorBackend
 
@@ -76,8 +76,7 @@ class TopK:
         if arch is None:
             gpu = gpu_arch if gpu_arch is not None else self._backend.current_arch()
             try:
-                self.binary = resolve(gpu, list(self.manifest["archs"]), list(self.policy.archs),
-                                      shared_from_manifest(self.manifest), jit=not jit_disabled())
+                self.binary = resolve_manifest(gpu, self.manifest, jit=not jit_disabled())
             except NoBinaryError as err:
                 raise TopKError(str(err)) from None
         self.arch = arch if arch is not None else self.binary.arch
