@@ -293,7 +293,7 @@ RAW_CASES = {
     "binary": (lambda raw: b"\x93NUMPY\x01\x00v\x00{'descr': '<f4'}" + raw,  # a .npy given for a bundle's manifest
                lambda raw: ":1:1: not UTF-8: byte 0x93 cannot be decoded; the file is binary (it holds NUL bytes), "
                            "not text"),
-    "duplicate key": (lambda raw: raw.replace(b"{", b'{\n  "schema_version": 4,', 1),  # named where written last
+    "duplicate key": (lambda raw: raw.replace(b"{", b'{\n  "schema_version": 5,', 1),  # named where written last
                       lambda raw: f":{_at(raw, raw.rindex(VERSION_KEY))}: duplicate key " + '"schema_version"'),
     "bidirectional control": (lambda raw: raw.replace(b'"topkgen"', b'"' + BIDI + b'"', 1),
                               lambda raw: f":{_at(raw, raw.index(BIDI) + 7)}: U+202E, a bidirectional control, "
@@ -307,9 +307,9 @@ RAW_CASES = {
                                               lambda raw: ": kernels[0].launch.dynamic_shared_bytes: 1099511627776 "
                                                           "is greater than the maximum 232448"),
     "schema_version 3.0": (_set(("schema_version",), 3.0),
-                           lambda raw: ": schema_version: 3.0 is not supported (this topkgen reads version 4)"),
+                           lambda raw: ": schema_version: 3.0 is not supported (this topkgen reads version 5)"),
     "schema_version true": (_set(("schema_version",), True),
-                            lambda raw: ": schema_version: true is not supported (this topkgen reads version 4)"),
+                            lambda raw: ": schema_version: true is not supported (this topkgen reads version 5)"),
     "a float for an integer": (_set(("kernels", 0, "k"), 64.0),
                                lambda raw: ": kernels[0].k: expected integer, got 64.0"),
     "an integer beyond 64 bits": (_set(("kernels", 0, "launch", "threads_per_block"), 2**70),
@@ -952,6 +952,19 @@ def test_both_loaders_refuse_a_schema_3_manifest_by_its_version(cpp, built_bundl
                                        "index_dtype); rebuild the bundle (topkgen build)")
     assert json.loads((built_bundle / "manifest.json").read_text())["options"] == {
         "unsorted": "same_launches", "index_dtypes": ["int64", "int32"], "int32_indices": "narrow_int64"}
+
+
+def test_both_loaders_refuse_a_schema_4_manifest_by_its_version(cpp, built_bundle, tmp_path):
+    """Schema 5 (issues 31, 32) adds split_rules and load_order; a schema-4 bundle is refused by
+    its version, in the same words, before anything else."""
+    root = tmp_path / "bundle"
+    shutil.copytree(built_bundle, root)
+    doc = json.loads((root / "manifest.json").read_text())
+    doc["schema_version"] = 4
+    del doc["split_rules"], doc["load_order"]
+    (root / "manifest.json").write_text(json.dumps(doc))
+    assert _both_refuse(cpp, root) == (": schema_version: 4 has no split_rules or load_order (a split for the GPU's "
+                                       "SM count, which binary serves a GPU); rebuild the bundle (topkgen build)")
 
 
 def test_the_cpp_loader_serves_every_k(cpp, built_bundle):
