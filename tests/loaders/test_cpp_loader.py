@@ -316,7 +316,7 @@ RAW_CASES = {
                                   lambda raw: f":{_at(raw, raw.index(str(2**70).encode()))}: the integer {2**70} "
                                               f"does not fit in 64 bits"),
     # were an unnamed nlohmann error in C++ ("number overflow parsing '1E400'") and inf in Python
-    "a number beyond a double": (lambda raw: raw.replace(VERSION_KEY + b" 4", VERSION_KEY + b" -1E400", 1),
+    "a number beyond a double": (lambda raw: raw.replace(VERSION_KEY + b" 5", VERSION_KEY + b" -1E400", 1),
                                  lambda raw: f":{_at(raw, raw.index(b'-1E400'))}: the number -1E400 is beyond the "
                                              f"range of a double"),
     # floats as Python's repr writes them: nlohmann wrote 1e+15 and 2.3782631626533768e+16
@@ -346,7 +346,7 @@ SYNTAX_CASES = {
                         "Expecting ',' delimiter"),
     "a missing colon": (lambda raw: raw.replace(b'"archs":', b'"archs"', 1), lambda raw: raw.index(b"["),
                         "Expecting ':' delimiter"),
-    "a missing value": (lambda raw: raw.replace(VERSION_KEY + b" 4", VERSION_KEY, 1),
+    "a missing value": (lambda raw: raw.replace(VERSION_KEY + b" 5", VERSION_KEY, 1),
                         lambda raw: raw.index(VERSION_KEY) + len(VERSION_KEY), "Expecting value"),
     "a trailing comma": (lambda raw: raw[:-3] + b",\n}\n", lambda raw: raw.rindex(b"}"),
                          "Expecting property name enclosed in double quotes"),
@@ -358,9 +358,9 @@ SYNTAX_CASES = {
                           "Invalid \\escape"),
     "a short \\u escape": (lambda raw: raw.replace(SM90, b'"sm\\u90"', 1), lambda raw: raw.index(b"sm\\u") + 3,
                             "Invalid \\uXXXX escape"),
-    "a number ending in a dot": (lambda raw: raw.replace(VERSION_KEY + b" 4", VERSION_KEY + b" 4.", 1),
+    "a number ending in a dot": (lambda raw: raw.replace(VERSION_KEY + b" 5", VERSION_KEY + b" 5.", 1),
                                  lambda raw: raw.index(VERSION_KEY) + len(VERSION_KEY) + 2, "Expecting ',' delimiter"),
-    "a leading zero": (lambda raw: raw.replace(VERSION_KEY + b" 4", VERSION_KEY + b" 04", 1),
+    "a leading zero": (lambda raw: raw.replace(VERSION_KEY + b" 5", VERSION_KEY + b" 05", 1),
                        lambda raw: raw.index(VERSION_KEY) + len(VERSION_KEY) + 2, "Expecting ',' delimiter"),
     "a comment": (lambda raw: b"// the bundle's manifest\n" + raw, lambda raw: 0, "Expecting value"),
     "a second document": (lambda raw: raw + b"{}\n", lambda raw: raw.rindex(b"{"), "Extra data"),

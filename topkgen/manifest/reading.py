@@ -113,6 +113,19 @@ def read_files(root: Path, manifest: dict, archs: Iterable[str] | None = None) -
         except dispatch_table.FieldError as err:
             raise ManifestError(f"{label}: {err}") from None
         files[entry.record["name"]] = data
+        ptx = entry.record.get("ptx")
+        if ptx is not None:  # schema 5: PTX beside the cubin, checked as any file (path, sha256)
+            if ptx["path"] != f"{entry.record['arch']}/{entry.record['name']}.ptx":
+                raise ManifestError(f"{label}: {entry.field}.ptx.path: '{ptx['path']}' must be "
+                                    f"'{entry.record['arch']}/{entry.record['name']}.ptx'")
+            try:
+                text = read_bundle_file(root, ptx["path"], MAX_FILE_BYTES)
+            except OSError as err:
+                raise ManifestError(f"{label}: {entry.field}.ptx: cannot read {ptx['path']}: {err.strerror}") from None
+            if hashlib.sha256(text).hexdigest() != ptx["sha256"]:
+                raise ManifestError(f"{label}: {entry.field}.ptx.sha256: {ptx['path']} does not match its sha256 in "
+                                    f"the manifest")
+            files[f"{entry.record['name']}.ptx"] = text
     return files
 
 

@@ -122,6 +122,10 @@ def _build(doc: dict, loc: _Locator, source: str, sha: str, text: str) -> Policy
         if t.get("arch_specific") and expected < ARCH_SPECIFIC_FROM:
             raise loc.error(("archs", name, "arch_specific"), f"{name} has no arch-specific target (NVRTC compiles "
                                                               f"sm_XYa for sm_90 and later only)")
+        if t.get("arch_specific") and t.get("ship_ptx"):
+            raise loc.error(("archs", name, "ship_ptx"), f"{name}'s cubins are arch-specific ({name}a): their PTX "
+                                                        f"would run on {name} only, which the cubins serve already "
+                                                        f"(drop ship_ptx or arch_specific)")
         archs[name] = ArchTuning(name, expected, t.get("threads"), t.get("warps_per_block"),
                                  tail["policy"], tail.get("max_iterations"), ctas, shared,
                                  t.get("loads_in_flight", 1), loads_by_k, split,

@@ -219,6 +219,13 @@ class KernelSpec:
     spills_allowed: bool
     dynamic_shared_bytes: int = 0  # launched with this much dynamic shared memory
     loads_in_flight: int = 1
+    target: str = ""        # the NVRTC target when not the arch: its arch-specific sm_XYa (policy arch_specific)
+    ship_ptx: bool = False  # its PTX (compute_XY) ships beside the cubin (policy ship_ptx)
+
+    @property
+    def nvrtc_target(self) -> str:
+        """What NVRTC compiles its cubin for: sm_90, or sm_90a for an arch-specific arch."""
+        return self.target or self.arch
 
     @property
     def work_rung(self) -> str:

@@ -231,7 +231,10 @@ class TopK:
             if hashlib.sha256(source.encode()).hexdigest() != entry["source_sha256"]:
                 raise TopKError(f"kernel {name}: the bundle was built from other source than this "
                                 f"topkgen renders; rebuild the bundle")
-            loaded = self._backend.load_aot(name, self._files[name], entry["symbol"], source)
+            if self.binary is not None and self.binary.way == "ptx":  # the load order took the shipped PTX
+                loaded = self._backend.load_ptx(name, self._files[f"{name}.ptx"], entry["symbol"], source)
+            else:
+                loaded = self._backend.load_aot(name, self._files[name], entry["symbol"], source)
         elif name in self._files:  # the source the bundle ships, sha256 checked at load
             loaded = self._backend.load_jit(name, self._files[name].decode())
         else:

@@ -1764,6 +1764,10 @@ class Bundle {
         e.rows_per_block = static_cast<unsigned>(doc_.integer(launch, "rows_per_block", lf, 1, 32));
         e.dynamic_shared_bytes = static_cast<unsigned>(doc_.integer(launch, "dynamic_shared_bytes", lf, 0, DYNAMIC_SHARED_MAX));
         if (!e.aot) e.nvrtc_options = doc_.strings(j, "nvrtc_options", e.field);
+        if (auto ptx = j.find("ptx"); e.aot && ptx != j.end()) {  // schema 5: PTX beside the cubin
+          e.ptx_path = doc_.str(*ptx, "path", e.field + ".ptx");
+          e.ptx_sha256 = doc_.str(*ptx, "sha256", e.field + ".ptx");
+        }
         // the checks of topkgen.manifest.checks.check_entries, in its order
         if (arch_set_.count(e.arch) == 0) doc_.fail(e.field + ".arch", e.arch + " is not one of the bundle's archs");
         auto [it, fresh] = by_name_.emplace(std::make_pair(e.arch, e.name), &e);
@@ -1977,6 +1981,13 @@ class Bundle {
       const int defined = detail::elf_defines_function(e.data, e.symbol);
       if (defined < 0) doc.fail(e.field + ".cubin", e.path + " is not a CUDA ELF file: its symbol table cannot be read");
       if (defined == 0) doc.fail(e.field + ".symbol", e.path + " defines no function '" + e.symbol + "'");
+      if (e.ptx_path.empty()) continue;  // topkgen.manifest.reading.read_files: the PTX's path, file and sha256
+      if (e.ptx_path != e.arch + "/" + e.name + ".ptx")
+        doc.fail(e.field + ".ptx.path", "'" + e.ptx_path + "' must be '" + e.arch + "/" + e.name + ".ptx'");
+      if (!detail::read_bundle_file(dir_, e.ptx_path, detail::MAX_FILE_BYTES, e.ptx, why))
+        doc.fail(e.field + ".ptx", "cannot read " + e.ptx_path + ": " + why);
+      if (detail::sha256_hex(e.ptx) != e.ptx_sha256)
+        doc.fail(e.field + ".ptx.sha256", e.ptx_path + " does not match its sha256 in the manifest");
     }
   }
 

@@ -219,6 +219,7 @@ inline constexpr const char MANIFEST_SCHEMA[] = R"schema({
       "properties": {
         "name": {"$ref": "#/$defs/name"},
         "arch": {"type": "string", "pattern": "^sm_[0-9]+$", "description": "the arch of its cubin; one of archs"},
+        "ptx": {"type": "object", "additionalProperties": false, "required": ["path", "sha256", "size_bytes"], "description": "new in schema 5, only where the policy ships PTX for the arch (load_order.ptx_archs): the kernel's PTX for the arch's virtual architecture (compute_XY), at DIR/<path>, exactly '<arch>/<name>.ptx' (a regular file, as every file of the bundle); a loader checks its sha256 at load and hands it to the driver (cuModuleLoadData, NUL-terminated) when the load order takes PTX", "properties": {"path": {"type": "string"}, "sha256": {"type": "string", "pattern": "^[0-9a-f]{64}$"}, "size_bytes": {"$ref": "#/$defs/count"}}},
         "family": {"enum": ["register", "radix"], "description": "the kernel family (template)"},
         "rule": {"type": "string", "pattern": "^[a-z][a-z0-9_]*$", "description": "the policy rule that declares it"},
         "dtype": {"enum": ["float32", "bfloat16", "float16"], "description": "the element type of x and values"},
