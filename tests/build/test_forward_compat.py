@@ -16,6 +16,8 @@ import numpy as np
 import pytest
 
 from topkgen import policy as pol
+from topkgen.build.compile import cache_key
+from topkgen.build.render import render
 from topkgen.manifest import reading as manifests
 from topkgen.runtime import TopK, TopKError, reference
 from topkgen.runtime.binary import resolve_manifest
@@ -51,8 +53,12 @@ def test_the_manifest_says_which_entries_are_ptx_and_which_targets_arch_specific
             ptx = (forward_bundle / entry["ptx"]["path"]).read_bytes()
             assert entry["ptx"]["path"] == f"sm_90/{entry['name']}.ptx" and len(ptx) == entry["ptx"]["size_bytes"]
             assert b".target sm_90" in ptx and f".entry {entry['symbol']}(".encode() in ptx
-        else:
+        else:  # compiled for sm_100a: the cache key is that target's, not sm_100's
             assert "ptx" not in entry
+            spec = next(s for s in pol.plan(policy, "sm_100") if s.name == entry["name"])
+            source = render(spec)
+            assert entry["cache_key"] == cache_key(source, spec.name, "sm_100a", manifest["toolchain"])
+            assert entry["cache_key"] != cache_key(source, spec.name, "sm_100", manifest["toolchain"])
     jit_options = {j["arch"]: j["nvrtc_options"][0] for j in manifest["jit_kernels"]}
     assert jit_options.get("sm_100", "--gpu-architecture=sm_100a") == "--gpu-architecture=sm_100a"
     files = manifests.read_files(forward_bundle, manifest)

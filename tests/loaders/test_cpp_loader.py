@@ -770,6 +770,7 @@ static_assert(std::is_same_v<topkgen::cu::Device, CUdevice>);
 static_assert(topkgen::cu::FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES);
 static_assert(topkgen::cu::DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
 static_assert(topkgen::cu::DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+static_assert(topkgen::cu::DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT == CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
 static_assert(topkgen::cu::SUCCESS == CUDA_SUCCESS);
 static_assert(sizeof(CUresult) == sizeof(topkgen::cu::Result));  // an enum in cuda.h, returned as int
 int main() {}

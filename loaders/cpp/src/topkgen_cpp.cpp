@@ -225,10 +225,7 @@ int launch(const std::vector<std::string>& a) {
                          a[1] + " " + a[2] + " " + a[3] + " " + a[4] + " " + a[5] + " " + a[6] + " " + a[7] + "'");
   if (a[8] != "0" && a[8] != "1") throw topkgen::Error("launch: LARGEST must be 0 or 1, got '" + a[8] + "'");
   const bool largest = a[8] == "1";
-  const bool on_gpu = s.rows > 0;  // an empty batch needs no driver
-  if (on_gpu) topkgen::cu::current_arch();  // a current context, whose device's SM count the split is planned for
-  const topkgen::Plan plan = bundle.plan(s.arch, s.dtype, s.k, s.n, s.rows, s.deterministic, s.jit,
-                                         on_gpu ? topkgen::cu::current_sm_count() : 0);  // checks rows
+  topkgen::Plan plan = bundle.plan(s.arch, s.dtype, s.k, s.n, s.rows, s.deterministic, s.jit);  // checks rows
   const int rows = static_cast<int>(s.rows);
   const std::size_t elem = s.dtype == "float32" ? 4 : 2;
   const std::string x = slurp(a[9]);
@@ -241,6 +238,8 @@ int launch(const std::vector<std::string>& a) {
   }
   const auto& d = topkgen::cu::Driver::get();
   topkgen::cu::current_arch();  // a current context
+  // planned again for the device's own SM count (split_rules): the same kernel, its chunks for this GPU
+  plan = bundle.plan(s.arch, s.dtype, s.k, s.n, s.rows, s.deterministic, s.jit, topkgen::cu::current_sm_count());
   topkgen::cu::DevicePtr dx = 0, dv = 0, di = 0, dw = 0;
   const std::size_t out_elems = static_cast<std::size_t>(rows) * s.k;
   d.check(d.MemAlloc(&dx, x.size()), "cuMemAlloc");
