@@ -116,3 +116,22 @@ def test_the_policy_refuses_what_has_no_target(edit, key, words):
     with pytest.raises(pol.PolicyError) as err:
         pol.loads(text.encode())
     assert err.value.key.endswith(key) and words in err.value.message
+
+
+def test_per_arch_bundles_with_ptx_merge_into_the_full_build(forward_bundle, tmp_path):
+    (tmp_path / "forward.yaml").write_text(FORWARD_POLICY)
+    parts = []
+    for arch in ("sm_90", "sm_100"):
+        out = tmp_path / arch
+        proc = subprocess.run([sys.executable, "-m", "topkgen", "build", "--policy", tmp_path / "forward.yaml",
+                               "--arch", arch, "--out", out], capture_output=True, text=True)
+        assert proc.returncode == 0, proc.stderr
+        parts.append(out)
+    proc = subprocess.run([sys.executable, "-m", "topkgen", "merge", *parts, "--out", tmp_path / "merged"],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    whole = {p.relative_to(forward_bundle): p.read_bytes() for p in forward_bundle.rglob("*") if p.is_file()}
+    merged = {p.relative_to(tmp_path / "merged"): p.read_bytes() for p in (tmp_path / "merged").rglob("*") if p.is_file()}
+    assert any(str(p).endswith(".ptx") for p in whole)
+    assert whole.keys() == merged.keys()
+    assert [p for p in whole if whole[p] != merged[p]] == []  # byte-identical, manifest included
