@@ -327,7 +327,7 @@ RAW_CASES = {
     # as json.dumps writes it: nlohmann wrote {"a":1,"b":[2.5,"é"]}
     "schema_version a mapping": (_set(("schema_version",), {"a": 1, "b": [2.5, "\u00e9"]}),
                                  lambda raw: ': schema_version: {"a": 1, "b": [2.5, "\\u00e9"]} is not supported '
-                                             '(this topkgen reads version 4)'),
+                                             '(this topkgen reads version 5)'),
     "an invisible character where a number goes": (_set(("kernels", 0, "k"), "\u200b"),
                                                    lambda raw: ": kernels[0].k: expected integer, got '\\u200b'"),
 }
