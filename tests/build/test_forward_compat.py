@@ -61,6 +61,11 @@ def test_the_manifest_says_which_entries_are_ptx_and_which_targets_arch_specific
             assert entry["cache_key"] != cache_key(source, spec.name, "sm_100", manifest["toolchain"])
     jit_options = {j["arch"]: j["nvrtc_options"][0] for j in manifest["jit_kernels"]}
     assert jit_options.get("sm_100", "--gpu-architecture=sm_100a") == "--gpu-architecture=sm_100a"
+    ptx_on_disk = sum(f.stat().st_size for f in (forward_bundle / "sm_90").glob("*.ptx"))
+    proc = subprocess.run([sys.executable, "-m", "topkgen", "show", forward_bundle, "--format", "json"],
+                          capture_output=True, text=True)
+    sizes = json.loads(proc.stdout)["sizes"]["archs"]
+    assert (sizes["sm_90"]["ptx_bytes"], sizes["sm_100"]["ptx_bytes"]) == (ptx_on_disk, 0) and ptx_on_disk > 0
     files = manifests.read_files(forward_bundle, manifest)
     assert sorted(n for n in files if n.endswith(".ptx")) == sorted(
         f"{e['name']}.ptx" for e in manifest["kernels"] if e["arch"] == "sm_90")
