@@ -119,7 +119,8 @@ class TopK:
         the driver's cubin load (no binary for this GPU), not naming the argument."""
         major, minor = self.policy.archs[arch].capability
         gpu_major, gpu_minor = self._backend.device.compute_capability
-        if major != gpu_major or minor > gpu_minor:
+        exact = self.manifest["load_order"]["targets"].get(arch, arch) != arch  # sm_90a cubins: sm_90 only
+        if major != gpu_major or minor > gpu_minor or (exact and minor != gpu_minor):
             gpu = self._backend.current_arch()
             raise TopKError(f"arch: {arch!r} kernels do not run on this GPU ({gpu}); pass arch={gpu!r} or leave "
                             f"arch out (the backend takes the GPU's)")
