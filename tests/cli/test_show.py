@@ -9,7 +9,7 @@ def test_show_lists_kernels_by_family_with_resources_and_budget(cli, built_bundl
     result = cli("show", built_bundle, "--arch", "sm_90")
     assert result.exit_code == 0, result.stderr
     out = result.stdout
-    assert "manifest schema 4" in out and "policy policies/topk.yaml" in out
+    assert "manifest schema 5" in out and "policy policies/topk.yaml" in out
     assert "sm_90: 29 AOT kernels" in out and "sm_100" not in out
     assert "  family register" in out and "  family radix" in out
     for column in ("serves", "threads", "regs", "spills st/ld", "stack", "smem static", "smem dyn", "cubin bytes",
@@ -68,11 +68,11 @@ def test_show_reports_bytes_per_arch_and_in_all(cli, built_bundle):
                       sum(f.stat().st_size for f in (built_bundle / "jit" / arch).glob("*.cu")))
                for arch in ("sm_90", "sm_100")}
     for arch, (cubin, source) in on_disk.items():
-        assert doc["sizes"]["archs"][arch] == {"kernels": 29, "cubin_bytes": cubin, "jit_source_bytes": source,
-                                               "bytes": cubin + source}
+        assert doc["sizes"]["archs"][arch] == {"kernels": 29, "cubin_bytes": cubin, "ptx_bytes": 0,
+                                               "jit_source_bytes": source, "bytes": cubin + source}
     assert doc["sizes"]["all"]["bytes"] == sum(c + s for c, s in on_disk.values())
     assert doc["sizes"]["all"]["kernels"] == 58
     out = cli("show", built_bundle).stdout
     rows = {line.split()[0]: line.split()[1:] for line in out.split("bytes per arch", 1)[1].split("\n\n", 1)[0].splitlines()[2:]}
-    assert rows["sm_90"] == ["29", str(on_disk["sm_90"][0]), str(on_disk["sm_90"][1]), str(sum(on_disk["sm_90"]))]
+    assert rows["sm_90"] == ["29", str(on_disk["sm_90"][0]), "0", str(on_disk["sm_90"][1]), str(sum(on_disk["sm_90"]))]
     assert rows["all"][0] == "58" and rows["all"][-1] == str(doc["sizes"]["all"]["bytes"])

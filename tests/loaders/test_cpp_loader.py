@@ -293,7 +293,7 @@ RAW_CASES = {
     "binary": (lambda raw: b"\x93NUMPY\x01\x00v\x00{'descr': '<f4'}" + raw,  # a .npy given for a bundle's manifest
                lambda raw: ":1:1: not UTF-8: byte 0x93 cannot be decoded; the file is binary (it holds NUL bytes), "
                            "not text"),
-    "duplicate key": (lambda raw: raw.replace(b"{", b'{\n  "schema_version": 4,', 1),  # named where written last
+    "duplicate key": (lambda raw: raw.replace(b"{", b'{\n  "schema_version": 5,', 1),  # named where written last
                       lambda raw: f":{_at(raw, raw.rindex(VERSION_KEY))}: duplicate key " + '"schema_version"'),
     "bidirectional control": (lambda raw: raw.replace(b'"topkgen"', b'"' + BIDI + b'"', 1),
                               lambda raw: f":{_at(raw, raw.index(BIDI) + 7)}: U+202E, a bidirectional control, "
@@ -307,16 +307,16 @@ RAW_CASES = {
                                               lambda raw: ": kernels[0].launch.dynamic_shared_bytes: 1099511627776 "
                                                           "is greater than the maximum 232448"),
     "schema_version 3.0": (_set(("schema_version",), 3.0),
-                           lambda raw: ": schema_version: 3.0 is not supported (this topkgen reads version 4)"),
+                           lambda raw: ": schema_version: 3.0 is not supported (this topkgen reads version 5)"),
     "schema_version true": (_set(("schema_version",), True),
-                            lambda raw: ": schema_version: true is not supported (this topkgen reads version 4)"),
+                            lambda raw: ": schema_version: true is not supported (this topkgen reads version 5)"),
     "a float for an integer": (_set(("kernels", 0, "k"), 64.0),
                                lambda raw: ": kernels[0].k: expected integer, got 64.0"),
     "an integer beyond 64 bits": (_set(("kernels", 0, "launch", "threads_per_block"), 2**70),
                                   lambda raw: f":{_at(raw, raw.index(str(2**70).encode()))}: the integer {2**70} "
                                               f"does not fit in 64 bits"),
     # were an unnamed nlohmann error in C++ ("number overflow parsing '1E400'") and inf in Python
-    "a number beyond a double": (lambda raw: raw.replace(VERSION_KEY + b" 4", VERSION_KEY + b" -1E400", 1),
+    "a number beyond a double": (lambda raw: raw.replace(VERSION_KEY + b" 5", VERSION_KEY + b" -1E400", 1),
                                  lambda raw: f":{_at(raw, raw.index(b'-1E400'))}: the number -1E400 is beyond the "
                                              f"range of a double"),
     # floats as Python's repr writes them: nlohmann wrote 1e+15 and 2.3782631626533768e+16
@@ -327,7 +327,7 @@ RAW_CASES = {
     # as json.dumps writes it: nlohmann wrote {"a":1,"b":[2.5,"é"]}
     "schema_version a mapping": (_set(("schema_version",), {"a": 1, "b": [2.5, "\u00e9"]}),
                                  lambda raw: ': schema_version: {"a": 1, "b": [2.5, "\\u00e9"]} is not supported '
-                                             '(this topkgen reads version 4)'),
+                                             '(this topkgen reads version 5)'),
     "an invisible character where a number goes": (_set(("kernels", 0, "k"), "\u200b"),
                                                    lambda raw: ": kernels[0].k: expected integer, got '\\u200b'"),
 }
@@ -346,7 +346,7 @@ SYNTAX_CASES = {
                         "Expecting ',' delimiter"),
     "a missing colon": (lambda raw: raw.replace(b'"archs":', b'"archs"', 1), lambda raw: raw.index(b"["),
                         "Expecting ':' delimiter"),
-    "a missing value": (lambda raw: raw.replace(VERSION_KEY + b" 4", VERSION_KEY, 1),
+    "a missing value": (lambda raw: raw.replace(VERSION_KEY + b" 5", VERSION_KEY, 1),
                         lambda raw: raw.index(VERSION_KEY) + len(VERSION_KEY), "Expecting value"),
     "a trailing comma": (lambda raw: raw[:-3] + b",\n}\n", lambda raw: raw.rindex(b"}"),
                          "Expecting property name enclosed in double quotes"),
@@ -358,9 +358,9 @@ SYNTAX_CASES = {
                           "Invalid \\escape"),
     "a short \\u escape": (lambda raw: raw.replace(SM90, b'"sm\\u90"', 1), lambda raw: raw.index(b"sm\\u") + 3,
                             "Invalid \\uXXXX escape"),
-    "a number ending in a dot": (lambda raw: raw.replace(VERSION_KEY + b" 4", VERSION_KEY + b" 4.", 1),
+    "a number ending in a dot": (lambda raw: raw.replace(VERSION_KEY + b" 5", VERSION_KEY + b" 5.", 1),
                                  lambda raw: raw.index(VERSION_KEY) + len(VERSION_KEY) + 2, "Expecting ',' delimiter"),
-    "a leading zero": (lambda raw: raw.replace(VERSION_KEY + b" 4", VERSION_KEY + b" 04", 1),
+    "a leading zero": (lambda raw: raw.replace(VERSION_KEY + b" 5", VERSION_KEY + b" 05", 1),
                        lambda raw: raw.index(VERSION_KEY) + len(VERSION_KEY) + 2, "Expecting ',' delimiter"),
     "a comment": (lambda raw: b"// the bundle's manifest\n" + raw, lambda raw: 0, "Expecting value"),
     "a second document": (lambda raw: raw + b"{}\n", lambda raw: raw.rindex(b"{"), "Extra data"),
@@ -770,6 +770,7 @@ static_assert(std::is_same_v<topkgen::cu::Device, CUdevice>);
 static_assert(topkgen::cu::FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES == CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES);
 static_assert(topkgen::cu::DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR);
 static_assert(topkgen::cu::DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR == CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR);
+static_assert(topkgen::cu::DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT == CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT);
 static_assert(topkgen::cu::SUCCESS == CUDA_SUCCESS);
 static_assert(sizeof(CUresult) == sizeof(topkgen::cu::Result));  // an enum in cuda.h, returned as int
 int main() {}
@@ -952,6 +953,19 @@ def test_both_loaders_refuse_a_schema_3_manifest_by_its_version(cpp, built_bundl
                                        "index_dtype); rebuild the bundle (topkgen build)")
     assert json.loads((built_bundle / "manifest.json").read_text())["options"] == {
         "unsorted": "same_launches", "index_dtypes": ["int64", "int32"], "int32_indices": "narrow_int64"}
+
+
+def test_both_loaders_refuse_a_schema_4_manifest_by_its_version(cpp, built_bundle, tmp_path):
+    """Schema 5 (issues 31, 32) adds split_rules and load_order; a schema-4 bundle is refused by
+    its version, in the same words, before anything else."""
+    root = tmp_path / "bundle"
+    shutil.copytree(built_bundle, root)
+    doc = json.loads((root / "manifest.json").read_text())
+    doc["schema_version"] = 4
+    del doc["split_rules"], doc["load_order"]
+    (root / "manifest.json").write_text(json.dumps(doc))
+    assert _both_refuse(cpp, root) == (": schema_version: 4 has no split_rules or load_order (a split for the GPU's "
+                                       "SM count, which binary serves a GPU); rebuild the bundle (topkgen build)")
 
 
 def test_the_cpp_loader_serves_every_k(cpp, built_bundle):

@@ -9,9 +9,15 @@ import numpy as np
 import pytest
 
 from topkgen.runtime import TopK, TopKError, reference
+from topkgen.manifest.serving import order_record
 from topkgen.runtime.binary import NoBinaryError, resolve
 
 from ..support.topk_cases import make_rows
+
+
+def _order(policy_archs, need, targets=None, ptx=()):
+    """A load_order record as build writes it, for a bundle of the archs of `need`."""
+    return order_record(policy_archs, need, targets or {a: a for a in need}, list(ptx))
 
 
 def _run(op, dtype="float32", k=40, n=3000, det=True):
@@ -73,13 +79,37 @@ def test_a_lower_minor_whose_shared_memory_does_not_fit_is_passed():
     """sm_80 kernels of 96 KB rows (115200 bytes a block) do not run on sm_86 (101376)."""
     with pytest.raises(NoBinaryError, match=r"sm_80 cubins need 115200 bytes of shared memory per block, above "
                                             r"its 101376; no PTX in the bundle"):
-        resolve("sm_86", ["sm_80"], ["sm_80"], {"sm_80": 115200}, jit=True)
-    took = resolve("sm_86", ["sm_80"], ["sm_80", "sm_86"], {"sm_80": 115200}, jit=True)
+        resolve("sm_86", ["sm_80"], _order(["sm_80"], {"sm_80": 115200}), jit=True)
+    took = resolve("sm_86", ["sm_80"], _order(["sm_80", "sm_86"], {"sm_80": 115200}), jit=True)
     assert (took.way, took.arch) == ("jit", "sm_86")  # its own tuning, compiled for it
-    took = resolve("sm_86", ["sm_80"], ["sm_80"], {"sm_80": 82432}, jit=False)
+    took = resolve("sm_86", ["sm_80"], _order(["sm_80"], {"sm_80": 82432}), jit=False)
     assert (took.way, took.arch) == ("lower-minor cubin", "sm_80")
 
 
 def test_gpu_arch_is_for_the_emulator_only(built_bundle):
     with pytest.raises(TopKError, match="gpu_arch: the emulator's stand-in GPU"):
         TopK(built_bundle, backend="emulator", gpu_arch="86")
+
+
+def test_shipped_ptx_serves_a_gpu_no_cubin_runs_on():
+    """sm_110 (Thor, major 11) runs no sm_100 cubin; sm_100's PTX, compiled by the driver, does."""
+    need = {"sm_90": 82432, "sm_100": 82432}
+    took = resolve("sm_110", ["sm_90", "sm_100"], _order(["sm_90", "sm_100"], need, ptx=["sm_90", "sm_100"]), jit=True)
+    assert (took.way, took.arch) == ("ptx", "sm_100")  # the highest capability at most the GPU's
+    assert "the sm_100 kernels' PTX (compute_100), compiled for sm_110 by the driver's JIT" in took.words
+    with pytest.raises(NoBinaryError, match="no PTX in the bundle for an arch at or below sm_89"):
+        resolve("sm_89", ["sm_90", "sm_100"], _order(["sm_90", "sm_100"], need, ptx=["sm_90", "sm_100"]), jit=True)
+        # PTX runs forward only: compute_90 not on sm_89
+    # a lower minor's cubin still comes before PTX
+    took = resolve("sm_103", ["sm_100"], _order(["sm_100"], {"sm_100": 82432}, ptx=["sm_100"]), jit=False)
+    assert took.way == "lower-minor cubin"
+
+
+def test_arch_specific_cubins_serve_exactly_their_arch():
+    """sm_100a cubins run on sm_100 only: not on sm_103 (same major, higher minor)."""
+    order = _order(["sm_100"], {"sm_100": 82432}, targets={"sm_100": "sm_100a"})
+    own = resolve("sm_100", ["sm_100"], order, jit=False)
+    assert own.way == "cubin" and "arch-specific sm_100a" in own.words
+    with pytest.raises(NoBinaryError, match=r"sm_100 cubins are arch-specific \(sm_100a\): they run on sm_100 only"):
+        resolve("sm_103", ["sm_100"], order, jit=False)
+    assert resolve("sm_103", ["sm_100"], order, jit=True).way == "jit"

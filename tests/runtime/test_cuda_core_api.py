@@ -23,7 +23,7 @@ from topkgen.runtime import TopKError  # noqa: E402
 USED = {
     "Device": ("set_current", "compute_capability", "allocate", "create_stream", "default_stream", "device_id",
                "pci_bus_id", "properties"),
-    "ObjectCode": ("from_cubin", "get_kernel"),
+    "ObjectCode": ("from_cubin", "from_ptx", "get_kernel"),
     "Stream": ("from_handle", "handle", "sync"),
     "Buffer": ("handle", "close"),
 }

@@ -18,12 +18,13 @@ def loader_flags() -> list[str]:
     return ["-std=c++17", f"-I{ROOT}/loaders/cpp/include", "-isystem", str(nlohmann)]
 
 
-def cpp_select(cpp: Path, bundle_dir: Path, shapes: list[tuple]) -> list[str]:
-    """Shapes (arch, dtype, k, n, det, jit[, rows])."""
+def cpp_select(cpp: Path, bundle_dir: Path, shapes: list[tuple], sm_count: int | None = None) -> list[str]:
+    """Shapes (arch, dtype, k, n, det, jit[, rows]); `sm_count`: plan splits for a GPU of that many SMs."""
     lines = "".join(f"{a} {d} {k} {n} {'deterministic' if det else 'fast'} {int(jit)}"
                     f"{'' if len(rest) == 0 or rest[0] is None else f' {rest[0]}'}\n"
                     for a, d, k, n, det, jit, *rest in shapes)
-    proc = subprocess.run([cpp, "select", bundle_dir], input=lines, capture_output=True, text=True)
+    extra = [] if sm_count is None else ["--sm-count", str(sm_count)]
+    proc = subprocess.run([cpp, "select", bundle_dir, *extra], input=lines, capture_output=True, text=True)
     answers = proc.stdout.splitlines()
     refused = any(answer.startswith("error: ") for answer in answers)
     assert proc.returncode == (1 if refused else 0), proc.stderr  # 1: a request was refused
@@ -43,3 +44,16 @@ def python_select(policy: pol.Policy, shape: tuple) -> str:
         return sel.kernel.name
     plan = sel.split
     return f"{sel.kernel.name} {sel.chunks} {plan.workspace_bytes if plan else 0} {plan.values_offset if plan else 0}"
+
+
+def cpp_binary(cpp: Path, bundle_dir: Path, gpu: str, jit: bool) -> tuple[str, str, str] | str:
+    """What `topkgen-cpp binary` says serves a GPU of arch `gpu`: (way, arch, words), or the
+    refusal's message."""
+    proc = subprocess.run([cpp, "binary", bundle_dir, gpu, *(["--jit"] if jit else [])], capture_output=True, text=True)
+    assert proc.returncode in (0, 1), proc.stderr
+    line = proc.stdout.rstrip("\n")
+    if proc.returncode == 1:
+        assert line.startswith("error: "), line
+        return line[len("error: "):]
+    way, arch, words = line.split("\t")
+    return way, arch, words

@@ -28,13 +28,14 @@ from topkgen.common import errors
 from topkgen.build import cache, workers
 from topkgen.policy import dispatch_table
 from topkgen.manifest import checks as manifest_checks
-from topkgen.build.compile import CompiledKernel, compile_kernel, portable_options, toolchain
+from topkgen.build.compile import CompiledKernel, compile_kernel, compile_ptx, portable_options, toolchain
 from topkgen.common.destinations import check_bundle_destination, locked
 from topkgen.common.files import claim, remove_abandoned
 from topkgen.policy import SHARED_BYTES_PER_BLOCK, KernelSpec, Policy, in_policy_order, jit_plan, plan, rule_record
 from topkgen.build.render import render
 from topkgen.manifest.params import params
 from topkgen.common.schema import load_schema, validate
+from topkgen.manifest import serving
 from topkgen.manifest.reading import MANIFEST, MANIFEST_OPTIONS, SCHEMAS, SCHEMA_VERSION
 GRID_RULE = "ceil_div(rows, rows_per_block)"
 
@@ -95,12 +96,19 @@ def planned_entry(spec: KernelSpec, source: str, cache_key: str) -> dict:
             "budget": {"max_registers": spec.max_registers, "spills_allowed": spec.spills_allowed}}
 
 
-def kernel_entry(spec: KernelSpec, compiled: CompiledKernel, source: str) -> dict:
-    return {**planned_entry(spec, source, compiled.key),
-            "symbol": compiled.symbol,
-            "sha256": hashlib.sha256(compiled.cubin).hexdigest(),
-            "size_bytes": len(compiled.cubin),
-            "resources": asdict(compiled.resources)}
+def kernel_entry(spec: KernelSpec, compiled: CompiledKernel, source: str, ptx: bytes | None = None) -> dict:
+    entry = {**planned_entry(spec, source, compiled.key),
+             "symbol": compiled.symbol,
+             "sha256": hashlib.sha256(compiled.cubin).hexdigest(),
+             "size_bytes": len(compiled.cubin),
+             "resources": asdict(compiled.resources)}
+    if ptx is not None:  # schema 5: the arch ships PTX (policy ship_ptx)
+        entry["ptx"] = {"path": ptx_path(spec), "sha256": hashlib.sha256(ptx).hexdigest(), "size_bytes": len(ptx)}
+    return entry
+
+
+def ptx_path(spec: KernelSpec) -> str:
+    return f"{spec.arch}/{spec.name}.ptx"
 
 
 def jit_entry(spec: KernelSpec, source: str) -> dict:
@@ -112,7 +120,7 @@ def jit_entry(spec: KernelSpec, source: str) -> dict:
             "source": jit_path(spec),
             "sha256": hashlib.sha256(data).hexdigest(),
             "size_bytes": len(data),
-            "nvrtc_options": portable_options(spec.arch)}
+            "nvrtc_options": portable_options(spec.nvrtc_target)}
 
 
 # Told of each kernel as it finishes: the kernel, its compile (or cache hit), seconds taken.
@@ -129,7 +137,7 @@ def compile_specs(specs: list[KernelSpec], jobs: int = 1, progress: Progress | N
     def one(spec: KernelSpec) -> tuple[str, CompiledKernel, float]:
         start = time.perf_counter()
         source = source_of(spec)
-        compiled = compile_kernel(source, spec.name, spec.arch, verify_percent=verify_percent)
+        compiled = compile_kernel(source, spec.name, spec.nvrtc_target, verify_percent=verify_percent)
         return source, compiled, time.perf_counter() - start
 
     def finished(spec: KernelSpec, result: tuple[str, CompiledKernel, float]) -> None:
@@ -178,6 +186,8 @@ def manifest_document(policy: Policy, policy_rec: dict, archs: list[str], kernel
         "jit_only": [rule_record(r) for r in policy.jit_only_rules(archs)],
         "dispatch": dispatch,
         "options": MANIFEST_OPTIONS,
+        "split_rules": serving.split_rules(policy, archs),
+        "load_order": serving.load_order(policy, archs, kernels),
     }
     if shard is not None:
         manifest["shard"] = shard
@@ -207,6 +217,9 @@ def build(policy: Policy, archs: list[str], out: Path, *, jobs: int = 1, allow_o
         shard_record = shards.shard_record(specs, archs, *shard)
         specs = shards.share(specs, *shard)
     sources, compiled = zip(*compile_specs(specs, jobs, progress, verify_percent=verify_percent)) if specs else ((), ())
+    ptx_specs = [s for s in specs if s.ship_ptx]
+    ptx = dict(zip((s.name for s in ptx_specs), workers.run_all(lambda s: compile_ptx(render(s), s.name, s.arch),
+                                                                ptx_specs, jobs)))
     problems = [p for p in (over_budget(s, c) for s, c in zip(specs, compiled)) if p]
     if problems and not allow_over_budget:
         raise BuildError("\n".join(problems))
@@ -214,10 +227,11 @@ def build(policy: Policy, archs: list[str], out: Path, *, jobs: int = 1, allow_o
         if warn:
             warn(problem)
     manifest, jit_files = manifest_document(policy, policy_record(policy), archs,
-                                            [kernel_entry(s, c, src) for s, c, src in zip(specs, compiled, sources)],
+                                            [kernel_entry(s, c, src, ptx.get(s.name))
+                                             for s, c, src in zip(specs, compiled, sources)],
                                             toolchain(), shard_record)
-    write_bundle(out, manifest, {cubin_path(s): c.cubin for s, c in zip(specs, compiled)} | jit_files,
-                 force=force, inputs=inputs)
+    files = {cubin_path(s): c.cubin for s, c in zip(specs, compiled)} | {ptx_path(s): ptx[s.name] for s in ptx_specs}
+    write_bundle(out, manifest, files | jit_files, force=force, inputs=inputs)
     return BuildResult(manifest, cache.Stats.of(c.outcome for c in compiled), tuple(map(provenance_entry, compiled)))
 
 

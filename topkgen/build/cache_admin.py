@@ -96,7 +96,7 @@ def import_bundle(path: Path) -> ImportResult:
         if cache.sha256(source.encode()) != entry["source_sha256"]:
             skipped.append(entry["name"])  # its key cannot be checked, and this checkout would never ask for it
             continue
-        key = cache_key(source, spec.name, spec.arch, manifest["toolchain"])
+        key = cache_key(source, spec.name, spec.nvrtc_target, manifest["toolchain"])
         if key != entry["cache_key"]:
             raise CacheInputError(f"{path}: kernel {entry['name']}: cache_key is not the key of its source under "
                                   f"the bundle's toolchain (tampered or from another topkgen)")

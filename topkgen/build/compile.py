@@ -146,6 +146,32 @@ def _from_record(record: dict[str, Any], cubin: bytes, outcome: cache.Outcome) -
         return None  # a record with other resource fields: compile again
 
 
+def compile_ptx(source: str, name: str, arch: str) -> bytes:
+    """The PTX of one kernel for `arch`'s virtual architecture (sm_90: compute_90), which the
+    driver compiles for any GPU of that capability or later (policy ship_ptx). Not cached:
+    NVRTC's front end alone, and deterministic."""
+    from cuda.bindings import nvrtc
+
+    if not re.fullmatch(r"sm_[0-9]{2,3}", arch):
+        raise CompileError(f"arch: {arch!r} is not an sm_XX architecture")
+    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), f"{name}.cu".encode(), 0, [], [])
+    _check(err, "nvrtcCreateProgram")
+    try:
+        opts = [f"--gpu-architecture=compute_{arch[3:]}".encode(), b"-std=c++17", f"-I{cuda_include_dir()}".encode()]
+        (result,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+        if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise CompileError(f"kernel {name} (compute_{arch[3:]}) failed to compile to PTX")
+        err, size = nvrtc.nvrtcGetPTXSize(prog)
+        _check(err, "nvrtcGetPTXSize")
+        ptx = b" " * size
+        (err,) = nvrtc.nvrtcGetPTX(prog, ptx)
+        _check(err, "nvrtcGetPTX")
+        return ptx.rstrip(b"\0")
+    finally:
+        nvrtc.nvrtcDestroyProgram(prog)
+        workers.python_handles_signals_again()
+
+
 def _check(err: object, what: str) -> None:
     from cuda.bindings import nvrtc
 

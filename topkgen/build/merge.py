@@ -151,7 +151,7 @@ def _take_kernels(part: Path, manifest: dict, root: Path, expected: list, what: 
                          + ("; listed twice or out of order" if not extra and not absent else ""))
     for spec, entry in zip(expected, manifest["kernels"]):
         source = render(spec)
-        planned = bundle.planned_entry(spec, source, cache_key(source, spec.name, spec.arch, manifest["toolchain"]))
+        planned = bundle.planned_entry(spec, source, cache_key(source, spec.name, spec.nvrtc_target, manifest["toolchain"]))
         wrong = [field for field, value in planned.items() if entry[field] != value]
         if wrong:
             raise ShardError(f"{part}: kernel {spec.name}: {', '.join(wrong)} not what the plan and "
@@ -161,6 +161,8 @@ def _take_kernels(part: Path, manifest: dict, root: Path, expected: list, what: 
             raise ShardError(f"{part}: kernel {spec.name}: the cubin's size does not match the manifest")
         entries[spec.name] = entry
         cubins[entry["cubin"]] = cubin
+        if "ptx" in entry:  # checked by read_files
+            cubins[entry["ptx"]["path"]] = files[f"{spec.name}.ptx"]
 
 
 def _first_few(items: list[str], shown: int = 5) -> str:

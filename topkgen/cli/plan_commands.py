@@ -96,10 +96,17 @@ def _tier_n(n: dict[str, Any]) -> str:
 Examples:
   topkgen explain --arch sm_90 --dtype float32 --k 16 --n 2048
   topkgen explain --arch sm_90 --dtype float32 --k 256 --n 131072 --rows 1
-  topkgen explain --arch sm_100 --dtype bf16 --k 300 --n 100000 --deterministic --format json""")
+  topkgen explain --arch sm_100 --dtype bf16 --k 300 --n 100000 --deterministic --format json
+  topkgen explain --gpu-arch sm_86 --dtype float32 --k 40 --n 3000 --bundle out""")
 @POLICY_OPTION
-@click.option("--arch", cls=_ArchHelpOption, type=ArchType(), required=True, metavar="ARCH",
-              help="Architecture: one of the policy's ({archs} in the packaged default policy).")
+@click.option("--arch", cls=_ArchHelpOption, type=ArchType(), default=None, metavar="ARCH",
+              help="Architecture: one of the policy's ({archs} in the packaged default policy). Or --gpu-arch.")
+@click.option("--gpu-arch", "gpu_arch", default=None, metavar="GPU",
+              help="Instead of --arch: a GPU's arch (sm_86, sm_103, sm_110); says which binary serves it (its own "
+                   "cubins, a lower minor's, shipped PTX, JIT, or a refusal) and explains the shape on it.")
+@click.option("--bundle", "bundle", type=click.Path(), default=None, metavar="DIR",
+              help="With --gpu-arch: the bundle whose binaries serve it (default: a full build of the policy, "
+                   "shared memory estimated from the policy).")
 @click.option("--dtype", type=DtypeType(), required=True, help=DTYPE_HELP)
 @K_OPTION
 @click.option("--n", "n", type=Count(1, pol.N_MAX), required=True, help="Row length (at least k).")
@@ -113,12 +120,22 @@ Examples:
                    "split section names (H200's 132 for sm_90); the runtime takes the GPU's own.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json"]), default="text", show_default=True,
               help="json: schemas/explain.schema.json, the request echoed.")
-def explain_command(policy_path: str | None, arch: str, dtype: str, k: int, n: int, rows: int | None,
-                    deterministic: bool, no_jit: bool, sm_count: int | None, fmt: str) -> None:
+def explain_command(policy_path: str | None, arch: str | None, gpu_arch: str | None, bundle: str | None, dtype: str,
+                    k: int, n: int, rows: int | None, deterministic: bool, no_jit: bool, sm_count: int | None,
+                    fmt: str) -> None:
     """Say which kernel serves a shape, aot or jit, and the rule that chose it."""
     from topkgen.policy.explain import explain
 
-    policy = pol.load(policy_path)
+    binary = None
+    if (arch is None) == (gpu_arch is None):
+        raise InputError("--arch: give --arch ARCH or --gpu-arch GPU" + (", not both" if arch else ""))
+    if bundle is not None and gpu_arch is None:
+        raise InputError("--bundle: only with --gpu-arch (the bundle whose binaries serve the GPU)")
+    if gpu_arch is not None:
+        policy, binary = _gpu_binary(policy_path, bundle, gpu_arch, jit=not no_jit)
+        arch = binary.arch
+    else:
+        policy = pol.load(policy_path)
     _check_arch(policy, arch)
     if sm_count is not None:
         if policy.archs[arch].split is None:
@@ -131,4 +148,38 @@ def explain_command(policy_path: str | None, arch: str, dtype: str, k: int, n: i
         message = str(err)  # "k: ..." names its option; "no kernel serves ..." is what --no-jit left
         named = message.split(":", 1)[0] in ("arch", "dtype", "k", "n", "rows")
         raise InputError(f"--{message}" if named else f"--no-jit: {message}") from None
+    if binary is not None:
+        answer = _on_gpu(answer, binary)
     click.echo(json.dumps(answer.record(), indent=2) if fmt == "json" else str(answer))
+
+
+def _gpu_binary(policy_path: str | None, bundle: str | None, gpu: str, *, jit: bool):
+    """The policy that decides and the binary serving `gpu`: a bundle's (its embedded policy),
+    or a full build's of the policy."""
+    from topkgen.cli.gpu_arch import served
+
+    if bundle is None:
+        policy = pol.load(policy_path)
+        return policy, served(gpu, policy, None, jit)
+    if policy_path is not None:
+        raise InputError("--policy: not with --bundle (the bundle's own policy decides)")
+    from topkgen.manifest import reading as manifests
+
+    try:
+        manifest, _ = manifests.load_manifest(bundle)
+        policy = manifests.manifest_policy(manifest, str(bundle))
+    except manifests.ManifestError as err:
+        raise InputError(f"--bundle: {err}") from None
+    return policy, served(gpu, policy, manifest, jit)
+
+
+def _on_gpu(answer, binary):
+    """The explanation as served on the GPU: JIT when the load order compiles the sources, and
+    the binary's words (text: `gpu:` and `binary:` lines; JSON: a `binary` record)."""
+    from dataclasses import replace
+
+    sel = answer.selection
+    reason = f"{sel.reason}; binary: {binary.words}"  # as TopK(gpu_arch=...).explain words it
+    # JIT: compiled for the GPU from the bundle's sources, with that arch's tuning
+    sel = replace(sel, source="jit" if binary.way == "jit" else sel.source, why=lambda: reason)
+    return replace(answer, selection=sel, binary=binary)

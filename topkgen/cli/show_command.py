@@ -64,8 +64,9 @@ def show(bundle_dir: str, archs: tuple[str, ...], fmt: str, with_dispatch: bool,
                f"policy {doc['policy']['path']} ({doc['policy']['name']}, sha256 {doc['policy']['sha256'][:12]})")
     click.echo("\nbytes per arch (what a machine of one arch needs: build --arch, or merge per-arch bundles):")
     sizes = doc["sizes"]
-    click.echo(_table(("arch", "kernels", "cubin bytes", "JIT source bytes", "bytes"),
-                      [(arch, str(v["kernels"]), str(v["cubin_bytes"]), str(v["jit_source_bytes"]), str(v["bytes"]))
+    click.echo(_table(("arch", "kernels", "cubin bytes", "PTX bytes", "JIT source bytes", "bytes"),
+                      [(arch, str(v["kernels"]), str(v["cubin_bytes"]), str(v["ptx_bytes"]), str(v["jit_source_bytes"]),
+                        str(v["bytes"]))
                        for arch, v in [*sizes["archs"].items(), ("all", sizes["all"])]]))
     for arch in chosen:
         kernels = [e for e in doc["kernels"] if e["arch"] == arch]
@@ -97,12 +98,13 @@ def show(bundle_dir: str, archs: tuple[str, ...], fmt: str, with_dispatch: bool,
 
 
 def _sizes(kernels: list[dict[str, Any]], jit: list[dict[str, Any]], archs: list[str]) -> dict[str, Any]:
-    """The bytes of the files each arch ships (cubins, JIT sources) and in all, exactly."""
+    """The bytes of the files each arch ships (cubins, PTX, JIT sources) and in all, exactly."""
     def count(arch: str | None) -> dict[str, int]:
         cubin = [e["size_bytes"] for e in kernels if arch in (None, e["arch"])]
+        ptx = [e["ptx"]["size_bytes"] for e in kernels if arch in (None, e["arch"]) and "ptx" in e]
         source = [e["size_bytes"] for e in jit if arch in (None, e["arch"])]
-        return {"kernels": len(cubin), "cubin_bytes": sum(cubin), "jit_source_bytes": sum(source),
-                "bytes": sum(cubin) + sum(source)}
+        return {"kernels": len(cubin), "cubin_bytes": sum(cubin), "ptx_bytes": sum(ptx), "jit_source_bytes": sum(source),
+                "bytes": sum(cubin) + sum(ptx) + sum(source)}
     return {"archs": {arch: count(arch) for arch in archs}, "all": count(None)}
 
 

@@ -56,7 +56,26 @@ def check_manifest(doc: dict) -> dict[tuple[str, str], Entry]:
     """All checks but the files'; returns the entries by (arch, name)."""
     by_name = check_entries(doc)
     check_dispatch(doc, by_name)
+    check_serving(doc)
     return by_name
+
+
+def check_serving(doc: dict) -> None:
+    """Schema 5's split_rules and load_order speak of the bundle's archs, each once (loaders/cpp
+    makes the same checks in this order, in these words)."""
+    archs = list(doc["archs"])
+    order = doc["load_order"]
+    for field, keys in (("split_rules", list(doc["split_rules"])), ("load_order.shared_needed", list(order["shared_needed"])),
+                        ("load_order.targets", list(order["targets"]))):
+        if sorted(keys) != sorted(archs):
+            raise FieldError(field, f"has {', '.join(sorted(keys)) or 'no arch'}, not the bundle's archs "
+                                    f"({', '.join(sorted(archs)) or 'none'})")
+    for arch in sorted(archs):
+        if order["targets"][arch] not in (arch, f"{arch}a"):
+            raise FieldError(f"load_order.targets.{arch}", f"'{order['targets'][arch]}' must be {arch} or {arch}a")
+    for i, arch in enumerate(order["ptx_archs"]):
+        if arch not in archs:
+            raise FieldError(f"load_order.ptx_archs[{i}]", f"{arch} is not one of the bundle's archs")
 
 
 def check_entries(doc: dict) -> dict[tuple[str, str], Entry]:

@@ -20,9 +20,9 @@ from topkgen.policy import Policy
 from topkgen.common.schema import SchemaViolation, format_path, load_schema, validate
 
 MANIFEST = "manifest.json"
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 SCHEMAS = {1: "manifest-1.schema.json", 2: "manifest-2.schema.json", 3: "manifest-3.schema.json",
-           4: "manifest.schema.json"}
+           4: "manifest-4.schema.json", 5: "manifest.schema.json"}
 # How a loader serves the request options (schema 4's `options`; the schema words each).
 MANIFEST_OPTIONS = {"unsorted": "same_launches", "index_dtypes": ["int64", "int32"], "int32_indices": "narrow_int64"}
 MAX_MANIFEST_BYTES = 64 << 20
@@ -86,6 +86,9 @@ def version_problem(version: object) -> str:
     if type(version) is int and version == 3:
         return ("schema_version: 3 stops k at 1024 and has no options (sorted, index_dtype); rebuild the bundle "
                 "(topkgen build)")
+    if type(version) is int and version == 4:
+        return ("schema_version: 4 has no split_rules or load_order (a split for the GPU's SM count, which binary "
+                "serves a GPU); rebuild the bundle (topkgen build)")
     return f"schema_version: {json.dumps(version)} is not supported (this topkgen reads version {SCHEMA_VERSION})"
 
 
@@ -110,6 +113,19 @@ def read_files(root: Path, manifest: dict, archs: Iterable[str] | None = None) -
         except dispatch_table.FieldError as err:
             raise ManifestError(f"{label}: {err}") from None
         files[entry.record["name"]] = data
+        ptx = entry.record.get("ptx")
+        if ptx is not None:  # schema 5: PTX beside the cubin, checked as any file (path, sha256)
+            if ptx["path"] != f"{entry.record['arch']}/{entry.record['name']}.ptx":
+                raise ManifestError(f"{label}: {entry.field}.ptx.path: '{ptx['path']}' must be "
+                                    f"'{entry.record['arch']}/{entry.record['name']}.ptx'")
+            try:
+                text = read_bundle_file(root, ptx["path"], MAX_FILE_BYTES)
+            except OSError as err:
+                raise ManifestError(f"{label}: {entry.field}.ptx: cannot read {ptx['path']}: {err.strerror}") from None
+            if hashlib.sha256(text).hexdigest() != ptx["sha256"]:
+                raise ManifestError(f"{label}: {entry.field}.ptx.sha256: {ptx['path']} does not match its sha256 in "
+                                    f"the manifest")
+            files[f"{entry.record['name']}.ptx"] = text
     return files
 
 

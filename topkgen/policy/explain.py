@@ -30,6 +30,7 @@ class Explanation:
     selection: Selection
     policy: dict[str, str]  # path, name, sha256 of the policy that decided
     rows: int | None = None
+    binary: Any = None  # with a GPU's arch (explain --gpu-arch): the load order's Binary (gpu, way, arch, words)
 
     # The selection's parts, so an Explanation reads like the Selection it holds.
     @property
@@ -88,7 +89,10 @@ class Explanation:
         return f"{_ctas(-(-rows // per_cta))} x {threads} threads, {rows_word} per CTA"
 
     def __str__(self) -> str:
+        gpu = () if self.binary is None else (f"gpu:    {self.binary.gpu}: {self.binary.way} ({self.binary.arch})",
+                                              f"binary: {self.binary.words}")
         return "\n".join((
+            *gpu,
             f"shape:  {self.arch} {self.dtype} k={self.k} n={self.n}"
             f"{'' if self.rows is None else f' rows={self.rows}'} mode={self.mode}"
             f"{'' if self.jit else ' (JIT disabled)'}",
@@ -103,10 +107,12 @@ class Explanation:
     def record(self) -> dict[str, Any]:
         """The JSON document of `topkgen explain --format json`: the request echoed, the answer."""
         sel = self.selection
+        gpu = {} if self.binary is None else {"binary": {"gpu": self.binary.gpu, "way": self.binary.way,
+                                                        "arch": self.binary.arch, "words": self.binary.words}}
         return {"format": "topkgen-explain", "schema_version": SCHEMA_VERSION, "policy": dict(self.policy),
                 "request": self.request(), "kernel": sel.kernel.name, "source": sel.source, "rule": sel.rule,
                 "reason": sel.reason, "skipped_jit_rules": list(sel.skipped), "spec": sel.kernel.record(),
-                "split": None if sel.split is None else {**sel.split.record(), "stage2_kernel": sel.kernel.name}}
+                "split": None if sel.split is None else {**sel.split.record(), "stage2_kernel": sel.kernel.name}, **gpu}
 
 
 def _ctas(count: int) -> str:

@@ -16,7 +16,7 @@ from topkgen.policy.coverage import _check_dispatch_grid, _check_total_dispatch
 from topkgen.policy.model import (
     FAMILY_ARCH_KEYS, FAMILY_TEMPLATES, MAX_KERNELS, MAX_POLICY_BYTES, MODES, RADIX_STATIC_SHARED_BYTES,
     radix_static_shared_bytes, REGISTER_MAX_K, REGISTER_MAX_N, SHARED_BYTES_PER_BLOCK, THREADS_PER_SM_BY_ARCH,
-    VECTOR_BYTES, WORK_BY_FAMILY,
+    VECTOR_BYTES, WORK_BY_FAMILY, ARCH_SPECIFIC_FROM,
     ArchTuning, Family, Policy, PolicyError, Rule, SplitTuning, _Locator, default_policy_path)
 from topkgen.policy.planning import arch_capability, block_shape, kernels_of_rule
 
@@ -119,9 +119,17 @@ def _build(doc: dict, loc: _Locator, source: str, sha: str, text: str) -> Policy
                 raise loc.error(("archs", name, "split"), "split rows run on radix kernels, and the policy "
                                                           "declares none (add the radix family, or remove split)")
             split = SplitTuning(**t["split"])
+        if t.get("arch_specific") and expected < ARCH_SPECIFIC_FROM:
+            raise loc.error(("archs", name, "arch_specific"), f"{name} has no arch-specific target (NVRTC compiles "
+                                                              f"sm_XYa for sm_90 and later only)")
+        if t.get("arch_specific") and t.get("ship_ptx"):
+            raise loc.error(("archs", name, "ship_ptx"), f"{name}'s cubins are arch-specific ({name}a): their PTX "
+                                                        f"would run on {name} only, which the cubins serve already "
+                                                        f"(drop ship_ptx or arch_specific)")
         archs[name] = ArchTuning(name, expected, t.get("threads"), t.get("warps_per_block"),
                                  tail["policy"], tail.get("max_iterations"), ctas, shared,
-                                 t.get("loads_in_flight", 1), loads_by_k, split)
+                                 t.get("loads_in_flight", 1), loads_by_k, split,
+                                 bool(t.get("ship_ptx", False)), bool(t.get("arch_specific", False)))
 
     aot = tuple(doc["dtypes"]["aot"])
     jit = tuple(doc["dtypes"].get("jit", []))

@@ -44,6 +44,8 @@ SHARED_BYTES_PER_BLOCK = {"sm_75": 65536, "sm_80": 166912, "sm_86": 101376, "sm_
 THREADS_PER_SM_BY_ARCH = {"sm_75": 1024, "sm_80": 2048, "sm_86": 1536, "sm_87": 1536, "sm_89": 1536,
                           "sm_90": 2048, "sm_100": 2048, "sm_103": 2048, "sm_110": 1536,
                           "sm_120": 1536, "sm_121": 1536}
+# NVRTC 13 compiles an arch-specific target (--gpu-architecture=sm_90a) for sm_90 and later only.
+ARCH_SPECIFIC_FROM = (9, 0)
 # Static shared memory of a radix kernel of K rung k (histogram, candidates, scratch); the
 # large-k path keeps its candidates in global memory (k = 0 here).
 def radix_static_shared_bytes(k: int) -> int:
@@ -146,6 +148,13 @@ class ArchTuning:
     loads_in_flight: int = 1   # radix: 16-byte loads each thread issues before using any
     loads_in_flight_by_k: dict[int, int] = field(default_factory=dict)  # per K rung, over loads_in_flight
     split: SplitTuning | None = None  # small batches of long rows; None: never split
+    ship_ptx: bool = False       # ship PTX (compute_XY) beside the cubins: forward compatibility
+    arch_specific: bool = False  # compile for sm_XYa: runs on exactly this arch
+
+    @property
+    def target(self) -> str:
+        """The NVRTC target of this arch's cubins: sm_90, or sm_90a when arch_specific."""
+        return f"{self.name}a" if self.arch_specific else self.name
 
 
 @dataclass(frozen=True)
@@ -210,6 +219,13 @@ class KernelSpec:
     spills_allowed: bool
     dynamic_shared_bytes: int = 0  # launched with this much dynamic shared memory
     loads_in_flight: int = 1
+    target: str = ""        # the NVRTC target when not the arch: its arch-specific sm_XYa (policy arch_specific)
+    ship_ptx: bool = False  # its PTX (compute_XY) ships beside the cubin (policy ship_ptx)
+
+    @property
+    def nvrtc_target(self) -> str:
+        """What NVRTC compiles its cubin for: sm_90, or sm_90a for an arch-specific arch."""
+        return self.target or self.arch
 
     @property
     def work_rung(self) -> str:

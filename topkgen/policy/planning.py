@@ -75,6 +75,7 @@ def _kernel(policy: Policy, rule: Rule, tuning: ArchTuning, family: Family, dtyp
         tail_policy=tuning.tail_policy, tail_max_iterations=tuning.tail_max_iterations,
         aot=rule.aot and dtype in policy.aot_dtypes,
         max_registers=family.max_registers, spills_allowed=family.spills_allowed,
+        target=tuning.target if tuning.arch_specific else "", ship_ptx=tuning.ship_ptx,
         dynamic_shared_bytes=_dynamic_shared_bytes(rule, tuning, n_max, vec, DTYPE_SIZES[dtype]),
         loads_in_flight=loads,
     )
@@ -115,7 +116,8 @@ def large_kernel(policy: Policy, arch: str, dtype: str, mode: str) -> KernelSpec
         threads=MAX_THREADS_PER_BLOCK, rows_per_block=1, min_ctas_per_sm=1, vector_width=vec,
         vector_iterations=None, ladder=(), tail_policy=tuning.tail_policy,
         tail_max_iterations=tuning.tail_max_iterations, aot=False, max_registers=family.max_registers,
-        spills_allowed=family.spills_allowed, dynamic_shared_bytes=tuning.shared_row_bytes,
+        spills_allowed=family.spills_allowed, target=tuning.target if tuning.arch_specific else "",
+        ship_ptx=tuning.ship_ptx, dynamic_shared_bytes=tuning.shared_row_bytes,
         loads_in_flight=tuning.loads_in_flight)
     policy._kernel_cache[key] = spec
     return spec

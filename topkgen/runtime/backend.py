@@ -134,6 +134,10 @@ class _Backend:
     def load_jit(self, name: str, source: str) -> Any:
         raise NotImplementedError
 
+    def load_ptx(self, name: str, ptx: bytes, symbol: str, source: str) -> Any:
+        """A kernel from its shipped PTX, compiled for the GPU by the driver's JIT."""
+        raise NotImplementedError
+
     def run(self, work: _Work, view: _View, k: int, arrays: _Arrays, stream: Any):
         """The launches, with the arrays `check` passed."""
         raise NotImplementedError

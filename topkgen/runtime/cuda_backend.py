@@ -134,6 +134,10 @@ class _CudaBackend(_Backend):
         # passes a mapped one as is to cuLibraryGetKernel, whose char* refuses a str.
         return ObjectCode.from_cubin(cubin).get_kernel(symbol)
 
+    def load_ptx(self, name: str, ptx: bytes, symbol: str, source: str) -> Any:
+        # cuda.core hands PTX to the driver (cuLibraryLoadData), whose JIT compiles it for the GPU
+        return _cuda_core().ObjectCode.from_ptx(ptx).get_kernel(symbol)
+
     def load_jit(self, name: str, source: str) -> Any:
         from topkgen.build.compile import compile_kernel
 

@@ -32,6 +32,9 @@ class _EmulatorBackend(_Backend):
     def load_aot(self, name: str, cubin: bytes, symbol: str, source: str) -> Any:
         return self.load_jit(name, source)  # the very source the cubin was compiled from
 
+    def load_ptx(self, name: str, ptx: bytes, symbol: str, source: str) -> Any:
+        return self.load_jit(name, source)  # the very source the PTX was compiled from
+
     def load_jit(self, name: str, source: str) -> Any:
         from topkgen.emulator import compile_source
 

@@ -24,7 +24,7 @@ from topkgen.build.render import render
 from topkgen.policy.split import ChunkPlan, stages
 from topkgen.common.suggest import did_you_mean
 from topkgen.runtime.backend import Launch, TopKError, _Backend, _Work, _dtype, index_dtype_of
-from topkgen.runtime.binary import Binary, NoBinaryError, resolve, shared_from_manifest
+from topkgen.runtime.binary import Binary, NoBinaryError, resolve_manifest
 from topkgen.runtime.cuda_backend import _CudaBackend
 from topkgen.runtime.emulator_backend import _EmulatorBackend
 
@@ -76,8 +76,7 @@ class TopK:
         if arch is None:
             gpu = gpu_arch if gpu_arch is not None else self._backend.current_arch()
             try:
-                self.binary = resolve(gpu, list(self.manifest["archs"]), list(self.policy.archs),
-                                      shared_from_manifest(self.manifest), jit=not jit_disabled())
+                self.binary = resolve_manifest(gpu, self.manifest, jit=not jit_disabled())
             except NoBinaryError as err:
                 raise TopKError(str(err)) from None
         self.arch = arch if arch is not None else self.binary.arch
@@ -120,7 +119,8 @@ class TopK:
         the driver's cubin load (no binary for this GPU), not naming the argument."""
         major, minor = self.policy.archs[arch].capability
         gpu_major, gpu_minor = self._backend.device.compute_capability
-        if major != gpu_major or minor > gpu_minor:
+        exact = self.manifest["load_order"]["targets"].get(arch, arch) != arch  # sm_90a cubins: sm_90 only
+        if major != gpu_major or minor > gpu_minor or (exact and minor != gpu_minor):
             gpu = self._backend.current_arch()
             raise TopKError(f"arch: {arch!r} kernels do not run on this GPU ({gpu}); pass arch={gpu!r} or leave "
                             f"arch out (the backend takes the GPU's)")
@@ -232,7 +232,10 @@ class TopK:
             if hashlib.sha256(source.encode()).hexdigest() != entry["source_sha256"]:
                 raise TopKError(f"kernel {name}: the bundle was built from other source than this "
                                 f"topkgen renders; rebuild the bundle")
-            loaded = self._backend.load_aot(name, self._files[name], entry["symbol"], source)
+            if self.binary is not None and self.binary.way == "ptx":  # the load order took the shipped PTX
+                loaded = self._backend.load_ptx(name, self._files[f"{name}.ptx"], entry["symbol"], source)
+            else:
+                loaded = self._backend.load_aot(name, self._files[name], entry["symbol"], source)
         elif name in self._files:  # the source the bundle ships, sha256 checked at load
             loaded = self._backend.load_jit(name, self._files[name].decode())
         else:

@@ -10,6 +10,11 @@
 //                               or "error: MESSAGE"; --format json: one object per line with
 //                               those names ({"kernel": ..., "chunks": ...} or {"error": ...}).
 //                               Exit 0 when every request was served, 1 when one was refused.
+//                               --sm-count N: plan splits for a GPU of N SMs (split_rules)
+//   topkgen-cpp binary DIR GPU_ARCH [--jit]
+//                               which binary serves a GPU of that arch (the load order):
+//                               "WAY<TAB>ARCH<TAB>WORDS", or "error: REFUSAL" and exit 1;
+//                               --jit: the caller has NVRTC (JIT from the bundle's sources)
 //   topkgen-cpp bench DIR       time select over the stdin shapes: median ns per lookup
 //   topkgen-cpp launch DIR ARCH DTYPE K N ROWS MODE JIT LARGEST IN VALUES INDICES
 //                               top-k of ROWS x N elements read from IN on the GPU (split
@@ -123,7 +128,7 @@ int verify(const std::string& dir) {
 // Answers each line as it is read, flushed: a caller on a pipe gets an answer per request,
 // and a malformed line stops it after the answers to every line before it. Exit 1 when a
 // request was refused (each refusal is answered on its line; the lines after it too).
-int select(const std::string& dir, bool json) {
+int select(const std::string& dir, bool json, std::int64_t sm_count) {
   topkgen::Bundle bundle(dir);
   std::size_t line_no = 0;
   bool refused = false;
@@ -133,7 +138,7 @@ int select(const std::string& dir, bool json) {
       if (!s.has_rows) {
         answer["kernel"] = bundle.select(s.arch, s.dtype, s.k, s.n, s.deterministic, s.jit).name;
       } else {
-        const topkgen::Plan p = bundle.plan(s.arch, s.dtype, s.k, s.n, s.rows, s.deterministic, s.jit);
+        const topkgen::Plan p = bundle.plan(s.arch, s.dtype, s.k, s.n, s.rows, s.deterministic, s.jit, sm_count);
         answer["kernel"] = p.kernel->name;
         answer["chunks"] = p.chunks;
         answer["workspace_bytes"] = p.workspace_bytes;
@@ -155,6 +160,28 @@ int select(const std::string& dir, bool json) {
     std::cout << out << '\n' << std::flush;
   }
   return refused ? 1 : 0;
+}
+
+// Which binary serves a GPU of arch GPU: "WAY ARCH" then the words, or the refusal (exit 1).
+int binary(const std::string& dir, const std::string& gpu, bool jit) {
+  topkgen::Bundle bundle(dir);
+  try {
+    const topkgen::Binary b = bundle.binary(gpu, jit);
+    std::cout << b.way << "\t" << b.arch << "\t" << b.words << "\n";
+    return 0;
+  } catch (const topkgen::Error& err) {
+    std::cout << "error: " << shown(err.what()) << "\n";
+    return 1;
+  }
+}
+
+// --sm-count N: 1..1024, a whole number.
+std::int64_t sm_count_arg(const std::string& text) {
+  std::int64_t n = 0;
+  if (!whole_integer(text, n) || n < 1 || n > topkgen::SM_COUNT_MAX)
+    throw topkgen::Error("--sm-count: expected a whole number in 1.." + std::to_string(topkgen::SM_COUNT_MAX) + ", got '" +
+                         shown(text) + "'");
+  return n;
 }
 
 int bench(const std::string& dir) {
@@ -198,7 +225,7 @@ int launch(const std::vector<std::string>& a) {
                          a[1] + " " + a[2] + " " + a[3] + " " + a[4] + " " + a[5] + " " + a[6] + " " + a[7] + "'");
   if (a[8] != "0" && a[8] != "1") throw topkgen::Error("launch: LARGEST must be 0 or 1, got '" + a[8] + "'");
   const bool largest = a[8] == "1";
-  const topkgen::Plan plan = bundle.plan(s.arch, s.dtype, s.k, s.n, s.rows, s.deterministic, s.jit);  // checks rows
+  topkgen::Plan plan = bundle.plan(s.arch, s.dtype, s.k, s.n, s.rows, s.deterministic, s.jit);  // checks rows
   const int rows = static_cast<int>(s.rows);
   const std::size_t elem = s.dtype == "float32" ? 4 : 2;
   const std::string x = slurp(a[9]);
@@ -211,6 +238,8 @@ int launch(const std::vector<std::string>& a) {
   }
   const auto& d = topkgen::cu::Driver::get();
   topkgen::cu::current_arch();  // a current context
+  // planned again for the device's own SM count (split_rules): the same kernel, its chunks for this GPU
+  plan = bundle.plan(s.arch, s.dtype, s.k, s.n, s.rows, s.deterministic, s.jit, topkgen::cu::current_sm_count());
   topkgen::cu::DevicePtr dx = 0, dv = 0, di = 0, dw = 0;
   const std::size_t out_elems = static_cast<std::size_t>(rows) * s.k;
   d.check(d.MemAlloc(&dx, x.size()), "cuMemAlloc");
@@ -232,7 +261,8 @@ int launch(const std::vector<std::string>& a) {
 }
 
 int usage() {
-  std::cerr << "usage: topkgen-cpp verify DIR | select DIR [--format text|json] | bench DIR\n"
+  std::cerr << "usage: topkgen-cpp verify DIR | select DIR [--format text|json] [--sm-count N] | bench DIR\n"
+               "       topkgen-cpp binary DIR GPU_ARCH [--jit]\n"
                "       topkgen-cpp launch DIR ARCH DTYPE K N ROWS MODE JIT LARGEST IN VALUES INDICES\n"
                "select and bench read 'ARCH DTYPE K N MODE JIT [ROWS]' lines on stdin; README: 'Writing a loader'\n";
   return 2;
@@ -247,9 +277,20 @@ int main(int argc, char** argv) {
   args.erase(args.begin());
   try {
     if (cmd == "verify" && args.size() == 1) return verify(args[0]);
-    if (cmd == "select" && args.size() == 1) return select(args[0], false);
-    if (cmd == "select" && args.size() == 3 && args[1] == "--format" && (args[2] == "text" || args[2] == "json"))
-      return select(args[0], args[2] == "json");
+    if (cmd == "select" && !args.empty()) {  // DIR [--format text|json] [--sm-count N], in any order
+      bool json = false, ok = true;
+      std::int64_t sm_count = 0;
+      for (std::size_t i = 1; i < args.size() && ok; i += 2) {
+        ok = i + 1 < args.size();
+        if (ok && args[i] == "--format" && (args[i + 1] == "text" || args[i + 1] == "json")) json = args[i + 1] == "json";
+        else if (ok && args[i] == "--sm-count") sm_count = sm_count_arg(args[i + 1]);
+        else ok = false;
+      }
+      if (ok) return select(args[0], json, sm_count);
+      return usage();
+    }
+    if (cmd == "binary" && args.size() == 2) return binary(args[0], args[1], false);
+    if (cmd == "binary" && args.size() == 3 && args[2] == "--jit") return binary(args[0], args[1], true);
     if (cmd == "bench" && args.size() == 1) return bench(args[0]);
     if (cmd == "launch" && args.size() == 12) return launch(args);
     return usage();

@@ -37,6 +37,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <stdexcept>
@@ -64,7 +65,8 @@ class Error : public std::runtime_error {
 
 constexpr std::int64_t N_MAX = 2147483647;
 constexpr std::int64_t ROWS_MAX = 2147483647;
-constexpr int SCHEMA_VERSION = 4;  // 4: k up to n (K rungs to 4096, the large-k path), options
+constexpr int SCHEMA_VERSION = 5;  // 5: split_rules and load_order; 4: k up to n (K rungs to 4096, the large-k path), options
+constexpr std::int64_t SM_COUNT_MAX = 1024;  // as the policy schema bounds split.sm_count
 constexpr std::uint64_t WORKSPACE_ALIGN = 256;  // candidate values start at a multiple of it (topkgen.policy.split)
 constexpr std::uint64_t WORKSPACE_ALIGNMENT = 16;  // and the workspace itself at a multiple of this
 constexpr std::int64_t GRID_MAX = 2147483647;      // CTAs of one launch (grid.x)
@@ -82,6 +84,7 @@ constexpr Result SUCCESS = 0;
 constexpr int FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES = 8;
 constexpr int DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR = 75;
 constexpr int DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR = 76;
+constexpr int DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT = 16;
 constexpr int API_VERSION = 12000;  // the ABI of each entry point we ask cuGetProcAddress for
 
 // The entry points the loader uses, resolved once through cuGetProcAddress.
@@ -189,6 +192,17 @@ inline std::string current_arch() {
   d.check(d.DeviceGetAttribute(&minor, DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev), "cuDeviceGetAttribute");
   return "sm_" + std::to_string(major) + std::to_string(minor);
 }
+
+// The current device's SM count (after current_arch(), which makes a context current): what
+// a split batch is planned to fill (topkgen.runtime.TopK takes the device's too).
+inline int current_sm_count() {
+  const Driver& d = Driver::get();
+  Device dev = 0;
+  d.check(d.CtxGetDevice(&dev), "cuCtxGetDevice");
+  int count = 0;
+  d.check(d.DeviceGetAttribute(&count, DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev), "cuDeviceGetAttribute");
+  return count;
+}
 }  // namespace cu
 
 // One kernel entry of the manifest (kernels[i] or jit_kernels[i]) with its checked file.
@@ -196,6 +210,8 @@ struct Kernel {
   std::string field;  // where it sits: "kernels[3]", "jit_kernels[0]"
   bool aot = true;    // a cubin (kernels) or CUDA source for NVRTC (jit_kernels)
   std::string name, arch, dtype, mode, symbol, path, sha256;
+  std::string family, work;  // radix kernels whose work is not large run splits (topkgen.policy.split_capable)
+  std::string ptx_path, ptx_sha256, ptx;  // kernels[i].ptx (schema 5), when the arch ships PTX: checked at load
   std::vector<std::string> serves, nvrtc_options;
   std::vector<std::string> params;  // parameter names in launch order (their C types are checked at load)
   std::int64_t k = 0, k_min = 0, n_min = 0, n_max = 0;
@@ -215,6 +231,19 @@ struct Plan {
   std::int64_t chunk = 0;               // elements per chunk (the last takes the rest of the row)
   std::uint64_t values_offset = 0;      // candidate values' offset in the workspace
   std::uint64_t workspace_bytes = 0;    // 0 when the rows are not split
+};
+
+// One arch's split rule (manifest split_rules[arch], schema 5; topkgen.policy.model.SplitTuning).
+struct SplitRule {
+  std::int64_t sm_count = 0, ctas_per_sm = 0, rows_below = 0, min_n = 0, max_chunks = 0, min_chunk = 0, chunk_per_k = 0;
+};
+
+// Which binary of the bundle serves a GPU (Bundle::binary; topkgen.runtime.binary, the same words).
+struct Binary {
+  std::string gpu;    // the GPU's arch, sm_86
+  std::string way;    // "cubin", "lower-minor cubin", "ptx" or "jit"
+  std::string arch;   // the arch whose kernels (cubins, PTX, or tuning for JIT) serve it
+  std::string words;  // what explain prints
 };
 
 namespace detail {
@@ -1391,6 +1420,7 @@ class Bundle {
     arch_set_.insert(archs_.begin(), archs_.end());
     read_entries(m);
     read_dispatch(m);
+    read_serving(m);
     read_files();
   }
 
@@ -1411,9 +1441,20 @@ class Bundle {
   // How a batch of `rows` rows is served: the kernel, its chunks per row and, for a split,
   // the workspace that run() needs (topkgen.policy.split's arithmetic). rows = 0, an empty batch,
   // is served unsplit with no workspace: run() launches nothing for it.
+  //
+  // `sm_count`: the SMs of the GPU the split is planned to fill (0: the part split_rules[arch]
+  // names, i.e. the table's chunks); the same kernel serves, only the chunks of small batches
+  // change (split_rules' rule, topkgen.policy.select's decisions for a GPU of that count).
   Plan plan(const std::string& arch, const std::string& dtype, std::int64_t k, std::int64_t n, std::int64_t rows,
-            bool deterministic, bool jit_available) const {
+            bool deterministic, bool jit_available, std::int64_t sm_count = 0) const {
+    if (sm_count < 0 || sm_count > SM_COUNT_MAX)
+      throw Error("sm_count: must be in 1.." + std::to_string(SM_COUNT_MAX) + ", got " + std::to_string(sm_count));
     auto [kernel, chunks] = lookup(arch, dtype, k, n, rows, deterministic, jit_available);
+    if (sm_count > 0 && rows > 0) {
+      const auto rule = split_rules_.find(arch);
+      if (rule != split_rules_.end() && rule->second.has_value() && rule->second->sm_count != sm_count)
+        chunks = split_chunks(*rule->second, *kernel, rows, n, k, sm_count);
+    }
     Plan p;
     p.kernel = kernel;
     p.rows = rows, p.n = n, p.k = k;
@@ -1425,6 +1466,111 @@ class Bundle {
       p.workspace_bytes = p.values_offset + count * detail::dtype_size(dtype);
     }
     return p;
+  }
+
+  // split_rules' rule: the chunks per row of a batch of `rows` (>= 1) served by kernel `e` on a
+  // GPU of `sm_count` SMs (topkgen.policy.selection._split and SplitTuning.chunks).
+  static std::int64_t split_chunks(const SplitRule& s, const Kernel& e, std::int64_t rows, std::int64_t n,
+                                   std::int64_t k, std::int64_t sm_count) {
+    if (rows <= 0 || e.family != "radix" || e.work == "large") return 1;
+    if (rows >= s.rows_below || n < s.min_n) return 1;
+    const std::int64_t size = static_cast<std::int64_t>(detail::dtype_size(e.dtype));
+    const std::int64_t resident = std::max<std::int64_t>(0, e.dynamic_shared_bytes / size - (16 / size - 1));
+    std::int64_t want = sm_count * s.ctas_per_sm / rows;
+    if (resident > 0) {
+      std::int64_t fitting = s.max_chunks;  // the fewest chunks each of which it reads once
+      for (std::int64_t c = 2; c <= s.max_chunks; c *= 2)
+        if (n <= c * (resident - c + 1)) {
+          fitting = c;
+          break;
+        }
+      want = std::max(want, fitting);
+    }
+    const std::int64_t bound = std::min({s.max_chunks, n / std::max(s.min_chunk, s.chunk_per_k * e.k), want});
+    if (bound < 2) return 1;
+    std::int64_t chunks = 1;
+    while (chunks * 2 <= bound) chunks *= 2;
+    const std::int64_t chunk = n / chunks, merge = chunks * k;
+    if (!(e.n_min <= std::min(chunk, merge)) || merge > e.n_max) return 1;  // its n window holds no such split
+    return chunks;
+  }
+
+  // Which binary of the bundle serves a GPU of arch `gpu` (load_order, schema 5; the rule and
+  // words of topkgen.runtime.binary.resolve): its own cubins; a lower minor's of the same
+  // major that fit its shared memory and are not arch-specific; shipped PTX through the
+  // driver's JIT; JIT from the bundle's sources (only when `jit_available`: this loader has no
+  // NVRTC, a caller with one may); else throws a refusal naming the GPU, the archs and the fix.
+  Binary binary(const std::string& gpu, bool jit_available) const {
+    const auto cap = capability(gpu);
+    const auto known = gpus_.find(gpu);
+    const bool limited = known != gpus_.end();
+    const std::int64_t limit = limited ? known->second.second : 0;
+    auto need = [&](const std::string& a) { auto it = shared_needed_.find(a); return it == shared_needed_.end() ? 0 : it->second; };
+    auto fits = [&](const std::string& a) { return !limited || need(a) <= limit; };
+    auto fit_words = [&](const std::string& a) {
+      return limited ? "; their " + std::to_string(need(a)) + " bytes of shared memory per block fit its " + std::to_string(limit) : std::string();
+    };
+    auto also = [&](const std::vector<std::string>& passed) { return passed.empty() ? std::string() : " (" + detail::join(passed, "; ") + ")"; };
+    auto by_capability_down = [&](std::vector<std::string> v) {
+      std::stable_sort(v.begin(), v.end(), [&](const std::string& a, const std::string& b) { return capability(a) > capability(b); });
+      return v;
+    };
+    if (arch_set_.count(gpu)) {
+      const std::string own = targets_.at(gpu);
+      return {gpu, "cubin", gpu, gpu + " GPU: the bundle's " + gpu + " cubins" + (own == gpu ? "" : " (arch-specific " + own + ": this arch only)")};
+    }
+    std::vector<std::string> passed, lower, ptx;
+    for (const std::string& a : archs_)
+      if (capability(a).first == cap.first && capability(a).second < cap.second) lower.push_back(a);
+    for (const std::string& a : by_capability_down(lower)) {
+      if (targets_.at(a) != a) {
+        passed.push_back(a + " cubins are arch-specific (" + targets_.at(a) + "): they run on " + a + " only");
+      } else if (fits(a)) {
+        return {gpu, "lower-minor cubin", a, gpu + " GPU: no " + gpu + " cubin; the " + a + " cubins run on it (same major " +
+                std::to_string(cap.first) + ", lower minor" + fit_words(a) + ")" + also(passed)};
+      } else {
+        passed.push_back(a + " cubins need " + std::to_string(need(a)) + " bytes of shared memory per block, above its " + std::to_string(limit));
+      }
+    }
+    for (const std::string& a : ptx_archs_)
+      if (capability(a) <= cap) ptx.push_back(a);
+    for (const std::string& a : by_capability_down(ptx)) {
+      if (fits(a)) {
+        const auto c = capability(a);
+        return {gpu, "ptx", a, gpu + " GPU: no cubin runs on it" + also(passed) + "; the " + a + " kernels' PTX (compute_" +
+                std::to_string(c.first) + std::to_string(c.second) + "), compiled for " + gpu + " by the driver's JIT" + fit_words(a)};
+      }
+      passed.push_back(a + " PTX needs " + std::to_string(need(a)) + " bytes of shared memory per block, above its " + std::to_string(limit));
+    }
+    if (ptx_archs_.empty()) passed.push_back("no PTX in the bundle");
+    else if (ptx.empty()) passed.push_back("no PTX in the bundle for an arch at or below " + gpu);
+    std::vector<std::string> tuned;
+    bool own_tuning = false;
+    for (const std::string& a : policy_archs_) {
+      own_tuning = own_tuning || a == gpu;
+      if (capability(a) <= cap && fits(a)) tuned.push_back(a);
+    }
+    if (jit_available && (own_tuning || !tuned.empty())) {
+      const std::string a = own_tuning ? gpu : by_capability_down(tuned).front();
+      const std::string tuning = a == gpu ? "its own tuning" : a + "'s tuning, the nearest below it that fits";
+      return {gpu, "jit", a, gpu + " GPU: no cubin for it (" + detail::join(passed, "; ") + "); JIT from the bundle's sources with NVRTC for " +
+              gpu + ", with " + tuning};
+    }
+    passed.push_back(jit_available ? "the policy tunes no arch at or below " + gpu + " that fits it"
+                                   : std::string("JIT is off (TOPKGEN_DISABLE_JIT, or no NVRTC)"));
+    throw Error("no binary of the bundle serves this GPU (" + gpu + "): the bundle holds " +
+                (archs_.empty() ? std::string("no arch") : detail::join(archs_, ", ")) + " (" + detail::join(passed, "; ") +
+                "); fix: add " + gpu + " to the policy's archs and `topkgen build --arch " + gpu + "`, or allow JIT");
+  }
+
+  // The compute capability of an arch: load_order.gpus' record, else its name (sm_121: 12.1).
+  std::pair<int, int> capability(const std::string& arch) const {
+    auto it = gpus_.find(arch);
+    if (it != gpus_.end()) return it->second.first;
+    const std::string digits = arch.size() > 4 ? arch.substr(3) : std::string("00");
+    int major = 0;
+    for (std::size_t i = 0; i + 1 < digits.size(); ++i) major = major * 10 + (std::isdigit(static_cast<unsigned char>(digits[i])) ? digits[i] - '0' : 0);
+    return {major, std::isdigit(static_cast<unsigned char>(digits.back())) ? digits.back() - '0' : 0};
   }
 
   // Launches an AOT kernel once on `stream` for `rows` rows of n elements at x (device
@@ -1582,6 +1728,9 @@ class Bundle {
       throw Error(doc_.file + ": schema_version: 1 has no dispatch table; rebuild the bundle (topkgen build)");
     if (integer && *it == 2)
       throw Error(doc_.file + ": schema_version: 2 has no batch size in its dispatch table; rebuild the bundle (topkgen build)");
+    if (integer && *it == 4)
+      throw Error(doc_.file + ": schema_version: 4 has no split_rules or load_order (a split for the GPU's SM count, "
+                  "which binary serves a GPU); rebuild the bundle (topkgen build)");
     if (integer && *it == 3)
       throw Error(doc_.file + ": schema_version: 3 stops k at 1024 and has no options (sorted, index_dtype); rebuild "
                   "the bundle (topkgen build)");
@@ -1602,6 +1751,8 @@ class Bundle {
         e.arch = doc_.str(j, "arch", e.field);
         e.dtype = doc_.str(j, "dtype", e.field);
         e.mode = doc_.str(j, "mode", e.field);
+        e.family = doc_.str(j, "family", e.field);
+        e.work = doc_.str(j, "work", e.field);
         e.serves = doc_.strings(j, "serves", e.field);
         e.symbol = doc_.str(j, "symbol", e.field);
         e.path = doc_.str(j, e.aot ? "cubin" : "source", e.field);
@@ -1619,6 +1770,10 @@ class Bundle {
         e.rows_per_block = static_cast<unsigned>(doc_.integer(launch, "rows_per_block", lf, 1, 32));
         e.dynamic_shared_bytes = static_cast<unsigned>(doc_.integer(launch, "dynamic_shared_bytes", lf, 0, DYNAMIC_SHARED_MAX));
         if (!e.aot) e.nvrtc_options = doc_.strings(j, "nvrtc_options", e.field);
+        if (auto ptx = j.find("ptx"); e.aot && ptx != j.end()) {  // schema 5: PTX beside the cubin
+          e.ptx_path = doc_.str(*ptx, "path", e.field + ".ptx");
+          e.ptx_sha256 = doc_.str(*ptx, "sha256", e.field + ".ptx");
+        }
         // the checks of topkgen.manifest.checks.check_entries, in its order
         if (arch_set_.count(e.arch) == 0) doc_.fail(e.field + ".arch", e.arch + " is not one of the bundle's archs");
         auto [it, fresh] = by_name_.emplace(std::make_pair(e.arch, e.name), &e);
@@ -1695,6 +1850,52 @@ class Bundle {
           for (std::size_t i = 0; i < list.rows.size(); ++i) resolve_row(path, i, rows[i], arch, dtype, mode, list);
         }
       }
+    }
+  }
+
+  // split_rules and load_order (schema 5): the checks of topkgen.manifest.checks.check_serving,
+  // in its order and words.
+  void read_serving(const detail::json& m) {
+    const detail::json& rules = doc_.at(m, "split_rules", "<document>");
+    const detail::json& order = doc_.at(m, "load_order", "<document>");
+    const std::set<std::string> archs(archs_.begin(), archs_.end());
+    const std::string want = archs.empty() ? "none" : detail::join({archs.begin(), archs.end()}, ", ");
+    for (const auto& [field, obj] : {std::pair<std::string, const detail::json*>{"split_rules", &rules},
+                                     {"load_order.shared_needed", &order.at("shared_needed")},
+                                     {"load_order.targets", &order.at("targets")}}) {
+      std::set<std::string> keys;
+      for (auto it = obj->begin(); it != obj->end(); ++it) keys.insert(it.key());
+      if (keys != archs)
+        doc_.fail(field, "has " + (keys.empty() ? std::string("no arch") : detail::join({keys.begin(), keys.end()}, ", ")) +
+                             ", not the bundle's archs (" + want + ")");
+    }
+    for (const std::string& arch : archs) {
+      const std::string target = doc_.str(order.at("targets"), arch, "load_order.targets");
+      if (target != arch && target != arch + "a")
+        doc_.fail("load_order.targets." + arch, "'" + target + "' must be " + arch + " or " + arch + "a");
+      targets_[arch] = target;
+      shared_needed_[arch] = doc_.integer(order.at("shared_needed"), arch, "load_order.shared_needed", 0, INT64_MAX);
+      const detail::json& r = rules.at(arch);
+      if (r.is_null()) {
+        split_rules_[arch] = std::nullopt;
+        continue;
+      }
+      const std::string rf = "split_rules." + arch;
+      split_rules_[arch] = SplitRule{doc_.integer(r, "sm_count", rf, 1, SM_COUNT_MAX), doc_.integer(r, "ctas_per_sm", rf, 1, 32),
+                                     doc_.integer(r, "rows_below", rf, 2, 65536), doc_.integer(r, "min_n", rf, 1, N_MAX),
+                                     doc_.integer(r, "max_chunks", rf, 2, 256), doc_.integer(r, "min_chunk", rf, 1, N_MAX),
+                                     doc_.integer(r, "chunk_per_k", rf, 1, N_MAX)};
+    }
+    ptx_archs_ = doc_.strings(order, "ptx_archs", "load_order");
+    for (std::size_t i = 0; i < ptx_archs_.size(); ++i)
+      if (archs.count(ptx_archs_[i]) == 0)
+        doc_.fail("load_order.ptx_archs[" + std::to_string(i) + "]", ptx_archs_[i] + " is not one of the bundle's archs");
+    policy_archs_ = doc_.strings(order, "policy_archs", "load_order");
+    const detail::json& gpus = doc_.at(order, "gpus", "load_order");
+    for (auto it = gpus.begin(); it != gpus.end(); ++it) {
+      const detail::json& cap = doc_.at(it.value(), "capability", "load_order.gpus." + it.key());
+      gpus_[it.key()] = {{cap.at(0).get<int>(), cap.at(1).get<int>()},
+                         doc_.integer(it.value(), "shared_bytes_per_block", "load_order.gpus." + it.key(), 0, INT64_MAX)};
     }
   }
 
@@ -1786,6 +1987,13 @@ class Bundle {
       const int defined = detail::elf_defines_function(e.data, e.symbol);
       if (defined < 0) doc.fail(e.field + ".cubin", e.path + " is not a CUDA ELF file: its symbol table cannot be read");
       if (defined == 0) doc.fail(e.field + ".symbol", e.path + " defines no function '" + e.symbol + "'");
+      if (e.ptx_path.empty()) continue;  // topkgen.manifest.reading.read_files: the PTX's path, file and sha256
+      if (e.ptx_path != e.arch + "/" + e.name + ".ptx")
+        doc.fail(e.field + ".ptx.path", "'" + e.ptx_path + "' must be '" + e.arch + "/" + e.name + ".ptx'");
+      if (!detail::read_bundle_file(dir_, e.ptx_path, detail::MAX_FILE_BYTES, e.ptx, why))
+        doc.fail(e.field + ".ptx", "cannot read " + e.ptx_path + ": " + why);
+      if (detail::sha256_hex(e.ptx) != e.ptx_sha256)
+        doc.fail(e.field + ".ptx.sha256", e.ptx_path + " does not match its sha256 in the manifest");
     }
   }
 
@@ -1794,10 +2002,17 @@ class Bundle {
     if (it != functions_.end()) return it->second;
     const cu::Driver& d = cu::Driver::get();
     const std::string device = cu::current_arch();
-    if (device != kern.arch)
-      throw Error("kernel " + kern.name + ": compiled for " + kern.arch + ", the current device is " + device);
+    bool ptx = false;  // the load order (binary()): a lower minor's cubin as is, shipped PTX through the driver's JIT
+    if (device != kern.arch) {
+      const Binary served = binary(device, false);  // throws the refusal when nothing of the bundle serves it
+      if (served.arch != kern.arch)
+        throw Error("kernel " + kern.name + ": compiled for " + kern.arch + ", the current device is " + device + " (" +
+                    served.words + ")");
+      ptx = served.way == "ptx";
+    }
+    if (ptx && kern.ptx.empty()) throw Error("kernel " + kern.name + ": " + kern.arch + " ships PTX, but not for it");
     cu::Module module = nullptr;
-    d.check(d.ModuleLoadData(&module, kern.data.data()), "cuModuleLoadData");
+    d.check(d.ModuleLoadData(&module, ptx ? kern.ptx.c_str() : kern.data.data()), ptx ? "cuModuleLoadData(PTX)" : "cuModuleLoadData");
     cu::Function fn = nullptr;
     d.check(d.ModuleGetFunction(&fn, module, kern.symbol.c_str()), "cuModuleGetFunction");
     // The driver's default limit on dynamic shared memory is 48 KiB less the kernel's static
@@ -1819,6 +2034,11 @@ class Bundle {
   std::map<std::pair<std::string, std::string>, const Kernel*> by_name_;
   Tables tables_;
   std::map<std::string, cu::Function> functions_;
+  std::map<std::string, std::optional<SplitRule>> split_rules_;  // split_rules (schema 5)
+  std::map<std::string, std::pair<std::pair<int, int>, std::int64_t>> gpus_;  // load_order.gpus: capability, shared per block
+  std::map<std::string, std::int64_t> shared_needed_;
+  std::map<std::string, std::string> targets_;
+  std::vector<std::string> ptx_archs_, policy_archs_;
 };
 
 }  // namespace topkgen
