@@ -293,7 +293,7 @@ RAW_CASES = {
     "binary": (lambda raw: b"\x93NUMPY\x01\x00v\x00{'descr': '<f4'}" + raw,  # a .npy given for a bundle's manifest
                lambda raw: ":1:1: not UTF-8: byte 0x93 cannot be decoded; the file is binary (it holds NUL bytes), "
                            "not text"),
-    "duplicate key": (lambda raw: raw.replace(b"{", b'{\n  "schema_version": 4,', 1),  # named where written last
+    "duplicate key": (lambda raw: raw.replace(b"{", b'{\n  "schema_version": 5,', 1),  # named where written last
                       lambda raw: f":{_at(raw, raw.rindex(VERSION_KEY))}: duplicate key " + '"schema_version"'),
     "bidirectional control": (lambda raw: raw.replace(b'"topkgen"', b'"' + BIDI + b'"', 1),
                               lambda raw: f":{_at(raw, raw.index(BIDI) + 7)}: U+202E, a bidirectional control, "
@@ -307,9 +307,9 @@ RAW_CASES = {
                                               lambda raw: ": kernels[0].launch.dynamic_shared_bytes: 1099511627776 "
                                                           "is greater than the maximum 232448"),
     "schema_version 3.0": (_set(("schema_version",), 3.0),
-                           lambda raw: ": schema_version: 3.0 is not supported (this topkgen reads version 4)"),
+                           lambda raw: ": schema_version: 3.0 is not supported (this topkgen reads version 5)"),
     "schema_version true": (_set(("schema_version",), True),
-                            lambda raw: ": schema_version: true is not supported (this topkgen reads version 4)"),
+                            lambda raw: ": schema_version: true is not supported (this topkgen reads version 5)"),
     "a float for an integer": (_set(("kernels", 0, "k"), 64.0),
                                lambda raw: ": kernels[0].k: expected integer, got 64.0"),
     "an integer beyond 64 bits": (_set(("kernels", 0, "launch", "threads_per_block"), 2**70),
@@ -327,7 +327,7 @@ RAW_CASES = {
     # as json.dumps writes it: nlohmann wrote {"a":1,"b":[2.5,"é"]}
     "schema_version a mapping": (_set(("schema_version",), {"a": 1, "b": [2.5, "\u00e9"]}),
                                  lambda raw: ': schema_version: {"a": 1, "b": [2.5, "\\u00e9"]} is not supported '
-                                             '(this topkgen reads version 4)'),
+                                             '(this topkgen reads version 5)'),
     "an invisible character where a number goes": (_set(("kernels", 0, "k"), "\u200b"),
                                                    lambda raw: ": kernels[0].k: expected integer, got '\\u200b'"),
 }
