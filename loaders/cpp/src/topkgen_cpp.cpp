@@ -153,7 +153,7 @@ int select(const std::string& dir, bool json, topkgen::Options options) {
         answer["chunks"] = p.chunks;
         answer["workspace_bytes"] = p.workspace_bytes;
         answer["values_offset"] = p.values_offset;
-        answer["flags"] = p.flags;
+        if (p.flags) answer["flags"] = p.flags;  // a request with options (a fifth column only then)
       }
     } catch (const topkgen::Error& err) {
       answer = {{"error", shown(err.what())}};  // it quotes the line's ARCH or DTYPE: ASCII once shown
