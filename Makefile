@@ -127,6 +127,8 @@ KERNELS_BASELINE ?= benchmarks/results/bench_kernels_before.json
 bench-kernels: $(STAMP)
 	$(BIN)/python benchmarks/bench_kernels.py --json benchmarks/results/bench_kernels.json \
 		--md benchmarks/results/bench_kernels.md $(if $(wildcard $(KERNELS_BASELINE)),--baseline $(KERNELS_BASELINE))
+	$(BIN)/python benchmarks/bench_every_k.py --json benchmarks/results/bench_every_k.json \
+		--md benchmarks/results/bench_every_k.md
 
 # The device checks (build, GPU tests, compute-sanitizer, kernel timings against torch.topk,
 # ncu DRAM bytes). On the accelerator machine run it with its own python:

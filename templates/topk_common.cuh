@@ -385,6 +385,22 @@ __device__ __forceinline__ void warp_sort(u64 (&v)[E]) {
 // shared memory, or the candidates (packed key and index) collected there.
 enum Source { kGlobalRow = 0, kSharedRow = 1, kBuffer = 2 };
 
+// The kernels' `flags` parameter (the last but the large-k path's scratch): how the output
+// is written. kUnsorted: the k results in no promised order, so the final sort is skipped
+// (deterministic kernels sort anyway: their gather's order follows atomics, which vary run
+// to run on a GPU, and the sort is what makes the order repeatable); kInt32Indices: the
+// indices output holds int32, written by the kernel (every index is below n <= 2^31 - 1).
+constexpr int kUnsorted = 1, kInt32Indices = 2;
+
+// Output i's index, as `flags` says: int64 (the default, torch's) or int32.
+__device__ __forceinline__ void store_index(long long* indices, unsigned long long i, long long index, int flags) {
+  if (flags & kInt32Indices) {
+    store_global(reinterpret_cast<int*>(indices) + i, int(index));
+  } else {
+    store_global(indices + i, index);
+  }
+}
+
 // The part of the input a CTA takes (topkgen.split): with chunk < n each row is cut into
 // n / chunk chunks of `chunk` elements, CTA row * chunks + c taking chunk c (the last one
 // also the rest of the row); otherwise one CTA takes a whole row. `offset` is the chunk's
@@ -432,7 +448,7 @@ template <typename T, int KR, int THREADS, bool DETERMINISTIC, int BODY_VECTORS,
 __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long long* __restrict__ x_indices,
                                            T* __restrict__ values, long long* __restrict__ indices, int rows, int n_arg,
                                            int k, bool largest, int chunk, long long row_stride,
-                                           unsigned char* dynamic_shared) {
+                                           unsigned char* dynamic_shared, int flags, u64* scratch) {
   typedef typename KeyTraits<T>::Bits Bits;
   typedef RowView<Bits, THREADS, BODY_VECTORS, TAIL_STEPS, UNROLL> View;
   constexpr int V = View::V;
@@ -448,8 +464,10 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
   __shared__ RadixState state;
 {% if large %}
   // The large-k path (KR = 0): the k candidates are gathered into this row's slots of the
-  // indices output (8 bytes each, what a packed candidate takes) and sorted there.
-  u64* const cand = reinterpret_cast<u64*>(indices) + (unsigned long long)blockIdx.x * (unsigned long long)k;
+  // indices output (8 bytes each, what a packed candidate takes) and sorted there; int32
+  // indices (4 bytes a slot) take them in `scratch` instead, rows x k x 8 bytes.
+  u64* const cand = (scratch != nullptr ? scratch : reinterpret_cast<u64*>(indices)) +
+                    (unsigned long long)blockIdx.x * (unsigned long long)k;
 {% else %}
   __shared__ u64 cand[KR];
 {% endif %}
@@ -651,12 +669,15 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     if (is_nan) bits = resident ? copy[index] : load_global_nc(row_bits + index);
     store_global(reinterpret_cast<Bits*>(values) + out_base + i, bits);
     const Part where = part_of_row(n_arg, chunk, row_stride);
-    store_global(indices + out_base + i, x_indices != nullptr ? load_global_nc(x_indices + where.offset + index)
-                                                              : (long long)(where.first + index));
+    store_index(indices, out_base + i, x_indices != nullptr ? load_global_nc(x_indices + where.offset + index)
+                                                            : (long long)(where.first + index), flags);
   };
+  // sorted=False skips the sort (see kUnsorted); the set is the sorted call's.
+  const bool sort = DETERMINISTIC || (flags & kUnsorted) == 0;
 {% if large %}
-  // Each slot is read by the thread that then overwrites it with the index.
-  block_sort_global<THREADS>(cand, k);
+  // Each slot is read by the thread that then overwrites it with the index (or, with
+  // scratch, writes the index elsewhere).
+  if (sort) block_sort_global<THREADS>(cand, k);
   for (long long i = t; i < k; i += THREADS) emit(int(i), cand[i]);
 {% else %}
   if constexpr (KR <= 64) {
@@ -665,17 +686,19 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
       u64 v[E];
 #pragma unroll
       for (int e = 0; e < E; ++e) v[e] = e * 32 + t < k ? cand[e * 32 + t] : 0ull;
-      warp_sort<E>(v);
+      if (sort) warp_sort<E>(v);
 #pragma unroll
       for (int e = 0; e < E; ++e)
         if (e * 32 + t < k) emit(e * 32 + t, v[e]);
     }
   } else {
-    int width = 1;
-    while (width < k) width <<= 1;
-    for (int i = k + t; i < width; i += THREADS) cand[i] = 0ull;  // padding sorts last
-    __syncthreads();
-    block_sort<THREADS>(cand, width);
+    if (sort) {
+      int width = 1;
+      while (width < k) width <<= 1;
+      for (int i = k + t; i < width; i += THREADS) cand[i] = 0ull;  // padding sorts last
+      __syncthreads();
+      block_sort<THREADS>(cand, width);
+    }
     for (int i = t; i < k; i += THREADS) emit(i, cand[i]);
   }
 {% endif %}
@@ -684,10 +707,12 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
 // Register top-k for one row held by one warp: each lane keeps PER packed keys (lane + 32j)
 // in registers; each of k rounds takes the warp maximum with a butterfly of shuffles. Ties go
 // to the lower index, so the result is deterministic by construction. Values are rebuilt
-// from the keys (NaNs read again).
+// from the keys (NaNs read again). The rounds find the results in sorted order, so there is
+// no sort for kUnsorted to skip; `indices` is the output's start, the row's k from `out`.
 template <typename T, int PER>
 __device__ __forceinline__ void warp_topk_row(const T* __restrict__ row, T* __restrict__ values,
-                                              long long* __restrict__ indices, int n, int k, bool largest) {
+                                              long long* __restrict__ indices, unsigned long long out, int n, int k,
+                                              bool largest, int flags) {
   typedef typename KeyTraits<T>::Bits Bits;
   const Bits* bits = reinterpret_cast<const Bits*>(row);
   const int lane = lane_id();
@@ -717,7 +742,7 @@ __device__ __forceinline__ void warp_topk_row(const T* __restrict__ row, T* __re
     Bits b = key_bits<T>(unpack_key(mine), largest, is_nan);
     if (is_nan) b = load_global_nc(bits + index);
     store_global(reinterpret_cast<Bits*>(values) + lane, b);
-    store_global(indices + lane, (long long)index);
+    store_index(indices, out + lane, (long long)index, flags);
   }
 }
 

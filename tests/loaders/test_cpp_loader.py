@@ -951,21 +951,24 @@ def test_both_loaders_refuse_a_schema_3_manifest_by_its_version(cpp, built_bundl
     (root / "manifest.json").write_text(json.dumps(doc))
     assert _both_refuse(cpp, root) == (": schema_version: 3 stops k at 1024 and has no options (sorted, "
                                        "index_dtype); rebuild the bundle (topkgen build)")
-    assert json.loads((built_bundle / "manifest.json").read_text())["options"] == {
-        "unsorted": "same_launches", "index_dtypes": ["int64", "int32"], "int32_indices": "narrow_int64"}
 
 
 def test_both_loaders_refuse_a_schema_4_manifest_by_its_version(cpp, built_bundle, tmp_path):
-    """Schema 5 (issues 31, 32) adds split_rules and load_order; a schema-4 bundle is refused by
-    its version, in the same words, before anything else."""
+    """Schema 5 passes the output flags to the kernels (issue 29) and adds split_rules and
+    load_order (issues 31, 32); a schema-4 bundle, whose kernels always sort and write int64, is
+    refused by its version, in the same words, before anything else."""
+    from topkgen.manifest.params import OUTPUT_FLAGS
+
     root = tmp_path / "bundle"
     shutil.copytree(built_bundle, root)
     doc = json.loads((root / "manifest.json").read_text())
+    assert doc["options"]["flags"] == OUTPUT_FLAGS
     doc["schema_version"] = 4
     del doc["split_rules"], doc["load_order"]
     (root / "manifest.json").write_text(json.dumps(doc))
-    assert _both_refuse(cpp, root) == (": schema_version: 4 has no split_rules or load_order (a split for the GPU's "
-                                       "SM count, which binary serves a GPU); rebuild the bundle (topkgen build)")
+    assert _both_refuse(cpp, root) == (": schema_version: 4 has no output flags, split_rules or load_order (its "
+                                       "kernels always sort and write int64 indices; a split for the GPU's SM count, "
+                                       "which binary serves a GPU); rebuild the bundle (topkgen build)")
 
 
 def test_the_cpp_loader_serves_every_k(cpp, built_bundle):
@@ -980,3 +983,28 @@ def test_the_cpp_loader_serves_every_k(cpp, built_bundle):
     assert out[1] == "topk_radix_large_det_f32_sm_90", out
     assert out[2] == "topk_radix_large_fast_f16_sm_100", out
     assert "no kernel serves arch=sm_90 dtype=float32 k=2048 n=4096 mode=fast without JIT" in proc.stderr + proc.stdout
+
+
+def test_the_cpp_loader_takes_the_request_options_as_the_runtime_does(cpp, built_bundle):
+    """topkgen-cpp select --unsorted --index-dtype int32 plans what TopK plans: the flags the
+    output launch gets (manifest options.flags) and the workspace (a split's, the large-k
+    path's int32 scratch); an option it does not know is a usage error."""
+    from topkgen.manifest.params import output_flags
+
+    op = TopK(built_bundle, arch="sm_90", backend="emulator")
+    shapes = [("float32", 5000, 20000, 3), ("float32", 256, 262144, 1), ("bfloat16", 256, 5000, 4)]
+    lines = "".join(f"sm_90 {d} {k} {n} fast 1 {r}\n" for d, k, n, r in shapes)
+    for options, sorted_, index_dtype in (([], True, "int64"), (["--unsorted"], False, "int64"),
+                                          (["--index-dtype", "int32"], True, "int32"),
+                                          (["--unsorted", "--index-dtype", "int32"], False, "int32")):
+        proc = subprocess.run([str(cpp), "select", str(built_bundle), "--format", "json", *options], input=lines,
+                              capture_output=True, text=True, timeout=60)
+        assert proc.returncode == 0, proc.stderr
+        for (dtype, k, n, rows), line in zip(shapes, proc.stdout.splitlines(), strict=True):
+            got = json.loads(line)
+            assert got["kernel"] == op.choose(dtype, k, n, rows=rows).kernel
+            assert got.get("flags", 0) == output_flags(sorted_, index_dtype), (options, line)  # 0: not shown
+            assert got["workspace_bytes"] == op.workspace_bytes(dtype, k, n, rows, index_dtype=index_dtype), line
+    bad = subprocess.run([str(cpp), "select", str(built_bundle), "--index-dtype", "int16"], input=lines,
+                         capture_output=True, text=True, timeout=60)
+    assert bad.returncode == 2 and "--index-dtype int64|int32" in bad.stderr

@@ -219,7 +219,7 @@ def test_cuda_backend_launches_every_aot_kernel_as_its_cubin_expects(built_bundl
             entry = entries[name]
             args = _check_launch(launch, entry, entry["resources"]["static_shared_bytes"])
             expect = {"x": 0x1000_0000, "values": 0x2000_0000, "indices": 0x3000_0000, "rows": 5, "n": n, "k": k,
-                      "largest": int(largest)}
+                      "largest": int(largest), "flags": 0}
             if entry["family"] == "radix":
                 expect |= {"x_indices": 0, "chunk": n, "row_stride": n}
             assert args == expect, name
@@ -247,6 +247,43 @@ def test_cuda_backend_split_rows_pass_the_workspace_as_both_stages_expect(built_
     assert second[1].grid * entry["launch"]["rows_per_block"] >= rows
     assert (one["n"], one["chunk"], one["row_stride"]) == (n, plan.chunk, n)
     assert (two["n"], two["chunk"], two["row_stride"]) == (plan.candidates,) * 3
+
+
+@pytest.mark.parametrize("k,n,rows", [(16, 1000, 2), (256, 5000, 2), (16, 262144, 4), (5000, 20000, 2)])
+def test_cuda_backend_writes_int32_indices_and_skips_the_sort_through_the_kernels_flags(built_bundle, fake_core,
+                                                                                       k, n, rows):
+    """index_dtype="int32" and sorted=False reach the kernels as their `flags` (no pass after
+    them: one launch, or a split's two, and nothing else), for device arrays that are not
+    torch tensors: a register kernel, a radix kernel, a split and the large-k path (JIT,
+    compiled here by NVRTC), whose candidates then go to scratch the backend allocates."""
+    from topkgen.build.compile import compile_kernel
+    from topkgen.manifest.params import OUTPUT_FLAGS
+
+    manifest = json.loads((built_bundle / "manifest.json").read_text())
+    entries = {e["name"]: e for e in manifest["kernels"] + manifest["jit_kernels"] if e["arch"] == "sm_90"}
+    op = runtime.TopK(built_bundle, backend="cuda")
+    choice = op.choose("float32", k, n, rows=rows)
+    entry = entries[choice.kernel]
+    x, values, _ = _arrays("float32", rows, n, k)
+    indices = DeviceArray((rows, k), "<i4", 0x3000_0000)
+    out = op(x, k, sorted=False, index_dtype="int32", out=(values, indices), stream=FakeStream(7))
+    assert out[1] is indices
+    flags = OUTPUT_FLAGS["unsorted"] | OUTPUT_FLAGS["int32_indices"]
+    static = entry["resources"]["static_shared_bytes"] if "resources" in entry else \
+        compile_kernel((built_bundle / entry["source"]).read_text(), entry["name"], "sm_90").resources.static_shared_bytes
+    launches = [_check_launch(launch, entry, static) for launch in fake_core["launches"]]
+    assert len(launches) == choice.chunks if choice.chunks == 1 else len(launches) == 2
+    assert launches[-1]["flags"] == flags and launches[-1]["indices"] == 0x3000_0000
+    if choice.chunks > 1:  # stage 1 writes the workspace's int64 candidates: the unsorted bit alone
+        assert launches[0]["flags"] == OUTPUT_FLAGS["unsorted"]
+    assert ("scratch" in launches[-1]) == (entry["work"] == "large")
+    if "scratch" in launches[-1]:
+        (buffer,) = fake_core["buffers"]
+        assert launches[-1]["scratch"] == buffer.handle and buffer.size == op.workspace_bytes(
+            "float32", k, n, rows, index_dtype="int32") == rows * k * 8
+        assert op.workspace_bytes("float32", k, n, rows) == 0
+    else:
+        assert choice.chunks > 1 or not fake_core["buffers"]
 
 
 def test_cuda_backend_jit_kernels_are_launched_as_compiled(built_bundle, fake_core):

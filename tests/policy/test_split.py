@@ -187,15 +187,18 @@ def test_the_runtime_launches_what_split_stages_plans():
     spec = pol.select(policy, "sm_90", "float32", 100, 131072).kernel
     from topkgen.manifest.params import params
 
-    first, second = stages(3, 131072, 100, True, ChunkPlan(3, 131072, 100, 32, 4))
+    from topkgen.manifest.params import output_flags
+
+    flags = output_flags(False, "int32")  # stage 1 writes int64 candidates: it gets the unsorted bit alone
+    first, second = stages(3, 131072, 100, True, ChunkPlan(3, 131072, 100, 32, 4), flags)
     pointers = {name: name for name in ("x", "values", "indices", "candidate_values", "candidate_indices")}
     assert arguments(params(spec), first, pointers, None) == [
-        "x", None, "candidate_values", "candidate_indices", 3, 131072, 100, 1, 4096, 131072]
+        "x", None, "candidate_values", "candidate_indices", 3, 131072, 100, 1, 4096, 131072, output_flags(False, "int64")]
     assert arguments(params(spec), second, pointers, None) == [
-        "candidate_values", "candidate_indices", "values", "indices", 3, 3200, 100, 1, 3200, 3200]
+        "candidate_values", "candidate_indices", "values", "indices", 3, 3200, 100, 1, 3200, 3200, flags]
     assert (first.grid_rows, second.grid_rows) == (96, 3)
     assert [type(a) for a in arguments(params(spec), second, pointers, None)[4:]] == \
-        [np.int32] * 5 + [np.int64]
+        [np.int32] * 5 + [np.int64, np.int32]
 
 
 # ----------------------------------------------------------------------------- the default policy

@@ -9,7 +9,7 @@ import sys
 import numpy as np
 import pytest
 
-from topkgen.runtime import gpu_unavailable
+from topkgen.runtime import gpu_unavailable, reference
 
 from ..support.topk_cases import check_topk, make_rows
 
@@ -36,7 +36,7 @@ def op(tmp_path_factory):
     return TopK(out, backend="cuda")
 
 
-def _on_device(op, x, k, largest, det):
+def _on_device(op, x, k, largest, det, sorted_=True, index_dtype="int64"):
     from topkgen.runtime.gpu_arrays import DeviceArray
     from topkgen.runtime.cuda_backend import _cuda_core
 
@@ -44,8 +44,9 @@ def _on_device(op, x, k, largest, det):
     stream = device.default_stream
     dx = DeviceArray.from_host(np.ascontiguousarray(x), device, stream)
     values = DeviceArray.empty((*x.shape[:-1], k), x.dtype, device, stream)
-    indices = DeviceArray.empty((*x.shape[:-1], k), np.dtype(np.int64), device, stream)
-    op(dx, k, largest=largest, deterministic=det, out=(values, indices), stream=stream)
+    indices = DeviceArray.empty((*x.shape[:-1], k), np.dtype(index_dtype), device, stream)
+    op(dx, k, largest=largest, deterministic=det, sorted=sorted_, index_dtype=index_dtype, out=(values, indices),
+       stream=stream)
     stream.sync()
     return values.to_host(stream), indices.to_host(stream)
 
@@ -88,6 +89,24 @@ def test_jit_disabled_still_serves_aot_dtypes(op, monkeypatch):
     check_topk(x, values, indices, 16, True, False, "float32")
     assert op.explain("float32", 16, 2048).source == "aot"
 
+
+
+@pytest.mark.parametrize("dtype,k,n,rows,det", [("float32", 16, 2048, 3, False), ("float32", 40, 3000, 3, False),
+                                                ("bfloat16", 700, 9000, 3, True), ("float32", 2048, 163840, 1, False),
+                                                ("float32", 40000, 163840, 2, False), ("bfloat16", 5000, 20000, 2, True)])
+def test_unsorted_int32_on_the_gpu(op, dtype, k, n, rows, det):
+    """sorted=False and int32 indices, written by the kernels into cuda.core buffers (no
+    torch): the sorted call's set; deterministic kernels return the sorted order itself. The
+    large-k path (k=40000, 5000) takes its candidates in scratch the backend allocates."""
+    x = make_rows(dtype, rows, n, seed=rows + k)
+    values, indices = _on_device(op, x, k, True, det, sorted_=False, index_dtype="int32")
+    assert indices.dtype == np.int32
+    if det:
+        check_topk(x, values, indices.astype(np.int64), k, True, True, dtype, what=f"unsorted det k={k}")
+        return
+    order = np.argsort(-reference.select_keys(values, True).astype(np.int64), axis=-1, kind="stable")
+    values, indices = np.take_along_axis(values, order, -1), np.take_along_axis(indices.astype(np.int64), order, -1)
+    check_topk(x, values, indices, k, True, False, dtype, what=f"unsorted int32 k={k}")
 
 
 @pytest.mark.parametrize("dtype,k,n,rows,det", [("float32", 256, 131072, 1, True), ("float32", 16, 262144, 4, False),

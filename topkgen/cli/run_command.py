@@ -86,8 +86,7 @@ def run(bundle_dir: str, arch: str | None, backend: str, k: int, smallest: bool,
         except TopKError as err:
             raise InputError(f"{input_path}: {found}{list(x.shape)}: {err}") from None
         if backend == "cuda":
-            values, indices = _run_on_gpu(op, x, k, smallest, deterministic, name, not unsorted)
-            indices = indices.astype(index_dtype)  # on the host: every index < n fits int32
+            values, indices = _run_on_gpu(op, x, k, smallest, deterministic, name, not unsorted, index_dtype)
         else:
             values, indices = op(x, k, largest=not smallest, deterministic=deterministic, sorted=not unsorted,
                                  index_dtype=index_dtype, dtype=name)
@@ -145,8 +144,9 @@ def _print_rows(input_path: str, shape: tuple[int, ...], dtype: str, values: Any
 
 
 def _run_on_gpu(op: Any, x: Any, k: int, smallest: bool, deterministic: bool, dtype: str | None,
-                sorted_: bool = True):
-    """Host arrays go through device buffers that cuda.core allocates."""
+                sorted_: bool = True, index_dtype: str = "int64"):
+    """Host arrays go through device buffers that cuda.core allocates; the kernels write the
+    indices in `index_dtype` (int32 too: no pass after them)."""
     import numpy as np
 
     from topkgen.runtime.gpu_arrays import DeviceArray
@@ -157,8 +157,8 @@ def _run_on_gpu(op: Any, x: Any, k: int, smallest: bool, deterministic: bool, dt
     dx = DeviceArray.from_host(np.ascontiguousarray(x), device, stream)
     shape = (*x.shape[:-1], k)
     values = DeviceArray.empty(shape, x.dtype, device, stream)
-    indices = DeviceArray.empty(shape, np.dtype(np.int64), device, stream)
-    op(dx, k, largest=not smallest, deterministic=deterministic, sorted=sorted_, out=(values, indices), dtype=dtype,
-       stream=stream)
+    indices = DeviceArray.empty(shape, np.dtype(index_dtype), device, stream)
+    op(dx, k, largest=not smallest, deterministic=deterministic, sorted=sorted_, index_dtype=index_dtype,
+       out=(values, indices), dtype=dtype, stream=stream)
     stream.sync()
     return values.to_host(stream), indices.to_host(stream)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 
 from topkgen.policy import KernelSpec
+from topkgen.policy.split import UNSORTED_FLAG
 
 # C types of the kernel parameters, per dtype; the same names go into the manifest.
 C_TYPES = {"float32": "float", "bfloat16": "__nv_bfloat16", "float16": "__half"}
@@ -24,14 +25,35 @@ PARAM_TYPES = {
     "largest": "int",                 # 1: the k largest, 0: the k smallest
     "chunk": "int",                   # elements per chunk (topkgen.policy.split); n: one chunk per row
     "row_stride": "long long",        # elements from one row of x (and x_indices) to the next
+    "flags": "int",                   # output flags (schema 5): OUTPUT_FLAGS, or'ed
+    "scratch": "void*",               # the large-k path: null, or rows x k x 8 bytes for its candidates
 }
+# The `flags` bits: sorted=False (the final sort is skipped; deterministic kernels sort anyway,
+# the order they return is the sorted one) and index_dtype="int32" (the kernel writes int32
+# indices into `indices`). templates/topk_common.cuh has the same numbers (kUnsorted,
+# kInt32Indices); the manifest's `options` states them for every loader.
+OUTPUT_FLAGS = {"unsorted": UNSORTED_FLAG, "int32_indices": 2}
 # The parameters of each family's kernels, in order. Radix kernels also run split rows.
+# The large-k path's radix kernels (work "large") also take `scratch`: with int32 indices its
+# candidates (8 bytes each) no longer fit in the indices output it gathers them into.
 PARAMS = {
-    "register": ("x", "values", "indices", "rows", "n", "k", "largest"),
-    "radix": ("x", "x_indices", "values", "indices", "rows", "n", "k", "largest", "chunk", "row_stride"),
+    "register": ("x", "values", "indices", "rows", "n", "k", "largest", "flags"),
+    "radix": ("x", "x_indices", "values", "indices", "rows", "n", "k", "largest", "chunk", "row_stride", "flags"),
+    "large": ("x", "x_indices", "values", "indices", "rows", "n", "k", "largest", "chunk", "row_stride", "flags",
+              "scratch"),
 }
+
+
+def param_names(spec: KernelSpec) -> tuple[str, ...]:
+    """The names of the kernel's parameters, in order."""
+    return PARAMS["large" if spec.work == "large" else spec.family]
+
+
+def output_flags(sorted_: bool, index_dtype: str) -> int:
+    """The `flags` argument of a request's output launch."""
+    return (0 if sorted_ else OUTPUT_FLAGS["unsorted"]) | (OUTPUT_FLAGS["int32_indices"] if index_dtype == "int32" else 0)
 
 
 def params(spec: KernelSpec) -> list[dict[str, str]]:
     """The kernel's parameters in order, with their C types: the manifest's `params`."""
-    return [{"name": name, "ctype": PARAM_TYPES[name].format(t=C_TYPES[spec.dtype])} for name in PARAMS[spec.family]]
+    return [{"name": name, "ctype": PARAM_TYPES[name].format(t=C_TYPES[spec.dtype])} for name in param_names(spec)]

@@ -13,6 +13,7 @@ from typing import Iterable
 
 from topkgen.policy import dispatch_table
 from topkgen.manifest import checks as manifest_checks
+from topkgen.manifest.params import OUTPUT_FLAGS
 from topkgen.common import reader
 from topkgen.common.errors import InputError
 from topkgen.common.files import file_kind, read_to_limit
@@ -23,8 +24,10 @@ MANIFEST = "manifest.json"
 SCHEMA_VERSION = 5
 SCHEMAS = {1: "manifest-1.schema.json", 2: "manifest-2.schema.json", 3: "manifest-3.schema.json",
            4: "manifest-4.schema.json", 5: "manifest.schema.json"}
-# How a loader serves the request options (schema 4's `options`; the schema words each).
-MANIFEST_OPTIONS = {"unsorted": "same_launches", "index_dtypes": ["int64", "int32"], "int32_indices": "narrow_int64"}
+# How a loader serves the request options (schema 4's `options`, the kernels' `flags` since
+# schema 5; the schema words each). The bits are topkgen.manifest.params.OUTPUT_FLAGS.
+MANIFEST_OPTIONS = {"unsorted": "kernel_flag", "index_dtypes": ["int64", "int32"], "int32_indices": "kernel_flag",
+                    "flags": dict(OUTPUT_FLAGS)}
 MAX_MANIFEST_BYTES = 64 << 20
 MAX_FILE_BYTES = 64 << 20  # a cubin or a JIT source
 
@@ -87,8 +90,9 @@ def version_problem(version: object) -> str:
         return ("schema_version: 3 stops k at 1024 and has no options (sorted, index_dtype); rebuild the bundle "
                 "(topkgen build)")
     if type(version) is int and version == 4:
-        return ("schema_version: 4 has no split_rules or load_order (a split for the GPU's SM count, which binary "
-                "serves a GPU); rebuild the bundle (topkgen build)")
+        return ("schema_version: 4 has no output flags, split_rules or load_order (its kernels always sort and write "
+                "int64 indices; a split for the GPU's SM count, which binary serves a GPU); rebuild the bundle "
+                "(topkgen build)")
     return f"schema_version: {json.dumps(version)} is not supported (this topkgen reads version {SCHEMA_VERSION})"
 
 

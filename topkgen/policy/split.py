@@ -28,6 +28,12 @@ ROWS_MAX = 2**31 - 1          # rows per request: the runtime refuses more
 WORKSPACE_ALIGN = 256         # the candidate values start at a multiple of this many bytes
 WORKSPACE_ALIGNMENT = 16      # and the workspace itself at a multiple of this (16-byte loads)
 INDEX_BYTES = 8               # candidate indices are int64, as the output's are
+UNSORTED_FLAG = 1             # topkgen.manifest.params.OUTPUT_FLAGS["unsorted"] (the policy stage comes first)
+
+
+def scratch_bytes(rows: int, k: int) -> int:
+    """The large-k path's scratch for int32 indices: a packed candidate (8 bytes) per output."""
+    return rows * k * INDEX_BYTES
 
 
 @dataclass(frozen=True)
@@ -83,17 +89,26 @@ class Stage:
     scalars: dict[str, int]
 
 
-def stages(rows: int, n: int, k: int, largest: bool, plan: ChunkPlan | None) -> list[Stage]:
+def stages(rows: int, n: int, k: int, largest: bool, plan: ChunkPlan | None, flags: int = 0,
+           scratch: bool = False) -> list[Stage]:
     """The launches of a request: one, or a split's two (stage 1 over chunks into the
-    workspace's candidates, stage 2 over the candidates into the output)."""
+    workspace's candidates, stage 2 over the candidates into the output). `flags` is the
+    output's (topkgen.manifest.params.OUTPUT_FLAGS: 1 unsorted, 2 int32 indices); stage 1
+    writes int64 candidate indices, so it gets the unsorted bit alone (a deterministic kernel
+    sorts anyway, which stage 2's ties by position need). `scratch`: the large-k path's
+    candidates go to the buffer "scratch" (int32 indices), else null."""
     flag = int(bool(largest))
     if plan is None:
-        return [Stage(rows, {"x": "x", "x_indices": None, "values": "values", "indices": "indices"},
-                      {"rows": rows, "n": n, "k": k, "largest": flag, "chunk": n, "row_stride": n})]
+        return [Stage(rows, {"x": "x", "x_indices": None, "values": "values", "indices": "indices",
+                             "scratch": "scratch" if scratch else None},
+                      {"rows": rows, "n": n, "k": k, "largest": flag, "chunk": n, "row_stride": n, "flags": flags})]
     m = plan.candidates
     return [Stage(rows * plan.chunks,
-                  {"x": "x", "x_indices": None, "values": "candidate_values", "indices": "candidate_indices"},
-                  {"rows": rows, "n": n, "k": k, "largest": flag, "chunk": plan.chunk, "row_stride": n}),
+                  {"x": "x", "x_indices": None, "values": "candidate_values", "indices": "candidate_indices",
+                   "scratch": None},
+                  {"rows": rows, "n": n, "k": k, "largest": flag, "chunk": plan.chunk, "row_stride": n,
+                   "flags": flags & UNSORTED_FLAG}),
             Stage(rows,
-                  {"x": "candidate_values", "x_indices": "candidate_indices", "values": "values", "indices": "indices"},
-                  {"rows": rows, "n": m, "k": k, "largest": flag, "chunk": m, "row_stride": m})]
+                  {"x": "candidate_values", "x_indices": "candidate_indices", "values": "values", "indices": "indices",
+                   "scratch": None},
+                  {"rows": rows, "n": m, "k": k, "largest": flag, "chunk": m, "row_stride": m, "flags": flags})]

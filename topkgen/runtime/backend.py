@@ -71,7 +71,8 @@ class _Work:
     params: list[dict[str, str]]
     stages: list[Stage]
     plan: ChunkPlan | None
-    index_dtype: str = "int64"  # the indices the caller gets; the kernels write int64 (narrowed after)
+    index_dtype: str = "int64"  # the indices the caller gets, written by the kernels
+    scratch_bytes: int = 0      # the large-k path's candidates with int32 indices (workspace or allocated)
 
 
 def launch_arguments(spec: Any, x: Any, values: Any, indices: Any, rows: int, n: int, k: int, largest: bool) -> list[Any]:
@@ -122,10 +123,11 @@ class _Backend:
         raise NotImplementedError
 
     def check(self, view: _View, k: int, out: Any, workspace: Any, plan: ChunkPlan | None,
-              index_dtype: str = "int64") -> _Arrays:
+              index_dtype: str = "int64", scratch_bytes: int = 0) -> _Arrays:
         """Every check of `out` and `workspace` (`plan`: how the call splits, None when it
-        does not; `index_dtype`: what out[1] holds), made before the kernel is loaded: nothing
-        is compiled for a call that is refused."""
+        does not; `index_dtype`: what out[1] holds; `scratch_bytes`: the large-k path's
+        scratch the workspace serves), made before the kernel is loaded: nothing is compiled
+        for a call that is refused."""
         raise NotImplementedError
 
     def load_aot(self, name: str, cubin: bytes, symbol: str, source: str) -> Any:
@@ -147,7 +149,7 @@ class _Backend:
 
 
 OUT_LABELS = ("out[0] (values)", "out[1] (indices)")
-INDEX_DTYPES = ("int64", "int32")  # int64: torch's and the kernels'; int32 is narrowed from it
+INDEX_DTYPES = ("int64", "int32")  # int64: torch's; the kernels write either (their `flags`)
 
 
 def index_dtype_of(value: Any) -> str:
@@ -213,9 +215,15 @@ def _check_x_contiguous(contiguous: bool) -> None:
                         "numpy.ascontiguousarray(x)")
 
 
-def _check_workspace_size(nbytes: int, plan: ChunkPlan) -> None:
-    if nbytes < plan.workspace_bytes:
-        raise TopKError(f"workspace: {nbytes} bytes, this call needs {plan.workspace_bytes} (TopK.workspace_bytes)")
+def workspace_need(plan: ChunkPlan | None, scratch_bytes: int) -> int:
+    """The workspace bytes a call needs: a split's candidates, or the large-k path's scratch
+    (int32 indices); 0 for none."""
+    return plan.workspace_bytes if plan is not None else scratch_bytes
+
+
+def _check_workspace_size(nbytes: int, needed: int) -> None:
+    if nbytes < needed:
+        raise TopKError(f"workspace: {nbytes} bytes, this call needs {needed} (TopK.workspace_bytes)")
 
 
 def _check_alignment(address: int) -> None:

@@ -16,7 +16,7 @@ from topkgen.policy.split import ChunkPlan
 from topkgen.runtime.backend import (
     MASKED, OUT_LABELS, NoGpuError, TopKError, _Arrays, _Backend, _View, _Work, _c_contiguous, _check_alignment,
     _check_disjoint, _check_out, _check_stream, _check_workspace_size, _check_x_contiguous, _out_pair,
-    _value_types, arguments, dtype_name)
+    _value_types, arguments, dtype_name, workspace_need)
 
 
 def gpu_unavailable() -> str | None:
@@ -146,7 +146,7 @@ class _CudaBackend(_Backend):
         return self.load_aot(name, compiled.cubin, compiled.symbol, source)
 
     def check(self, view: _View, k: int, out: Any, workspace: Any, plan: ChunkPlan | None,
-              index_dtype: str = "int64") -> _Arrays:
+              index_dtype: str = "int64", scratch_bytes: int = 0) -> _Arrays:
         shape = (*view.shape[:-1], k)
         size = DTYPE_SIZES[view.dtype]  # of uint16 values too
         pointers = {"x": int(view.ptr)}
@@ -156,9 +156,6 @@ class _CudaBackend(_Backend):
                 raise TopKError("out: pass (values, indices) device arrays for inputs that are not torch tensors")
         else:
             out = _out_pair(out)
-            if index_dtype == "int32" and _torch_of(out[1]) is None:
-                raise TopKError("index_dtype: int32 indices on the cuda backend are narrowed from int64 by torch: "
-                                "pass torch tensors (or index_dtype='int64')")
             index_bytes = 4 if index_dtype == "int32" else 8
             for array, dtypes, label, itemsize in zip(out, (_value_types(view.dtype), (index_dtype,)), OUT_LABELS,
                                                       (size, index_bytes)):
@@ -173,8 +170,8 @@ class _CudaBackend(_Backend):
             check_device("workspace", workspace, self.device_id)
             if space[1]:  # an empty one is never read or written, wherever it points
                 _check_alignment(space[0])
-            if plan is not None:
-                _check_workspace_size(space[1], plan)
+            if workspace_need(plan, scratch_bytes):
+                _check_workspace_size(space[1], workspace_need(plan, scratch_bytes))
             extents.append(("workspace", space[0], space[0] + space[1]))
         _check_disjoint(extents)
         return _Arrays(out, space, pointers)
@@ -195,16 +192,14 @@ class _CudaBackend(_Backend):
         if not work.stages:  # an empty batch launches nothing
             return values, indices
         cuda_stream = self._stream(stream, view.array)
-        wide = None  # int32 indices: the kernels write int64 scratch, narrowed on the stream after them
-        if work.index_dtype == "int32":
-            torch = _torch_of(indices)
-            with torch.cuda.stream(torch.cuda.ExternalStream(int(cuda_stream.handle), device=indices.device)):
-                wide = torch.empty(tuple(indices.shape), dtype=torch.int64, device=indices.device)
-            pointers["indices"] = wide.data_ptr()
-        release = None
+        release = None  # int32 indices are written by the kernels (their flags): no pass after them
         if work.plan is not None:
-            base, release = self._workspace(work.plan, arrays.workspace, cuda_stream, torch, view.array)
+            base, release = self._workspace(work.plan.workspace_bytes, arrays.workspace, cuda_stream, torch,
+                                            view.array)
             pointers["candidate_indices"], pointers["candidate_values"] = base, base + work.plan.values_offset
+        elif work.scratch_bytes:  # the large-k path's candidates, beside int32 indices
+            pointers["scratch"], release = self._workspace(work.scratch_bytes, arrays.workspace, cuda_stream, torch,
+                                                           view.array)
         # The driver's default limit on dynamic shared memory is 48 KiB less the kernel's
         # static shared memory (cuda.h, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES), so
         # any kernel launched with some gets its limit set, once.
@@ -219,13 +214,11 @@ class _CudaBackend(_Backend):
             core.launch(cuda_stream, config, work.kernel, *arguments(work.params, stage, pointers, 0))
         if release is not None:
             release()
-        if wide is not None:
-            with torch.cuda.stream(torch.cuda.ExternalStream(int(cuda_stream.handle), device=indices.device)):
-                indices.copy_(wide)  # every index < n <= 2^31 - 1 fits
         return values, indices
 
-    def _workspace(self, plan: ChunkPlan, space: tuple[int, int] | None, cuda_stream: Any, torch: Any, array: Any):
-        """The workspace's device address, and what to call once the launches are enqueued.
+    def _workspace(self, nbytes: int, space: tuple[int, int] | None, cuda_stream: Any, torch: Any, array: Any):
+        """The workspace's device address (`nbytes`: what the call needs: a split's
+        candidates, the large-k path's scratch), and what to call once the launches are enqueued.
         The caller's array costs no allocation. Otherwise the allocation is ordered on the
         launch stream and nothing waits: for torch inputs torch's caching allocator, with the
         launch stream current (it hands the block out again only to work queued after ours on
@@ -235,9 +228,9 @@ class _CudaBackend(_Backend):
             return space[0], None
         if torch is not None:
             with torch.cuda.stream(torch.cuda.ExternalStream(int(cuda_stream.handle), device=array.device)):
-                buffer = torch.empty(plan.workspace_bytes, dtype=torch.uint8, device=array.device)
+                buffer = torch.empty(nbytes, dtype=torch.uint8, device=array.device)
             return buffer.data_ptr(), lambda: None  # dropped after the launches: reused in stream order
-        buffer = self.device.allocate(plan.workspace_bytes, stream=cuda_stream)
+        buffer = self.device.allocate(nbytes, stream=cuda_stream)
         return int(buffer.handle), lambda: buffer.close(cuda_stream)
 
     def _allow_dynamic_shared(self, kernel: Any, nbytes: int) -> None:

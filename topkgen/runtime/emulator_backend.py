@@ -12,7 +12,8 @@ from numpy.lib.array_utils import byte_bounds
 from topkgen.policy.split import ChunkPlan
 from topkgen.runtime.backend import (
     MASKED, OUT_LABELS, TopKError, _Arrays, _Backend, _View, _Work, _check_alignment, _check_disjoint,
-    _check_out, _check_workspace_size, _check_x_contiguous, _out_pair, _value_types, arguments, dtype_name)
+    _check_out, _check_workspace_size, _check_x_contiguous, _out_pair, _value_types, arguments, dtype_name,
+    workspace_need)
 
 
 # ----------------------------------------------------------------------------- emulator
@@ -41,7 +42,7 @@ class _EmulatorBackend(_Backend):
         return compile_source(source, name=name, announce=_announce)
 
     def check(self, view: _View, k: int, out: Any, workspace: Any, plan: ChunkPlan | None,
-              index_dtype: str = "int64") -> _Arrays:
+              index_dtype: str = "int64", scratch_bytes: int = 0) -> _Arrays:
         shape = (*view.shape[:-1], k)
         if out is not None:
             out = _out_pair(out)
@@ -57,8 +58,8 @@ class _EmulatorBackend(_Backend):
                 raise TopKError("workspace: must be contiguous")
             if workspace.nbytes:  # as on the GPU (an empty one is never touched), though the emulator copies it
                 _check_alignment(workspace.ctypes.data)
-            if plan is not None:
-                _check_workspace_size(workspace.nbytes, plan)
+            if workspace_need(plan, scratch_bytes):
+                _check_workspace_size(workspace.nbytes, workspace_need(plan, scratch_bytes))
         arrays = [("x", view.array), *zip(OUT_LABELS, out or ()), ("workspace", workspace)]
         _check_disjoint([(label, *byte_bounds(array)) for label, array in arrays if array is not None])
         return _Arrays(out, workspace, {})
@@ -67,20 +68,21 @@ class _EmulatorBackend(_Backend):
         shape, out = (*view.shape[:-1], k), arrays.out
         x = view.array.reshape(view.rows, view.n)  # contiguous (view): a view, not a copy
         values = np.empty((view.rows, k), dtype=x.dtype)
-        indices = np.empty((view.rows, k), dtype=np.int64)
+        indices = np.empty((view.rows, k), dtype=np.dtype(work.index_dtype))  # the kernels write this type
         pointers = {"x": x, "values": values, "indices": indices}
         if work.plan is not None:
             pointers.update(self._candidates(work.plan, x.dtype, arrays.workspace))
+        if work.scratch_bytes:
+            space = arrays.workspace if arrays.workspace is not None else np.empty(work.scratch_bytes, np.uint8)
+            pointers["scratch"] = space.reshape(-1).view(np.uint8)[:work.scratch_bytes]
         for stage in work.stages:
             work.kernel.launch(work.name, work.launch.grid(stage.grid_rows), work.launch.threads,
                                arguments(work.params, stage, pointers, None),
                                shared_bytes=work.launch.dynamic_shared_bytes)
         if out is not None:  # the bits, into uint16 values too
             out[0][...] = values.reshape(shape).view(out[0].dtype)
-            out[1][...] = indices.reshape(shape)  # narrowed to int32 when out[1] is int32: every index < n
+            out[1][...] = indices.reshape(shape)  # of out[1]'s type (check): a copy, no conversion
             return out
-        if work.index_dtype == "int32":
-            indices = indices.astype(np.int32)
         return values.reshape(shape), indices.reshape(shape)
 
     @staticmethod

@@ -21,7 +21,8 @@ from topkgen.policy.dispatch_table import Choice
 from topkgen.manifest.checks import entries
 from topkgen.policy.explain import Explanation, explain
 from topkgen.build.render import render
-from topkgen.policy.split import ChunkPlan, stages
+from topkgen.policy.split import ChunkPlan, scratch_bytes, stages
+from topkgen.manifest.params import output_flags
 from topkgen.common.suggest import did_you_mean
 from topkgen.runtime.backend import Launch, TopKError, _Backend, _Work, _dtype, index_dtype_of
 from topkgen.runtime.binary import Binary, NoBinaryError, resolve_manifest
@@ -151,11 +152,22 @@ class TopK:
         choice = self.choose(dtype, k, n, deterministic, rows)
         return ChunkPlan(rows, n, k, choice.chunks, DTYPE_SIZES[dtype]) if choice.chunks > 1 else None
 
-    def workspace_bytes(self, dtype: str, k: int, n: int, rows: int, deterministic: bool = False) -> int:
-        """The workspace a call on rows x n elements needs (0: none). Pass at least this many
-        bytes as `workspace=` and the call allocates nothing (CUDA graphs can capture it)."""
+    def workspace_bytes(self, dtype: str, k: int, n: int, rows: int, deterministic: bool = False,
+                        index_dtype: str = "int64") -> int:
+        """The workspace a call on rows x n elements needs (0: none): a split's candidates,
+        or with index_dtype="int32" the large-k path's (rows x k x 8 bytes). Pass at least
+        this many bytes as `workspace=` and the call allocates nothing (CUDA graphs can
+        capture it)."""
         plan = self.plan(dtype, k, n, rows, deterministic)
-        return plan.workspace_bytes if plan else 0
+        if plan is not None:
+            return plan.workspace_bytes
+        choice = self.choose(dtype, k, n, deterministic, rows)
+        return self._scratch_bytes(choice.kernel, int(rows), int(k), _index_dtype(index_dtype))
+
+    def _scratch_bytes(self, kernel: str, rows: int, k: int, index_dtype: str) -> int:
+        """The large-k path's scratch (its kernels take `scratch`) for int32 indices, else 0."""
+        takes = any(p["name"] == "scratch" for p in self._entries[kernel]["params"])
+        return scratch_bytes(rows, k) if takes and index_dtype == "int32" else 0
 
     def explain(self, dtype: str, k: int, n: int, deterministic: bool = False, rows: int | None = None) -> Explanation:
         """The kernel that serves a shape and why: the table's choice, whose str() is what
@@ -195,15 +207,18 @@ class TopK:
         `out`: (values, indices), contiguous, of x's leading shape and k; values of x's type
         (or uint16 bits for 16-bit types), indices int64. Neither `out` nor `workspace` may
         share memory with x or with each other. `dtype` (short spellings too: bf16, fp16)
-        says what raw uint16 input holds. `sorted=False` promises no order (this version
-        serves it with the same launches, so the order is the sorted one; deterministic mode:
-        the sorted call's set, in the same order run to run); `index_dtype` "int64" (torch's)
-        or "int32" (narrowed from the kernels' int64; `out[1]` follows it). Every argument is
+        says what raw uint16 input holds. `sorted=False` promises no order: the kernels skip
+        their final sort and return the sorted call's set (fast mode: its ties may differ, as
+        any two fast calls' may); deterministic mode returns the sorted call's set in the
+        sorted order (its kernels sort anyway: that is what makes the order repeatable).
+        `index_dtype` "int64" (torch's) or "int32", written by the kernels (`out[1]` follows
+        it; the large-k path then needs `workspace_bytes(..., index_dtype="int32")` of
+        scratch, allocated on the stream when no `workspace` is passed). Every argument is
         checked before a kernel is loaded (or JIT-compiled), in the same order by both
         backends: a refused call costs no compile."""
         view = self._backend.view(x, dtype)
         k, largest = _integer("k", k), _flag("largest", largest)
-        _flag("sorted", sorted)
+        sorted_ = _flag("sorted", sorted)
         index_dtype = _index_dtype(index_dtype)
         self._backend.check_stream(stream)
         if k < 0:
@@ -214,11 +229,13 @@ class TopK:
             return self._backend.run(_Work(None, "", Launch(1, 1, 0), [], [], None, index_dtype), view, 0, arrays, stream)
         choice = self.choose(view.dtype, k, view.n, deterministic, view.rows)
         plan = ChunkPlan(view.rows, view.n, k, choice.chunks, DTYPE_SIZES[view.dtype]) if choice.chunks > 1 else None
-        arrays = self._backend.check(view, k, out, workspace, plan, index_dtype)
+        scratch = 0 if plan is not None else self._scratch_bytes(choice.kernel, view.rows, k, index_dtype)
+        arrays = self._backend.check(view, k, out, workspace, plan, index_dtype, scratch)
         kernel = self._kernel(choice) if view.rows else None  # an empty batch loads and compiles nothing
         entry = self._entries[choice.kernel]
         work = _Work(kernel, choice.kernel, Launch.of(entry), entry["params"],
-                     stages(view.rows, view.n, k, largest, plan) if view.rows else [], plan, index_dtype)
+                     stages(view.rows, view.n, k, largest, plan, output_flags(sorted_, index_dtype), scratch > 0)
+                     if view.rows else [], plan, index_dtype, scratch)
         return self._backend.run(work, view, k, arrays, stream)
 
 

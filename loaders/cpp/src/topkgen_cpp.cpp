@@ -128,7 +128,22 @@ int verify(const std::string& dir) {
 // Answers each line as it is read, flushed: a caller on a pipe gets an answer per request,
 // and a malformed line stops it after the answers to every line before it. Exit 1 when a
 // request was refused (each refusal is answered on its line; the lines after it too).
-int select(const std::string& dir, bool json, std::int64_t sm_count) {
+// The request options of select and launch: --unsorted, --index-dtype int64|int32 (the
+// Python CLI's `run` words). False when an argument is neither.
+bool parse_options(const std::vector<std::string>& a, std::size_t from, topkgen::Options& o) {
+  for (std::size_t i = from; i < a.size(); ++i) {
+    if (a[i] == "--unsorted") {
+      o.sorted = false;
+    } else if (a[i] == "--index-dtype" && i + 1 < a.size() && (a[i + 1] == "int64" || a[i + 1] == "int32")) {
+      o.index_dtype = a[++i] == "int32" ? topkgen::IndexDtype::int32 : topkgen::IndexDtype::int64;
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+int select(const std::string& dir, bool json, topkgen::Options options, std::int64_t sm_count) {
   topkgen::Bundle bundle(dir);
   std::size_t line_no = 0;
   bool refused = false;
@@ -138,11 +153,12 @@ int select(const std::string& dir, bool json, std::int64_t sm_count) {
       if (!s.has_rows) {
         answer["kernel"] = bundle.select(s.arch, s.dtype, s.k, s.n, s.deterministic, s.jit).name;
       } else {
-        const topkgen::Plan p = bundle.plan(s.arch, s.dtype, s.k, s.n, s.rows, s.deterministic, s.jit, sm_count);
+        const topkgen::Plan p = bundle.plan(s.arch, s.dtype, s.k, s.n, s.rows, s.deterministic, s.jit, options, sm_count);
         answer["kernel"] = p.kernel->name;
         answer["chunks"] = p.chunks;
         answer["workspace_bytes"] = p.workspace_bytes;
         answer["values_offset"] = p.values_offset;
+        if (p.flags) answer["flags"] = p.flags;  // a request with options (a fifth column only then)
       }
     } catch (const topkgen::Error& err) {
       answer = {{"error", shown(err.what())}};  // it quotes the line's ARCH or DTYPE: ASCII once shown
@@ -215,7 +231,7 @@ void spill(const std::string& path, const std::string& data) {
   if (!out) throw topkgen::Error(path + ": cannot write");
 }
 
-int launch(const std::vector<std::string>& a) {
+int launch(const std::vector<std::string>& a, topkgen::Options options) {
   // DIR ARCH DTYPE K N ROWS MODE JIT LARGEST IN VALUES INDICES
   topkgen::Bundle bundle(a[0]);
   Shape s;
@@ -225,7 +241,7 @@ int launch(const std::vector<std::string>& a) {
                          a[1] + " " + a[2] + " " + a[3] + " " + a[4] + " " + a[5] + " " + a[6] + " " + a[7] + "'");
   if (a[8] != "0" && a[8] != "1") throw topkgen::Error("launch: LARGEST must be 0 or 1, got '" + a[8] + "'");
   const bool largest = a[8] == "1";
-  topkgen::Plan plan = bundle.plan(s.arch, s.dtype, s.k, s.n, s.rows, s.deterministic, s.jit);  // checks rows
+  topkgen::Plan plan = bundle.plan(s.arch, s.dtype, s.k, s.n, s.rows, s.deterministic, s.jit, options);  // checks rows
   const int rows = static_cast<int>(s.rows);
   const std::size_t elem = s.dtype == "float32" ? 4 : 2;
   const std::string x = slurp(a[9]);
@@ -239,17 +255,17 @@ int launch(const std::vector<std::string>& a) {
   const auto& d = topkgen::cu::Driver::get();
   topkgen::cu::current_arch();  // a current context
   // planned again for the device's own SM count (split_rules): the same kernel, its chunks for this GPU
-  plan = bundle.plan(s.arch, s.dtype, s.k, s.n, s.rows, s.deterministic, s.jit, topkgen::cu::current_sm_count());
+  plan = bundle.plan(s.arch, s.dtype, s.k, s.n, s.rows, s.deterministic, s.jit, options, topkgen::cu::current_sm_count());
   topkgen::cu::DevicePtr dx = 0, dv = 0, di = 0, dw = 0;
   const std::size_t out_elems = static_cast<std::size_t>(rows) * s.k;
   d.check(d.MemAlloc(&dx, x.size()), "cuMemAlloc");
   d.check(d.MemAlloc(&dv, out_elems * elem), "cuMemAlloc");
-  d.check(d.MemAlloc(&di, out_elems * 8), "cuMemAlloc");
+  d.check(d.MemAlloc(&di, out_elems * plan.index_bytes()), "cuMemAlloc");
   if (plan.workspace_bytes) d.check(d.MemAlloc(&dw, plan.workspace_bytes), "cuMemAlloc");
   d.check(d.MemcpyHtoD(dx, x.data(), x.size()), "cuMemcpyHtoD");
   bundle.run(plan, nullptr, dx, dv, di, rows, static_cast<int>(s.n), static_cast<int>(s.k), largest, dw);
   d.check(d.CtxSynchronize(), "cuCtxSynchronize");
-  std::string values(out_elems * elem, '\0'), indices(out_elems * 8, '\0');
+  std::string values(out_elems * elem, '\0'), indices(out_elems * plan.index_bytes(), '\0');
   d.check(d.MemcpyDtoH(values.data(), dv, values.size()), "cuMemcpyDtoH");
   d.check(d.MemcpyDtoH(indices.data(), di, indices.size()), "cuMemcpyDtoH");
   for (auto p : {dx, dv, di, dw})
@@ -261,9 +277,10 @@ int launch(const std::vector<std::string>& a) {
 }
 
 int usage() {
-  std::cerr << "usage: topkgen-cpp verify DIR | select DIR [--format text|json] [--sm-count N] | bench DIR\n"
+  std::cerr << "usage: topkgen-cpp verify DIR | select DIR [--format text|json] [--sm-count N] [OPTIONS] | bench DIR\n"
                "       topkgen-cpp binary DIR GPU_ARCH [--jit]\n"
-               "       topkgen-cpp launch DIR ARCH DTYPE K N ROWS MODE JIT LARGEST IN VALUES INDICES\n"
+               "       topkgen-cpp launch DIR ARCH DTYPE K N ROWS MODE JIT LARGEST IN VALUES INDICES [OPTIONS]\n"
+               "OPTIONS: --unsorted (no promised order), --index-dtype int64|int32 (INDICES: 8 or 4 bytes each)\n"
                "select and bench read 'ARCH DTYPE K N MODE JIT [ROWS]' lines on stdin; README: 'Writing a loader'\n";
   return 2;
 }
@@ -277,22 +294,24 @@ int main(int argc, char** argv) {
   args.erase(args.begin());
   try {
     if (cmd == "verify" && args.size() == 1) return verify(args[0]);
-    if (cmd == "select" && !args.empty()) {  // DIR [--format text|json] [--sm-count N], in any order
-      bool json = false, ok = true;
+    topkgen::Options options;
+    if (cmd == "select" && !args.empty()) {  // DIR [--format text|json] [--sm-count N] [OPTIONS], in any order
+      bool json = false;
       std::int64_t sm_count = 0;
-      for (std::size_t i = 1; i < args.size() && ok; i += 2) {
-        ok = i + 1 < args.size();
-        if (ok && args[i] == "--format" && (args[i + 1] == "text" || args[i + 1] == "json")) json = args[i + 1] == "json";
-        else if (ok && args[i] == "--sm-count") sm_count = sm_count_arg(args[i + 1]);
-        else ok = false;
+      std::vector<std::string> rest;  // the request options, for parse_options
+      for (std::size_t i = 1; i < args.size(); ++i) {
+        if (args[i] == "--format" && i + 1 < args.size() && (args[i + 1] == "text" || args[i + 1] == "json")) json = args[++i] == "json";
+        else if (args[i] == "--sm-count" && i + 1 < args.size()) sm_count = sm_count_arg(args[++i]);
+        else if (args[i] == "--index-dtype" && i + 1 < args.size()) rest.push_back(args[i]), rest.push_back(args[++i]);
+        else rest.push_back(args[i]);
       }
-      if (ok) return select(args[0], json, sm_count);
+      if (parse_options(rest, 0, options)) return select(args[0], json, options, sm_count);
       return usage();
     }
     if (cmd == "binary" && args.size() == 2) return binary(args[0], args[1], false);
     if (cmd == "binary" && args.size() == 3 && args[2] == "--jit") return binary(args[0], args[1], true);
     if (cmd == "bench" && args.size() == 1) return bench(args[0]);
-    if (cmd == "launch" && args.size() == 12) return launch(args);
+    if (cmd == "launch" && args.size() >= 12 && parse_options(args, 12, options)) return launch(args, options);
     return usage();
   } catch (const topkgen::Error& err) {
     std::cerr << "topkgen-cpp: error: " << err.what() << "\n";

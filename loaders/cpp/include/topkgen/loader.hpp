@@ -65,7 +65,7 @@ class Error : public std::runtime_error {
 
 constexpr std::int64_t N_MAX = 2147483647;
 constexpr std::int64_t ROWS_MAX = 2147483647;
-constexpr int SCHEMA_VERSION = 5;  // 5: split_rules and load_order; 4: k up to n (K rungs to 4096, the large-k path), options
+constexpr int SCHEMA_VERSION = 5;  // 5: output flags, split_rules and load_order; 4: k up to n (K rungs to 4096, the large-k path), options
 constexpr std::int64_t SM_COUNT_MAX = 1024;  // as the policy schema bounds split.sm_count
 constexpr std::uint64_t WORKSPACE_ALIGN = 256;  // candidate values start at a multiple of it (topkgen.policy.split)
 constexpr std::uint64_t WORKSPACE_ALIGNMENT = 16;  // and the workspace itself at a multiple of this
@@ -224,13 +224,27 @@ struct Kernel {
 
 // How a request is served: the kernel and its chunks per row (1: one launch, one CTA per
 // row; more: the split of topkgen.policy.split, two launches through a workspace).
+// The request options (manifest `options`, schema 5): sorted = false lets the kernels skip
+// their final sort (deterministic kernels sort anyway); int32 indices are written by the
+// kernels, 4 bytes each, into the indices output.
+enum class IndexDtype { int64, int32 };
+struct Options {
+  bool sorted = true;
+  IndexDtype index_dtype = IndexDtype::int64;
+};
+// The bits of the kernels' `flags` parameter (options.flags).
+constexpr int FLAG_UNSORTED = 1, FLAG_INT32_INDICES = 2;
+
 struct Plan {
   const Kernel* kernel = nullptr;
   std::int64_t rows = 0, n = 0, k = 0;  // the request it was made for: run() takes no other
   std::int64_t chunks = 1;
   std::int64_t chunk = 0;               // elements per chunk (the last takes the rest of the row)
   std::uint64_t values_offset = 0;      // candidate values' offset in the workspace
-  std::uint64_t workspace_bytes = 0;    // 0 when the rows are not split
+  std::uint64_t workspace_bytes = 0;    // 0 when nothing needs one (a split; the large-k path's int32 scratch)
+  int flags = 0;                        // the output launch's flags (FLAG_*)
+  bool scratch = false;                 // the workspace is the large-k path's scratch (int32 indices)
+  std::size_t index_bytes() const { return (flags & FLAG_INT32_INDICES) ? 4 : 8; }
 };
 
 // One arch's split rule (manifest split_rules[arch], schema 5; topkgen.policy.model.SplitTuning).
@@ -1382,7 +1396,8 @@ struct List {
 inline const std::vector<std::pair<std::string, std::string>>& param_types() {
   static const std::vector<std::pair<std::string, std::string>> types = {
       {"x", "const {t}*"}, {"x_indices", "const long long*"}, {"values", "{t}*"}, {"indices", "long long*"},
-      {"rows", "int"}, {"n", "int"}, {"k", "int"}, {"largest", "int"}, {"chunk", "int"}, {"row_stride", "long long"}};
+      {"rows", "int"}, {"n", "int"}, {"k", "int"}, {"largest", "int"}, {"chunk", "int"}, {"row_stride", "long long"},
+      {"flags", "int"}, {"scratch", "void*"}};
   return types;
 }
 
@@ -1446,7 +1461,7 @@ class Bundle {
   // names, i.e. the table's chunks); the same kernel serves, only the chunks of small batches
   // change (split_rules' rule, topkgen.policy.select's decisions for a GPU of that count).
   Plan plan(const std::string& arch, const std::string& dtype, std::int64_t k, std::int64_t n, std::int64_t rows,
-            bool deterministic, bool jit_available, std::int64_t sm_count = 0) const {
+            bool deterministic, bool jit_available, Options options = Options(), std::int64_t sm_count = 0) const {
     if (sm_count < 0 || sm_count > SM_COUNT_MAX)
       throw Error("sm_count: must be in 1.." + std::to_string(SM_COUNT_MAX) + ", got " + std::to_string(sm_count));
     auto [kernel, chunks] = lookup(arch, dtype, k, n, rows, deterministic, jit_available);
@@ -1460,10 +1475,14 @@ class Bundle {
     p.rows = rows, p.n = n, p.k = k;
     p.chunks = chunks;
     p.chunk = n / chunks;
+    p.flags = flags_of(options);
     if (chunks > 1) {
       const std::uint64_t count = static_cast<std::uint64_t>(rows) * chunks * k;
       p.values_offset = (count * 8 + WORKSPACE_ALIGN - 1) / WORKSPACE_ALIGN * WORKSPACE_ALIGN;
       p.workspace_bytes = p.values_offset + count * detail::dtype_size(dtype);
+    } else if (kernel->takes("scratch") && options.index_dtype == IndexDtype::int32) {
+      p.scratch = true;  // the large-k path's candidates no longer fit in 4-byte index slots
+      p.workspace_bytes = static_cast<std::uint64_t>(rows) * k * 8;
     }
     return p;
   }
@@ -1573,19 +1592,27 @@ class Bundle {
     return {major, std::isdigit(static_cast<unsigned char>(digits.back())) ? digits.back() - '0' : 0};
   }
 
+  static int flags_of(const Options& o) {
+    return (o.sorted ? 0 : FLAG_UNSORTED) | (o.index_dtype == IndexDtype::int32 ? FLAG_INT32_INDICES : 0);
+  }
+
   // Launches an AOT kernel once on `stream` for `rows` rows of n elements at x (device
   // pointers), one CTA per row; grid, block and dynamic shared memory come from the manifest.
   void launch(const Kernel& kern, cu::Stream stream, cu::DevicePtr x, cu::DevicePtr values, cu::DevicePtr indices,
-              int rows, int n, int k, bool largest) {
+              int rows, int n, int k, bool largest, Options options = Options()) {
     Plan p;
     p.kernel = &kern;
     p.rows = rows, p.n = n, p.k = k;
     p.chunk = n;
+    p.flags = flags_of(options);
+    if (kern.takes("scratch") && options.index_dtype == IndexDtype::int32)
+      throw Error("kernel " + kern.name + ": int32 indices need the large-k path's scratch: use plan() and run()");
     run(p, stream, x, values, indices, rows, n, k, largest, 0);
   }
 
   // Runs a plan on `stream`: one launch, or a split's two through `workspace` (at least
-  // plan.workspace_bytes of device memory; unused when the rows are not split). Arguments go
+  // plan.workspace_bytes of device memory; unused when that is 0). `indices` holds int64 or,
+  // with the plan's Options::index_dtype int32, int32 (the kernels write them). Arguments go
   // by the names of the kernel's params, in their order. Nothing waits for the GPU.
   void run(const Plan& p, cu::Stream stream, cu::DevicePtr x, cu::DevicePtr values, cu::DevicePtr indices, int rows,
            int n, int k, bool largest, cu::DevicePtr workspace) {
@@ -1600,19 +1627,23 @@ class Bundle {
                   std::to_string(p.k) + ", run with rows=" + std::to_string(rows) + " n=" + std::to_string(n) +
                   " k=" + std::to_string(k));
     if (p.chunks > 1 && workspace == 0) throw Error("workspace: a split needs " + std::to_string(p.workspace_bytes) + " bytes");
-    if (p.chunks > 1 && workspace % WORKSPACE_ALIGNMENT != 0)
+    if (p.scratch && workspace == 0)
+      throw Error("workspace: int32 indices on the large-k path need " + std::to_string(p.workspace_bytes) + " bytes");
+    if (p.workspace_bytes && workspace % WORKSPACE_ALIGNMENT != 0)
       throw Error("workspace: must start at a multiple of " + std::to_string(WORKSPACE_ALIGNMENT) + " bytes");
     check_disjoint(kern, p, x, values, indices, workspace);
     cu::Function fn = function(kern);
     const int flag = largest ? 1 : 0;
     if (p.chunks == 1) {
-      stage(fn, kern, stream, rows, {x, 0, values, indices}, {rows, n, k, flag, n}, n);
+      stage(fn, kern, stream, rows, {x, 0, values, indices, p.scratch ? workspace : 0}, {rows, n, k, flag, n, p.flags}, n);
       return;
     }
     const int chunks = static_cast<int>(p.chunks), m = chunks * k;
     const cu::DevicePtr cand_indices = workspace, cand_values = workspace + p.values_offset;
-    stage(fn, kern, stream, static_cast<std::int64_t>(rows) * chunks, {x, 0, cand_values, cand_indices}, {rows, n, k, flag, static_cast<int>(p.chunk)}, n);
-    stage(fn, kern, stream, rows, {cand_values, cand_indices, values, indices}, {rows, m, k, flag, m}, m);
+    // Stage 1 writes the workspace's int64 candidate indices: the unsorted bit alone.
+    stage(fn, kern, stream, static_cast<std::int64_t>(rows) * chunks, {x, 0, cand_values, cand_indices, 0},
+          {rows, n, k, flag, static_cast<int>(p.chunk), p.flags & FLAG_UNSORTED}, n);
+    stage(fn, kern, stream, rows, {cand_values, cand_indices, values, indices, 0}, {rows, m, k, flag, m, p.flags}, m);
   }
 
  private:
@@ -1626,8 +1657,8 @@ class Bundle {
     const struct { const char* label; cu::DevicePtr start; std::size_t bytes; } extents[] = {
         {"x", x, static_cast<std::size_t>(p.rows) * p.n * elem},
         {"values", values, outputs * elem},
-        {"indices", indices, outputs * 8},
-        {"workspace", workspace, p.chunks > 1 ? static_cast<std::size_t>(p.workspace_bytes) : 0}};
+        {"indices", indices, outputs * p.index_bytes()},
+        {"workspace", workspace, static_cast<std::size_t>(p.workspace_bytes)}};
     for (std::size_t i = 1; i < 4; ++i)
       for (std::size_t j = 0; j < i; ++j) {
         const auto& a = extents[i];
@@ -1654,10 +1685,10 @@ class Bundle {
   }
 
   struct Pointers {
-    cu::DevicePtr x, x_indices, values, indices;
+    cu::DevicePtr x, x_indices, values, indices, scratch;
   };
   struct Ints {
-    int rows, n, k, largest, chunk;
+    int rows, n, k, largest, chunk, flags;
   };
 
   // One launch: grid.x = ceil_div(grid_rows, rows_per_block), arguments by param name.
@@ -1675,6 +1706,8 @@ class Bundle {
       else if (name == "largest") args.push_back(&v.largest);
       else if (name == "chunk") args.push_back(&v.chunk);
       else if (name == "row_stride") args.push_back(&row_stride);
+      else if (name == "flags") args.push_back(&v.flags);
+      else if (name == "scratch") args.push_back(&ptr.scratch);
       else throw Error("kernel " + kern.name + ": unknown parameter '" + name + "'");  // refused at load
     }
     const cu::Driver& d = cu::Driver::get();
@@ -1728,11 +1761,12 @@ class Bundle {
       throw Error(doc_.file + ": schema_version: 1 has no dispatch table; rebuild the bundle (topkgen build)");
     if (integer && *it == 2)
       throw Error(doc_.file + ": schema_version: 2 has no batch size in its dispatch table; rebuild the bundle (topkgen build)");
-    if (integer && *it == 4)
-      throw Error(doc_.file + ": schema_version: 4 has no split_rules or load_order (a split for the GPU's SM count, "
-                  "which binary serves a GPU); rebuild the bundle (topkgen build)");
     if (integer && *it == 3)
       throw Error(doc_.file + ": schema_version: 3 stops k at 1024 and has no options (sorted, index_dtype); rebuild "
+                  "the bundle (topkgen build)");
+    if (integer && *it == 4)
+      throw Error(doc_.file + ": schema_version: 4 has no output flags, split_rules or load_order (its kernels always "
+                  "sort and write int64 indices; a split for the GPU's SM count, which binary serves a GPU); rebuild "
                   "the bundle (topkgen build)");
     throw Error(doc_.file + ": schema_version: " + (it == m.end() ? std::string("null") : detail::py_dumps(*it)) +
                 " is not supported (this topkgen reads version " + std::to_string(SCHEMA_VERSION) + ")");
