@@ -1008,3 +1008,19 @@ def test_the_cpp_loader_takes_the_request_options_as_the_runtime_does(cpp, built
     bad = subprocess.run([str(cpp), "select", str(built_bundle), "--index-dtype", "int16"], input=lines,
                          capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and "--index-dtype int64|int32" in bad.stderr
+
+
+def test_launch_takes_the_request_options(cpp, built_bundle, tmp_path):
+    """launch ... INDICES --unsorted --index-dtype int32 is read whole (then, here, stops at the
+    missing driver); an option it does not know is a usage error, before the driver."""
+    x = tmp_path / "x.bin"
+    x.write_bytes(bytes(4 * 3 * 300))
+    args = [cpp, "launch", built_bundle, "sm_90", "float32", "10", "300", "3", "fast", "0", "1", x,
+            tmp_path / "v.bin", tmp_path / "i.bin"]
+    proc = subprocess.run([*args, "--unsorted", "--index-dtype", "int32"], capture_output=True, text=True)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("topkgen-cpp: error: the CUDA driver is not available: libcuda.so.1")
+    for bad in (["--index-dtype", "int16"], ["--index-dtype"], ["--sorted"]):
+        proc = subprocess.run([*args, *bad], capture_output=True, text=True)
+        assert proc.returncode == 2 and proc.stderr.startswith("usage: topkgen-cpp"), bad
+    assert not (tmp_path / "v.bin").exists()

@@ -85,8 +85,10 @@ def _large(policy: Policy, arch: str, dtype: str, k: int, n: int, mode: str, lar
                   f"(built in, after every rule) serves k {spec.k_min}..n, any n: one CTA of {spec.threads} threads "
                   f"per row finds the k-th key by radix select over the whole row, gathers the k survivors (the "
                   f"keys above it, then its ties{', the lowest indices first' if mode == 'deterministic' else ''}) "
-                  f"into the row's slots of the indices output and sorts them there, in global memory: no "
-                  f"workspace, no host synchronisation; mode {mode}; JIT: compiled on first use, never in the bundle")
+                  f"into the row's slots of the indices output and sorts them there, in global memory (sorted=False "
+                  f"skips the sort{' in fast mode' if mode == 'deterministic' else ''}; int32 indices gather them "
+                  f"into rows x k x 8 bytes of workspace instead): no workspace with int64 indices, no host "
+                  f"synchronisation; mode {mode}; JIT: compiled on first use, never in the bundle")
         if rows is None:
             return reason
         return f"{reason}; not split: the large-k path runs one CTA per row"
