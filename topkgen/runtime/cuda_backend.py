@@ -108,6 +108,7 @@ class _CudaBackend(_Backend):
             raise NoGpuError(f"backend 'cuda': no usable GPU ({err})") from None
         self.device_id: int = self.device.device_id  # every array of a call must be this device's
         self._shared_allowed: dict[int, tuple[Any, int]] = {}  # id(kernel) -> (kernel, bytes allowed)
+        self.targets: dict[str, str] = {}  # the bundle's load_order.targets: JIT for sm_90a where its cubins are
 
     def check_stream(self, stream: Any) -> None:
         if not isinstance(stream, _cuda_core().Stream):  # cuda.core's own, taken by type
@@ -142,7 +143,8 @@ class _CudaBackend(_Backend):
         from topkgen.build.compile import compile_kernel
 
         arch = self.current_arch()
-        compiled = compile_kernel(source, name, arch)  # cached on disk, shared by processes
+        target = self.targets.get(arch, arch)  # an arch-specific arch's sources compile for sm_XYa, as its cubins
+        compiled = compile_kernel(source, name, target)  # cached on disk, shared by processes
         return self.load_aot(name, compiled.cubin, compiled.symbol, source)
 
     def check(self, view: _View, k: int, out: Any, workspace: Any, plan: ChunkPlan | None,

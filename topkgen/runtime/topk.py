@@ -73,6 +73,7 @@ class TopK:
         if backend == "emulator" and arch is None and gpu_arch is None:
             raise TopKError("arch: the emulator backend needs an explicit arch (sm_90, sm_100, ...) or gpu_arch")
         self._backend: _Backend = _EmulatorBackend() if backend == "emulator" else _CudaBackend()
+        self._backend.targets = dict(self.manifest["load_order"]["targets"])
         self.binary: Binary | None = None  # the load order's answer, when the arch was left to it
         if arch is None:
             gpu = gpu_arch if gpu_arch is not None else self._backend.current_arch()
