@@ -24,11 +24,19 @@ PARAM_TYPES = {
     "largest": "int",                 # 1: the k largest, 0: the k smallest
     "chunk": "int",                   # elements per chunk (topkgen.policy.split); n: one chunk per row
     "row_stride": "long long",        # elements from one row of x (and x_indices) to the next
+    # A ragged batch (topkgen.runtime's lengths=, starts=), read on the device; null: dense rows.
+    "lengths": "const void*",         # null, or rows valid lengths (int32 or int64, window_bytes each)
+    "starts": "const void*",          # null, or rows window starts (of the lengths' type); null: 0
+    "window_bytes": "int",            # bytes of a lengths (and starts) element: 4 or 8; 0 when null
+    "split_n": "int",            # 0; in a split's stage 2, stage 1's n (it finds the windows' candidates)
 }
+# A ragged batch's parameters, last in every kernel's list (schema 5).
+RAGGED_PARAMS = ("lengths", "starts", "window_bytes", "split_n")
 # The parameters of each family's kernels, in order. Radix kernels also run split rows.
 PARAMS = {
-    "register": ("x", "values", "indices", "rows", "n", "k", "largest"),
-    "radix": ("x", "x_indices", "values", "indices", "rows", "n", "k", "largest", "chunk", "row_stride"),
+    "register": ("x", "values", "indices", "rows", "n", "k", "largest", *RAGGED_PARAMS),
+    "radix": ("x", "x_indices", "values", "indices", "rows", "n", "k", "largest", "chunk", "row_stride",
+              *RAGGED_PARAMS),
 }
 
 

@@ -83,17 +83,27 @@ class Stage:
     scalars: dict[str, int]
 
 
-def stages(rows: int, n: int, k: int, largest: bool, plan: ChunkPlan | None) -> list[Stage]:
+def stages(rows: int, n: int, k: int, largest: bool, plan: ChunkPlan | None, window_bytes: int = 0,
+           starts: bool = False) -> list[Stage]:
     """The launches of a request: one, or a split's two (stage 1 over chunks into the
-    workspace's candidates, stage 2 over the candidates into the output)."""
+    workspace's candidates, stage 2 over the candidates into the output). `window_bytes`: a
+    ragged batch's lengths element size (4 or 8; 0: dense rows, its pointers null), with
+    `starts` when it has window starts: both stages read them on the device, and stage 2
+    gets stage 1's n (`split_n`) to find each row's candidates."""
     flag = int(bool(largest))
+    ragged = {"lengths": "lengths" if window_bytes else None, "starts": "starts" if window_bytes and starts else None}
+    window = {"window_bytes": window_bytes}
     if plan is None:
-        return [Stage(rows, {"x": "x", "x_indices": None, "values": "values", "indices": "indices"},
-                      {"rows": rows, "n": n, "k": k, "largest": flag, "chunk": n, "row_stride": n})]
+        return [Stage(rows, {"x": "x", "x_indices": None, "values": "values", "indices": "indices", **ragged},
+                      {"rows": rows, "n": n, "k": k, "largest": flag, "chunk": n, "row_stride": n, **window,
+                       "split_n": 0})]
     m = plan.candidates
     return [Stage(rows * plan.chunks,
-                  {"x": "x", "x_indices": None, "values": "candidate_values", "indices": "candidate_indices"},
-                  {"rows": rows, "n": n, "k": k, "largest": flag, "chunk": plan.chunk, "row_stride": n}),
+                  {"x": "x", "x_indices": None, "values": "candidate_values", "indices": "candidate_indices", **ragged},
+                  {"rows": rows, "n": n, "k": k, "largest": flag, "chunk": plan.chunk, "row_stride": n, **window,
+                   "split_n": 0}),
             Stage(rows,
-                  {"x": "candidate_values", "x_indices": "candidate_indices", "values": "values", "indices": "indices"},
-                  {"rows": rows, "n": m, "k": k, "largest": flag, "chunk": m, "row_stride": m})]
+                  {"x": "candidate_values", "x_indices": "candidate_indices", "values": "values", "indices": "indices",
+                   **ragged},
+                  {"rows": rows, "n": m, "k": k, "largest": flag, "chunk": m, "row_stride": m, **window,
+                   "split_n": n if window_bytes else 0})]

@@ -5,7 +5,7 @@ backend makes in the same words before anything is loaded or compiled."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -72,6 +72,7 @@ class _Work:
     stages: list[Stage]
     plan: ChunkPlan | None
     index_dtype: str = "int64"  # the indices the caller gets; the kernels write int64 (narrowed after)
+    windows: dict[str, Any] = field(default_factory=dict)  # a ragged batch's lengths (and starts) buffers
 
 
 def launch_arguments(spec: Any, x: Any, values: Any, indices: Any, rows: int, n: int, k: int, largest: bool) -> list[Any]:
@@ -126,6 +127,12 @@ class _Backend:
         """Every check of `out` and `workspace` (`plan`: how the call splits, None when it
         does not; `index_dtype`: what out[1] holds), made before the kernel is loaded: nothing
         is compiled for a call that is refused."""
+        raise NotImplementedError
+
+    def windows(self, view: _View, lengths: Any, starts: Any, check: bool) -> Any:
+        """A ragged batch's lengths (and starts) checked (topkgen.runtime.ragged.Windows, or
+        None for dense rows): their layout always, their values where the backend holds them
+        on the host or the call asks (`check`)."""
         raise NotImplementedError
 
     def load_aot(self, name: str, cubin: bytes, symbol: str, source: str) -> Any:
