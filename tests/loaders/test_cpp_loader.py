@@ -293,7 +293,7 @@ RAW_CASES = {
     "binary": (lambda raw: b"\x93NUMPY\x01\x00v\x00{'descr': '<f4'}" + raw,  # a .npy given for a bundle's manifest
                lambda raw: ":1:1: not UTF-8: byte 0x93 cannot be decoded; the file is binary (it holds NUL bytes), "
                            "not text"),
-    "duplicate key": (lambda raw: raw.replace(b"{", b'{\n  "schema_version": 4,', 1),  # named where written last
+    "duplicate key": (lambda raw: raw.replace(b"{", b'{\n  "schema_version": 5,', 1),  # named where written last
                       lambda raw: f":{_at(raw, raw.rindex(VERSION_KEY))}: duplicate key " + '"schema_version"'),
     "bidirectional control": (lambda raw: raw.replace(b'"topkgen"', b'"' + BIDI + b'"', 1),
                               lambda raw: f":{_at(raw, raw.index(BIDI) + 7)}: U+202E, a bidirectional control, "
@@ -307,16 +307,16 @@ RAW_CASES = {
                                               lambda raw: ": kernels[0].launch.dynamic_shared_bytes: 1099511627776 "
                                                           "is greater than the maximum 232448"),
     "schema_version 3.0": (_set(("schema_version",), 3.0),
-                           lambda raw: ": schema_version: 3.0 is not supported (this topkgen reads version 4)"),
+                           lambda raw: ": schema_version: 3.0 is not supported (this topkgen reads version 5)"),
     "schema_version true": (_set(("schema_version",), True),
-                            lambda raw: ": schema_version: true is not supported (this topkgen reads version 4)"),
+                            lambda raw: ": schema_version: true is not supported (this topkgen reads version 5)"),
     "a float for an integer": (_set(("kernels", 0, "k"), 64.0),
                                lambda raw: ": kernels[0].k: expected integer, got 64.0"),
     "an integer beyond 64 bits": (_set(("kernels", 0, "launch", "threads_per_block"), 2**70),
                                   lambda raw: f":{_at(raw, raw.index(str(2**70).encode()))}: the integer {2**70} "
                                               f"does not fit in 64 bits"),
     # were an unnamed nlohmann error in C++ ("number overflow parsing '1E400'") and inf in Python
-    "a number beyond a double": (lambda raw: raw.replace(VERSION_KEY + b" 4", VERSION_KEY + b" -1E400", 1),
+    "a number beyond a double": (lambda raw: raw.replace(VERSION_KEY + b" 5", VERSION_KEY + b" -1E400", 1),
                                  lambda raw: f":{_at(raw, raw.index(b'-1E400'))}: the number -1E400 is beyond the "
                                              f"range of a double"),
     # floats as Python's repr writes them: nlohmann wrote 1e+15 and 2.3782631626533768e+16
@@ -327,7 +327,7 @@ RAW_CASES = {
     # as json.dumps writes it: nlohmann wrote {"a":1,"b":[2.5,"é"]}
     "schema_version a mapping": (_set(("schema_version",), {"a": 1, "b": [2.5, "\u00e9"]}),
                                  lambda raw: ': schema_version: {"a": 1, "b": [2.5, "\\u00e9"]} is not supported '
-                                             '(this topkgen reads version 4)'),
+                                             '(this topkgen reads version 5)'),
     "an invisible character where a number goes": (_set(("kernels", 0, "k"), "\u200b"),
                                                    lambda raw: ": kernels[0].k: expected integer, got '\\u200b'"),
 }
@@ -915,6 +915,26 @@ def test_launch_reads_its_arguments_whole_before_the_driver(cpp, built_bundle, t
     assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", f"topkgen-cpp: error: {message}\n")
 
 
+@pytest.mark.parametrize("windows, message", [
+    ((8 * 2,), "L.bin: expected 24 bytes (ROWS int64 lengths), got 16"),
+    ((8 * 3, 4 * 3), "S.bin: expected 24 bytes (ROWS int64 starts), got 12"),
+])
+def test_launch_reads_a_ragged_batchs_windows_before_the_driver(cpp, built_bundle, tmp_path, windows, message):
+    """topkgen-cpp launch ... [LENGTHS [STARTS]]: ROWS int64 each, their sizes checked before
+    the driver is asked for anything (the launch itself needs a GPU: tests/runtime/test_gpu.py)."""
+    x = tmp_path / "x.bin"
+    x.write_bytes(bytes(4 * 3 * 300))
+    files = []
+    for name, size in zip(("L.bin", "S.bin"), windows):
+        (tmp_path / name).write_bytes(bytes(size))
+        files.append(tmp_path / name)
+    proc = subprocess.run([cpp, "launch", built_bundle, "sm_90", "float32", "10", "300", "3", "fast", "0", "1", x,
+                           tmp_path / "v.bin", tmp_path / "i.bin", *files], capture_output=True, text=True)
+    assert (proc.returncode, proc.stdout) == (2, ""), proc.stderr
+    assert proc.stderr.startswith("topkgen-cpp: error: ") and proc.stderr.rstrip().endswith(message), proc.stderr
+    assert not (tmp_path / "v.bin").exists()
+
+
 def test_launch_of_an_empty_batch_writes_empty_outputs_without_the_driver(cpp, built_bundle, tmp_path):
     """ROWS 0 is a valid call that launches nothing, in topkgen-cpp as in TopK: no driver."""
     x = tmp_path / "x.bin"
@@ -952,6 +972,23 @@ def test_both_loaders_refuse_a_schema_3_manifest_by_its_version(cpp, built_bundl
                                        "index_dtype); rebuild the bundle (topkgen build)")
     assert json.loads((built_bundle / "manifest.json").read_text())["options"] == {
         "unsorted": "same_launches", "index_dtypes": ["int64", "int32"], "int32_indices": "narrow_int64"}
+
+
+def test_both_loaders_refuse_a_schema_4_manifest_by_its_version(cpp, built_bundle, tmp_path):
+    """Schema 5 (issue 30) adds the ragged-batch parameters at the end of every kernel's
+    params; a schema-4 bundle, whose kernels lack them, is refused by its version, in the same
+    words, before anything else."""
+    root = tmp_path / "bundle"
+    shutil.copytree(built_bundle, root)
+    doc = json.loads((root / "manifest.json").read_text())
+    doc["schema_version"] = 4
+    (root / "manifest.json").write_text(json.dumps(doc))
+    assert _both_refuse(cpp, root) == (": schema_version: 4 has no ragged-batch parameters (lengths, starts, "
+                                       "window_bytes, split_n); rebuild the bundle (topkgen build)")
+    from topkgen.manifest.params import RAGGED_PARAMS
+
+    for entry in json.loads((built_bundle / "manifest.json").read_text())["kernels"]:
+        assert tuple(p["name"] for p in entry["params"][-len(RAGGED_PARAMS):]) == RAGGED_PARAMS, entry["name"]
 
 
 def test_the_cpp_loader_serves_every_k(cpp, built_bundle):

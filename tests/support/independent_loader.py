@@ -25,8 +25,8 @@ class Refused(Exception):
 class IndependentLoader:
     def __init__(self, bundle_dir: str | Path) -> None:
         self.manifest = json.loads((Path(bundle_dir) / "manifest.json").read_text())
-        if self.manifest["schema_version"] != 4:
-            raise Refused("schema_version is not 4")
+        if self.manifest["schema_version"] != 5:
+            raise Refused("schema_version is not 5")
 
     def pick(self, arch: str, dtype: str, k: int, n: int, deterministic: bool, jit: bool,
              rows: int | None = None) -> tuple[str, int] | None:

@@ -20,10 +20,10 @@ from topkgen.policy import Policy
 from topkgen.common.schema import SchemaViolation, format_path, load_schema, validate
 
 MANIFEST = "manifest.json"
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 SCHEMAS = {1: "manifest-1.schema.json", 2: "manifest-2.schema.json", 3: "manifest-3.schema.json",
-           4: "manifest.schema.json"}
-# How a loader serves the request options (schema 4's `options`; the schema words each).
+           4: "manifest-4.schema.json", 5: "manifest.schema.json"}
+# How a loader serves the request options (schema 4 and 5's `options`; the schema words each).
 MANIFEST_OPTIONS = {"unsorted": "same_launches", "index_dtypes": ["int64", "int32"], "int32_indices": "narrow_int64"}
 MAX_MANIFEST_BYTES = 64 << 20
 MAX_FILE_BYTES = 64 << 20  # a cubin or a JIT source
@@ -86,6 +86,9 @@ def version_problem(version: object) -> str:
     if type(version) is int and version == 3:
         return ("schema_version: 3 stops k at 1024 and has no options (sorted, index_dtype); rebuild the bundle "
                 "(topkgen build)")
+    if type(version) is int and version == 4:
+        return ("schema_version: 4 has no ragged-batch parameters (lengths, starts, window_bytes, split_n); rebuild "
+                "the bundle (topkgen build)")
     return f"schema_version: {json.dumps(version)} is not supported (this topkgen reads version {SCHEMA_VERSION})"
 
 

@@ -64,7 +64,7 @@ class Error : public std::runtime_error {
 
 constexpr std::int64_t N_MAX = 2147483647;
 constexpr std::int64_t ROWS_MAX = 2147483647;
-constexpr int SCHEMA_VERSION = 4;  // 4: k up to n (K rungs to 4096, the large-k path), options
+constexpr int SCHEMA_VERSION = 5;  // 5: ragged batches (lengths, starts); 4: k up to n, options
 constexpr std::uint64_t WORKSPACE_ALIGN = 256;  // candidate values start at a multiple of it (topkgen.policy.split)
 constexpr std::uint64_t WORKSPACE_ALIGNMENT = 16;  // and the workspace itself at a multiple of this
 constexpr std::int64_t GRID_MAX = 2147483647;      // CTAs of one launch (grid.x)
@@ -215,6 +215,16 @@ struct Plan {
   std::int64_t chunk = 0;               // elements per chunk (the last takes the rest of the row)
   std::uint64_t values_offset = 0;      // candidate values' offset in the workspace
   std::uint64_t workspace_bytes = 0;    // 0 when the rows are not split
+};
+
+// A ragged batch (manifest schema 5): row r's candidates are x[r, starts[r] : starts[r] +
+// lengths[r]], lengths and starts device arrays of rows int32 (window_bytes 4) or int64 (8)
+// entries, starts 0 (null) for windows at the row's start. The kernels read them on the device
+// and clamp each window to its row; rows with fewer than k candidates are padded with index -1
+// and -inf (largest) or +inf (smallest). All null / 0: dense rows.
+struct Windows {
+  cu::DevicePtr lengths = 0, starts = 0;
+  int window_bytes = 0;
 };
 
 namespace detail {
@@ -1347,7 +1357,8 @@ struct List {
 inline const std::vector<std::pair<std::string, std::string>>& param_types() {
   static const std::vector<std::pair<std::string, std::string>> types = {
       {"x", "const {t}*"}, {"x_indices", "const long long*"}, {"values", "{t}*"}, {"indices", "long long*"},
-      {"rows", "int"}, {"n", "int"}, {"k", "int"}, {"largest", "int"}, {"chunk", "int"}, {"row_stride", "long long"}};
+      {"rows", "int"}, {"n", "int"}, {"k", "int"}, {"largest", "int"}, {"chunk", "int"}, {"row_stride", "long long"},
+      {"lengths", "const void*"}, {"starts", "const void*"}, {"window_bytes", "int"}, {"split_n", "int"}};
   return types;
 }
 
@@ -1435,8 +1446,10 @@ class Bundle {
   // Runs a plan on `stream`: one launch, or a split's two through `workspace` (at least
   // plan.workspace_bytes of device memory; unused when the rows are not split). Arguments go
   // by the names of the kernel's params, in their order. Nothing waits for the GPU.
+  // `windows`: a ragged batch (Windows; the default: dense rows, null pointers). The plan is
+  // the one for n, the bound; the kernels read the lengths on the device and clamp each window.
   void run(const Plan& p, cu::Stream stream, cu::DevicePtr x, cu::DevicePtr values, cu::DevicePtr indices, int rows,
-           int n, int k, bool largest, cu::DevicePtr workspace) {
+           int n, int k, bool largest, cu::DevicePtr workspace, const Windows& windows = {}) {
     const Kernel& kern = *p.kernel;
     if (!kern.aot)
       throw Error("kernel " + kern.name + ": served by JIT from " + kern.path +
@@ -1451,16 +1464,21 @@ class Bundle {
     if (p.chunks > 1 && workspace % WORKSPACE_ALIGNMENT != 0)
       throw Error("workspace: must start at a multiple of " + std::to_string(WORKSPACE_ALIGNMENT) + " bytes");
     check_disjoint(kern, p, x, values, indices, workspace);
+    if (windows.lengths == 0 && windows.starts != 0) throw Error("starts: given without lengths");
+    if (windows.lengths != 0 && windows.window_bytes != 4 && windows.window_bytes != 8)
+      throw Error("window_bytes: must be 4 (int32 lengths) or 8 (int64), got " + std::to_string(windows.window_bytes));
+    const Windows w = windows.lengths == 0 ? Windows{} : windows;
     cu::Function fn = function(kern);
     const int flag = largest ? 1 : 0;
     if (p.chunks == 1) {
-      stage(fn, kern, stream, rows, {x, 0, values, indices}, {rows, n, k, flag, n}, n);
+      stage(fn, kern, stream, rows, {x, 0, values, indices}, {rows, n, k, flag, n}, n, w, 0);
       return;
     }
     const int chunks = static_cast<int>(p.chunks), m = chunks * k;
     const cu::DevicePtr cand_indices = workspace, cand_values = workspace + p.values_offset;
-    stage(fn, kern, stream, static_cast<std::int64_t>(rows) * chunks, {x, 0, cand_values, cand_indices}, {rows, n, k, flag, static_cast<int>(p.chunk)}, n);
-    stage(fn, kern, stream, rows, {cand_values, cand_indices, values, indices}, {rows, m, k, flag, m}, m);
+    stage(fn, kern, stream, static_cast<std::int64_t>(rows) * chunks, {x, 0, cand_values, cand_indices}, {rows, n, k, flag, static_cast<int>(p.chunk)}, n, w, 0);
+    stage(fn, kern, stream, rows, {cand_values, cand_indices, values, indices}, {rows, m, k, flag, m}, m, w,
+          w.lengths != 0 ? n : 0);  // stage 2 finds each window's candidates from stage 1's n
   }
 
  private:
@@ -1510,7 +1528,7 @@ class Bundle {
 
   // One launch: grid.x = ceil_div(grid_rows, rows_per_block), arguments by param name.
   void stage(cu::Function fn, const Kernel& kern, cu::Stream stream, std::int64_t grid_rows, Pointers ptr, Ints v,
-             long long row_stride) {
+             long long row_stride, Windows w, int split_n) {
     std::vector<void*> args;
     for (const std::string& name : kern.params) {
       if (name == "x") args.push_back(&ptr.x);
@@ -1523,6 +1541,10 @@ class Bundle {
       else if (name == "largest") args.push_back(&v.largest);
       else if (name == "chunk") args.push_back(&v.chunk);
       else if (name == "row_stride") args.push_back(&row_stride);
+      else if (name == "lengths") args.push_back(&w.lengths);
+      else if (name == "starts") args.push_back(&w.starts);
+      else if (name == "window_bytes") args.push_back(&w.window_bytes);
+      else if (name == "split_n") args.push_back(&split_n);
       else throw Error("kernel " + kern.name + ": unknown parameter '" + name + "'");  // refused at load
     }
     const cu::Driver& d = cu::Driver::get();
@@ -1579,6 +1601,9 @@ class Bundle {
     if (integer && *it == 3)
       throw Error(doc_.file + ": schema_version: 3 stops k at 1024 and has no options (sorted, index_dtype); rebuild "
                   "the bundle (topkgen build)");
+    if (integer && *it == 4)
+      throw Error(doc_.file + ": schema_version: 4 has no ragged-batch parameters (lengths, starts, window_bytes, "
+                  "split_n); rebuild the bundle (topkgen build)");
     throw Error(doc_.file + ": schema_version: " + (it == m.end() ? std::string("null") : detail::py_dumps(*it)) +
                 " is not supported (this topkgen reads version " + std::to_string(SCHEMA_VERSION) + ")");
   }
