@@ -420,9 +420,14 @@ struct Window {
   int split_n;
 };
 
+// Entry `row` of a lengths or starts array, read once per warp (lane 0) and shuffled to the
+// others: every lane of a full warp calls it (a CTA's threads, or a register kernel's warp).
 __device__ __forceinline__ long long window_entry(const void* p, int bytes, int row) {
-  return bytes == 8 ? load_global_nc(static_cast<const long long*>(p) + row)
-                    : (long long)load_global_nc(static_cast<const int*>(p) + row);
+  long long entry = 0;
+  if (lane_id() == 0)
+    entry = bytes == 8 ? load_global_nc(static_cast<const long long*>(p) + row)
+                       : (long long)load_global_nc(static_cast<const int*>(p) + row);
+  return __shfl_sync(kFullMask, entry, 0);
 }
 
 // Row `row`'s window [first, first + n) within its n elements, clamped to the row.

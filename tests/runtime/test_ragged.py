@@ -151,3 +151,31 @@ def test_dense_calls_pass_null_windows(op):
         for stage in stages(1, 131072, 64, True, plan):
             assert stage.buffers["lengths"] is None and stage.buffers["starts"] is None
             assert stage.scalars["window_bytes"] == 0 and stage.scalars["split_n"] == 0
+
+
+@pytest.mark.parametrize("dtype, k, n", [("float32", 9, 700), ("float32", 50, 1000)])
+def test_the_kernels_clamp_windows_outside_the_row(op, dtype, k, n):
+    # what the GPU does with no check (the runtime's emulator refuses these before launching):
+    # the kernel clamps S to [0, n], then L to [0, n - S]
+    from topkgen.policy.split import stages
+    from topkgen.runtime import arguments
+    from topkgen.runtime.backend import Launch
+
+    lengths = np.array([n + 100, -5, n // 2, 50, 3], np.int64)
+    starts = np.array([0, 10, n - 100, -20, n + 7], np.int64)
+    clamped_starts = np.clip(starts, 0, n)
+    clamped_lengths = np.clip(lengths, 0, n - clamped_starts)
+    rows = len(lengths)
+    x = make_rows(dtype, rows, n, seed=SEED)
+    choice = op.choose(dtype, k, n, True, rows)
+    entry = op._entries[choice.kernel]
+    launch = Launch.of(entry)
+    values, indices = np.empty((rows, k), x.dtype), np.empty((rows, k), np.int64)
+    (stage,) = stages(rows, n, k, True, None, 8, True)
+    pointers = {"x": x, "values": values, "indices": indices, "lengths": lengths, "starts": starts}
+    op._kernel(choice).launch(choice.kernel, launch.grid(rows), launch.threads,
+                              arguments(entry["params"], stage, pointers, None),
+                              shared_bytes=launch.dynamic_shared_bytes)
+    for r in range(rows):
+        check_row(x[r], values[r], indices[r], k, int(clamped_lengths[r]), int(clamped_starts[r]), True, True, dtype,
+                  f"seed {SEED}: {choice.kernel} row {r} window [{starts[r]}, {starts[r] + lengths[r]}) clamped")
