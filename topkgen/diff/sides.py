@@ -167,7 +167,7 @@ def _manifest_side(label: str, path: Path) -> Side:
     from topkgen.manifest import reading as manifests
 
     try:
-        manifest, root = manifests.load_manifest(path, versions=(1, 2, 3, 4))  # diff still reads older bundles
+        manifest, root = manifests.load_manifest(path, versions=tuple(manifests.SCHEMAS))  # diff still reads older bundles
         part = shards.part_of(manifest)
         if part is not None:  # as the loaders refuse it: compared whole, it would lose most of its kernels
             raise DiffInputError(f"{label}: a part of a sharded build ({part}), not a bundle; merge the parts "
