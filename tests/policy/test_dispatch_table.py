@@ -269,7 +269,8 @@ def test_parameters_must_be_ones_a_loader_can_pass(manifest):
     doc = copy.deepcopy(manifest)
     doc["kernels"][3]["params"][1]["name"] = "stride"
     assert _refusal(doc) == ("kernels[3].params[1].name: 'stride' is not a parameter a loader can pass (known: x, "
-                             "x_indices, values, indices, rows, n, k, largest, chunk, row_stride)")
+                             "x_indices, values, indices, rows, n, k, largest, chunk, row_stride, lengths, starts, "
+                             "window_bytes, split_n)")
     doc = copy.deepcopy(manifest)
     doc["kernels"][3]["params"][0]["ctype"] = "const double*"
     assert _refusal(doc) == "kernels[3].params[0].ctype: 'const double*' must be 'const float*'"
