@@ -179,3 +179,30 @@ def test_the_kernels_clamp_windows_outside_the_row(op, dtype, k, n):
     for r in range(rows):
         check_row(x[r], values[r], indices[r], k, int(clamped_lengths[r]), int(clamped_starts[r]), True, True, dtype,
                   f"seed {SEED}: {choice.kernel} row {r} window [{starts[r]}, {starts[r] + lengths[r]}) clamped")
+
+
+def test_an_exact_n_radix_kernel_reads_each_window(legacy_policy):
+    # the legacy policy's exact-N radix kernels (n a compile-time constant) take a ragged
+    # batch's windows too: a window is no longer n elements, so n comes from the window
+    from topkgen.build.render import render
+    from topkgen.emulator import compile_source
+    from topkgen.manifest.params import params
+    from topkgen.policy import all_kernels
+    from topkgen.policy.split import stages
+    from topkgen.runtime import arguments
+
+    spec = next(s for s in all_kernels(legacy_policy, "sm_90")
+                if s.family == "radix" and s.work == "exact" and s.mode == "deterministic" and s.dtype == "float32")
+    k, n = spec.k, spec.exact_n
+    rows = 8
+    lengths, starts = draw_windows(rows, k, n, np.random.default_rng(SEED), "int32")
+    x = make_rows("float32", rows, n, seed=SEED)
+    values, indices = np.empty((rows, k), np.float32), np.empty((rows, k), np.int64)
+    (stage,) = stages(rows, n, k, True, None, 4, True)
+    compile_source(render(spec), name=spec.name).launch(
+        spec.name, -(-rows // spec.rows_per_block), spec.threads,
+        arguments(params(spec), stage, {"x": x, "values": values, "indices": indices, "lengths": lengths,
+                                        "starts": starts}, None), shared_bytes=spec.dynamic_shared_bytes)
+    for r in range(rows):
+        check_row(x[r], values[r], indices[r], k, int(lengths[r]), int(starts[r]), True, True, "float32",
+                  f"seed {SEED}: {spec.name} row {r}")
