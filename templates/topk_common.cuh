@@ -385,7 +385,7 @@ __device__ __forceinline__ void warp_sort(u64 (&v)[E]) {
 // shared memory, or the candidates (packed key and index) collected there.
 enum Source { kGlobalRow = 0, kSharedRow = 1, kBuffer = 2 };
 
-// The kernels' `flags` parameter (the last but the large-k path's scratch): how the output
+// The kernels' `flags` parameter (after row_stride, or largest for register kernels): how the output
 // is written. kUnsorted: the k results in no promised order, so the final sort is skipped
 // (deterministic kernels sort anyway: their gather's order follows atomics, which vary run
 // to run on a GPU, and the sort is what makes the order repeatable); kInt32Indices: the
@@ -420,6 +420,77 @@ __device__ __forceinline__ Part part_of_row(int n, int chunk, long long row_stri
   return Part{row, first, count, (unsigned long long)row * (unsigned long long)row_stride + (unsigned long long)first};
 }
 
+// A ragged batch's windows (topkgen.runtime: lengths=, starts=). lengths null: every row is
+// dense, and nothing below reads memory or changes a Part. Otherwise row r's candidates are
+// x[r, S[r] : S[r] + L[r]] with L = lengths[r] and S = starts[r] (0 where starts is null),
+// both of `bytes` bytes (4: int32, 8: int64), read on the device only. The kernel clamps each
+// window to the row: S to [0, n], then L to [0, n - S] (the runtime's check=True refuses such
+// windows on the host first). A split cuts the window, not the row, into the same chunks, so
+// the chunks past a row's window are empty and do no work, and the candidates of a row's
+// chunks lie first in stage 2's row: `split_n` (stage 2 only; 0 elsewhere) is stage 1's n,
+// from which stage 2 finds each window and counts them (every chunk holds >= k elements).
+struct Window {
+  const void* lengths;
+  const void* starts;
+  int bytes;
+  int split_n;
+};
+
+// Entry `row` of a lengths or starts array, read once per warp (lane 0) and shuffled to the
+// others: every lane of a full warp calls it (a CTA's threads, or a register kernel's warp).
+__device__ __forceinline__ long long window_entry(const void* p, int bytes, int row) {
+  long long entry = 0;
+  if (lane_id() == 0)
+    entry = bytes == 8 ? load_global_nc(static_cast<const long long*>(p) + row)
+                       : (long long)load_global_nc(static_cast<const int*>(p) + row);
+  return __shfl_sync(kFullMask, entry, 0);
+}
+
+// Row `row`'s window [first, first + n) within its n elements, clamped to the row.
+__device__ __forceinline__ void window_of(const Window& w, int row, int n, long long& first, int& length) {
+  const long long s = w.starts == nullptr ? 0 : min(max(window_entry(w.starts, w.bytes, row), 0ll), (long long)n);
+  const long long l = min(max(window_entry(w.lengths, w.bytes, row), 0ll), (long long)n - s);
+  first = s;
+  length = int(l);
+}
+
+// part_of_row of a ragged batch (its dense Part where lengths is null or the CTA has no row):
+// the CTA's chunk of its row's window, empty (n = 0) past the window's end.
+__device__ __forceinline__ Part part_of_window(int n, int chunk, long long row_stride, int rows, int k,
+                                               const Window& w) {
+  Part part = part_of_row(n, chunk, row_stride);
+  if (w.lengths == nullptr || part.row >= rows) return part;
+  long long first;
+  int length;
+  window_of(w, part.row, w.split_n > 0 ? w.split_n : n, first, length);
+  if (w.split_n > 0) {  // stage 2: the candidates of the stage-1 chunks of the window
+    const int chunks = n / k, stage1_chunk = w.split_n / chunks, full = length / stage1_chunk;
+    part.n = full >= chunks ? n : full * k + min(k, length - full * stage1_chunk);
+    return part;
+  }
+  const int chunks = chunk > 0 && chunk < n ? n / chunk : 1;
+  const int c = int(blockIdx.x) - part.row * chunks;
+  const long long lo = min((long long)c * chunk, (long long)length);
+  const long long hi = c == chunks - 1 ? (long long)length : min(lo + chunk, (long long)length);
+  part.first = int(first + lo);
+  part.n = int(hi - lo);
+  part.offset = (unsigned long long)part.row * (unsigned long long)row_stride + (unsigned long long)part.first;
+  return part;
+}
+
+// Output slots [from, to) of a row with fewer than k candidates: index -1 and the value
+// below every value (-inf for the largest, +inf for the smallest). Thread t of `stride`.
+template <typename T>
+__device__ __forceinline__ void pad_slots(T* values, long long* indices, unsigned long long base, int from, int to,
+                                          bool largest, int t, int stride, int flags) {
+  typedef KeyTraits<T> Tr;
+  const typename Tr::Bits inf = typename Tr::Bits(Tr::kExp | (largest ? Tr::kSign : 0u));
+  for (int i = from + t; i < to; i += stride) {
+    store_global(reinterpret_cast<typename Tr::Bits*>(values) + base + i, inf);
+    store_index(indices, base + i, -1ll, flags);
+  }
+}
+
 // What the passes know about the k-th key. It lives in shared memory, written by thread 0
 // between barriers, so that no register holds it through the passes' loops.
 struct RadixState {
@@ -447,8 +518,8 @@ template <typename T, int KR, int THREADS, bool DETERMINISTIC, int BODY_VECTORS,
           int SMEM_BYTES, int UNROLL>
 __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long long* __restrict__ x_indices,
                                            T* __restrict__ values, long long* __restrict__ indices, int rows, int n_arg,
-                                           int k, bool largest, int chunk, long long row_stride,
-                                           unsigned char* dynamic_shared, int flags, u64* scratch) {
+                                           int k_out, bool largest, int chunk, long long row_stride,
+                                           unsigned char* dynamic_shared, int flags, u64* scratch, const Window window) {
   typedef typename KeyTraits<T>::Bits Bits;
   typedef RowView<Bits, THREADS, BODY_VECTORS, TAIL_STEPS, UNROLL> View;
   constexpr int V = View::V;
@@ -467,14 +538,22 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
   // indices output (8 bytes each, what a packed candidate takes) and sorted there; int32
   // indices (4 bytes a slot) take them in `scratch` instead, rows x k x 8 bytes.
   u64* const cand = (scratch != nullptr ? scratch : reinterpret_cast<u64*>(indices)) +
-                    (unsigned long long)blockIdx.x * (unsigned long long)k;
+                    (unsigned long long)blockIdx.x * (unsigned long long)k_out;
 {% else %}
   __shared__ u64 cand[KR];
 {% endif %}
 
-  const Part part = part_of_row(n_arg, chunk, row_stride);
+  const Part part = part_of_window(n_arg, chunk, row_stride, rows, k_out, window);
   if (part.row >= rows) return;
-  const int n = EXACT_N > 0 ? EXACT_N : part.n;
+  const int n = EXACT_N > 0 && window.lengths == nullptr ? EXACT_N : part.n;
+  // A window shorter than k yields its n candidates, then padding (k == k_out when dense).
+  const int k = min(k_out, n);
+  if (k == 0) {  // an empty window: a stage-1 chunk past it writes nothing (stage 2 skips it)
+    if (!(chunk > 0 && chunk < n_arg))
+      pad_slots<T>(values, indices, (unsigned long long)blockIdx.x * k_out, 0, k_out, largest, thread_index(), THREADS,
+                   flags);
+    return;
+  }
   const Bits* row_bits = reinterpret_cast<const Bits*>(x) + part.offset;
   const View global_row(row_bits, n);
   // The copy keeps the row's alignment phase, so the same vectors are aligned in both.
@@ -661,14 +740,14 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
   // are read again, from the copy when the row is resident.
   counter_phase("sort and output");
   const int t = thread_index();
-  const unsigned long long out_base = (unsigned long long)blockIdx.x * (unsigned long long)k;
+  const unsigned long long out_base = (unsigned long long)blockIdx.x * (unsigned long long)k_out;
+  const Part where = part_of_window(n_arg, chunk, row_stride, rows, k_out, window);  // once: it may read memory
   auto emit = [&](int i, u64 entry) {
     const int index = unpack_index(entry);  // in the chunk
     bool is_nan;
     Bits bits = key_bits<T>(unpack_key(entry), largest, is_nan);
     if (is_nan) bits = resident ? copy[index] : load_global_nc(row_bits + index);
     store_global(reinterpret_cast<Bits*>(values) + out_base + i, bits);
-    const Part where = part_of_row(n_arg, chunk, row_stride);
     store_index(indices, out_base + i, x_indices != nullptr ? load_global_nc(x_indices + where.offset + index)
                                                             : (long long)(where.first + index), flags);
   };
@@ -679,6 +758,10 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
   // scratch, writes the index elsewhere).
   if (sort) block_sort_global<THREADS>(cand, k);
   for (long long i = t; i < k; i += THREADS) emit(int(i), cand[i]);
+  if (k < k_out) {  // the slots past a short window's candidates, once every candidate is read
+    __syncthreads();
+    pad_slots<T>(values, indices, out_base, k, k_out, largest, t, THREADS, flags);
+  }
 {% else %}
   if constexpr (KR <= 64) {
     constexpr int E = KR > 32 ? 2 : 1;
@@ -701,6 +784,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     }
     for (int i = t; i < k; i += THREADS) emit(i, cand[i]);
   }
+  if (k < k_out) pad_slots<T>(values, indices, out_base, k, k_out, largest, t, THREADS, flags);
 {% endif %}
 }
 
@@ -712,7 +796,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
 template <typename T, int PER>
 __device__ __forceinline__ void warp_topk_row(const T* __restrict__ row, T* __restrict__ values,
                                               long long* __restrict__ indices, unsigned long long out, int n, int k,
-                                              bool largest, int flags) {
+                                              bool largest, int flags, long long first = 0) {
   typedef typename KeyTraits<T>::Bits Bits;
   const Bits* bits = reinterpret_cast<const Bits*>(row);
   const int lane = lane_id();
@@ -742,7 +826,7 @@ __device__ __forceinline__ void warp_topk_row(const T* __restrict__ row, T* __re
     Bits b = key_bits<T>(unpack_key(mine), largest, is_nan);
     if (is_nan) b = load_global_nc(bits + index);
     store_global(reinterpret_cast<Bits*>(values) + lane, b);
-    store_index(indices, out + lane, (long long)index, flags);
+    store_index(indices, out + lane, first + index, flags);  // first: a ragged row's window start
   }
 }
 

@@ -9,7 +9,9 @@ def test_show_lists_kernels_by_family_with_resources_and_budget(cli, built_bundl
     result = cli("show", built_bundle, "--arch", "sm_90")
     assert result.exit_code == 0, result.stderr
     out = result.stdout
-    assert "manifest schema 5" in out and "policy policies/topk.yaml" in out
+    from topkgen.manifest.reading import SCHEMA_VERSION
+
+    assert f"manifest schema {SCHEMA_VERSION}" in out and "policy policies/topk.yaml" in out
     assert "sm_90: 29 AOT kernels" in out and "sm_100" not in out
     assert "  family register" in out and "  family radix" in out
     for column in ("serves", "threads", "regs", "spills st/ld", "stack", "smem static", "smem dyn", "cubin bytes",

@@ -916,6 +916,26 @@ def test_launch_reads_its_arguments_whole_before_the_driver(cpp, built_bundle, t
     assert (proc.returncode, proc.stdout, proc.stderr) == (2, "", f"topkgen-cpp: error: {message}\n")
 
 
+@pytest.mark.parametrize("windows, message", [
+    ((8 * 2,), "L.bin: expected 24 bytes (ROWS int64 lengths), got 16"),
+    ((8 * 3, 4 * 3), "S.bin: expected 24 bytes (ROWS int64 starts), got 12"),
+])
+def test_launch_reads_a_ragged_batchs_windows_before_the_driver(cpp, built_bundle, tmp_path, windows, message):
+    """topkgen-cpp launch ... [LENGTHS [STARTS]]: ROWS int64 each, their sizes checked before
+    the driver is asked for anything (the launch itself needs a GPU: tests/runtime/test_gpu.py)."""
+    x = tmp_path / "x.bin"
+    x.write_bytes(bytes(4 * 3 * 300))
+    files = []
+    for name, size in zip(("L.bin", "S.bin"), windows):
+        (tmp_path / name).write_bytes(bytes(size))
+        files.append(tmp_path / name)
+    proc = subprocess.run([cpp, "launch", built_bundle, "sm_90", "float32", "10", "300", "3", "fast", "0", "1", x,
+                           tmp_path / "v.bin", tmp_path / "i.bin", *files], capture_output=True, text=True)
+    assert (proc.returncode, proc.stdout) == (2, ""), proc.stderr
+    assert proc.stderr.startswith("topkgen-cpp: error: ") and proc.stderr.rstrip().endswith(message), proc.stderr
+    assert not (tmp_path / "v.bin").exists()
+
+
 def test_launch_of_an_empty_batch_writes_empty_outputs_without_the_driver(cpp, built_bundle, tmp_path):
     """ROWS 0 is a valid call that launches nothing, in topkgen-cpp as in TopK: no driver."""
     x = tmp_path / "x.bin"
@@ -969,6 +989,23 @@ def test_both_loaders_refuse_a_schema_4_manifest_by_its_version(cpp, built_bundl
     assert _both_refuse(cpp, root) == (": schema_version: 4 has no output flags, split_rules or load_order (its "
                                        "kernels always sort and write int64 indices; a split for the GPU's SM count, "
                                        "which binary serves a GPU); rebuild the bundle (topkgen build)")
+
+
+def test_both_loaders_refuse_a_schema_4_manifest_by_its_version(cpp, built_bundle, tmp_path):
+    """Schema 5 (issue 30) adds the ragged-batch parameters at the end of every kernel's
+    params; a schema-4 bundle, whose kernels lack them, is refused by its version, in the same
+    words, before anything else."""
+    root = tmp_path / "bundle"
+    shutil.copytree(built_bundle, root)
+    doc = json.loads((root / "manifest.json").read_text())
+    doc["schema_version"] = 4
+    (root / "manifest.json").write_text(json.dumps(doc))
+    assert _both_refuse(cpp, root) == (": schema_version: 4 has no ragged-batch parameters (lengths, starts, "
+                                       "window_bytes, split_n); rebuild the bundle (topkgen build)")
+    from topkgen.manifest.params import RAGGED_PARAMS
+
+    for entry in json.loads((built_bundle / "manifest.json").read_text())["kernels"]:
+        assert tuple(p["name"] for p in entry["params"][-len(RAGGED_PARAMS):]) == RAGGED_PARAMS, entry["name"]
 
 
 def test_the_cpp_loader_serves_every_k(cpp, built_bundle):

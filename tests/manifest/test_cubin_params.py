@@ -222,6 +222,7 @@ def test_cuda_backend_launches_every_aot_kernel_as_its_cubin_expects(built_bundl
                       "largest": int(largest), "flags": 0}
             if entry["family"] == "radix":
                 expect |= {"x_indices": 0, "chunk": n, "row_stride": n}
+            expect |= {"lengths": 0, "starts": 0, "window_bytes": 0, "split_n": 0}  # dense rows: null windows
             assert args == expect, name
 
 
@@ -284,6 +285,31 @@ def test_cuda_backend_writes_int32_indices_and_skips_the_sort_through_the_kernel
         assert op.workspace_bytes("float32", k, n, rows) == 0
     else:
         assert choice.chunks > 1 or not fake_core["buffers"]
+@pytest.mark.parametrize("typestr, width", [("<i4", 4), ("<i8", 8)])
+def test_cuda_backend_ragged_rows_pass_their_windows_to_both_stages(built_bundle, fake_core, typestr, width):
+    """A ragged split batch (issue 30): the same kernel and chunks as the dense call (from n),
+    the lengths and starts pointers and their width to both stages, stage 2 stage 1's n, and
+    nothing allocated or read on the host when a workspace is passed."""
+    manifest = json.loads((built_bundle / "manifest.json").read_text())
+    entries = {e["name"]: e for e in manifest["kernels"]}
+    op = runtime.TopK(built_bundle, backend="cuda")
+    dtype, k, n, rows = "float32", 16, 262144, 4
+    plan = op.plan(dtype, k, n, rows)
+    x, values, indices = _arrays(dtype, rows, n, k)
+    lengths, starts = DeviceArray((rows,), typestr, 0x4000_0000), DeviceArray((rows,), typestr, 0x5000_0000)
+    workspace = DeviceArray((plan.workspace_bytes,), "|u1", 0x6000_0000)
+    op(x, k, out=(values, indices), stream=FakeStream(7), lengths=lengths, starts=starts, workspace=workspace)
+    assert fake_core["buffers"] == []  # the caller's workspace: no allocation
+    first, second = fake_core["launches"]
+    entry = entries[op.choose(dtype, k, n, rows=rows).kernel]
+    one, two = (_check_launch(launch, entry, entry["resources"]["static_shared_bytes"]) for launch in (first, second))
+    for args in (one, two):
+        assert (args["lengths"], args["starts"], args["window_bytes"]) == (0x4000_0000, 0x5000_0000, width)
+    assert (one["split_n"], two["split_n"]) == (0, n)
+    assert (one["chunk"], two["n"]) == (plan.chunk, plan.candidates)
+    with pytest.raises(runtime.TopKError, match=f"starts: expected {np.dtype(typestr).name} elements"):
+        other = "<i8" if typestr == "<i4" else "<i4"
+        op(x, k, out=(values, indices), lengths=lengths, starts=DeviceArray((rows,), other, 0x5000_0000))
 
 
 def test_cuda_backend_jit_kernels_are_launched_as_compiled(built_bundle, fake_core):

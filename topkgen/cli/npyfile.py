@@ -47,9 +47,10 @@ def read_npy(path: str | os.PathLike) -> np.ndarray:
     return read_npy_stored(path)[0]
 
 
-def read_npy_stored(path: str | os.PathLike) -> tuple[np.ndarray, np.dtype]:
+def read_npy_stored(path: str | os.PathLike, *, windows: bool = False) -> tuple[np.ndarray, np.dtype]:
     """read_npy's array and the dtype the file stores it as, so that an output can be
     saved in the input's convention (bfloat16 as 2-byte records, or as uint16 bits).
+    `windows`: a ragged batch's lengths or starts, int32 or int64 instead of a ranked type.
 
     Kept whole: each header check refuses in its own words before the next reads further, and
     split across functions the order in which an untrusted header is read would be hidden."""
@@ -99,7 +100,7 @@ def read_npy_stored(path: str | os.PathLike) -> tuple[np.ndarray, np.dtype]:
         except Exception as err:  # numpy's header parser on hostile bytes: ValueError, TokenError, SyntaxError...
             reason = _AST_NODE.sub(r"an expression (\1), not a literal value", str(err))
             raise fail(f"bad .npy header: {printable(reason)[:200]}") from None
-        _check_dtype(dtype, fail)
+        _check_dtype(dtype, fail, WINDOW_TYPES if windows else _RANKED)
         if shape == ():
             raise fail("a 0-d array (a single value); top-k needs an array with at least one dimension")
         if any(isinstance(dim, bool) for dim in shape):  # numpy's header check takes a bool for an int
@@ -136,7 +137,10 @@ def read_npy_stored(path: str | os.PathLike) -> tuple[np.ndarray, np.dtype]:
     return array, dtype
 
 
-def _check_dtype(dtype: np.dtype, fail) -> None:
+WINDOW_TYPES = ("i4", "i8")  # a ragged batch's lengths and starts (topkgen.runtime.ragged)
+
+
+def _check_dtype(dtype: np.dtype, fail, ranked=None) -> None:
     if dtype.hasobject:
         raise fail("holds Python objects (pickles are refused)")
     if dtype.names is not None:
@@ -145,6 +149,8 @@ def _check_dtype(dtype: np.dtype, fail) -> None:
         raise fail(f"a subarray dtype ({printable(str(dtype))}) is not supported")
     if dtype.kind not in _NUMERIC_KINDS + "V" or dtype.itemsize == 0:
         raise fail(f"dtype {printable(str(dtype))} is not an array of numbers")
-    if f"{dtype.kind}{dtype.itemsize}" not in _RANKED:  # refused before the data is read
+    if ranked is WINDOW_TYPES and f"{dtype.kind}{dtype.itemsize}" not in WINDOW_TYPES:
+        raise fail(f"dtype {printable(str(dtype))} is not int32 or int64 (a ragged batch's lengths and starts)")
+    if f"{dtype.kind}{dtype.itemsize}" not in (ranked or _RANKED):  # refused before the data is read
         raise fail(f"dtype {printable(str(dtype))} is not one topkgen ranks: float32, float16, or bfloat16 "
                    f"(ml_dtypes.bfloat16, or its bits as uint16)")

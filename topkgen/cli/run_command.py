@@ -24,10 +24,16 @@ Examples:
   topkgen run --bundle out --k 8 x.npy                on the GPU, rows printed
   topkgen run --bundle out --k 8 x.npy -o top8.npz    saved: values, indices
   topkgen run --bundle out --backend emulator --arch sm_90 --k 8 x.npy
+  topkgen run --bundle out --k 8 x.npy --lengths L.npy --starts S.npy   a ragged batch
 
 The emulator backend runs the same kernels on the CPU, without a GPU. bfloat16 input is
 read as numpy saves ml_dtypes.bfloat16 (2-byte records), or as raw uint16 bits (--dtype says
 which 16-bit type those hold); the values are saved the same way.
+
+A ragged batch: --lengths L.npy (int32 or int64, one entry per row of IN) and optionally
+--starts S.npy (of the same type): row r's candidates are IN[r, S[r] : S[r] + L[r]], the
+indices positions in IN's row; a row of fewer than k candidates is padded with index -1
+and -inf (largest) or +inf (--smallest). A window outside the row is refused, naming the row.
 
 \b
 Reading bfloat16 results back (numpy has no bfloat16 type: they are
@@ -51,14 +57,18 @@ Reading bfloat16 results back (numpy has no bfloat16 type: they are
               show_default=True, help="The indices' type.")
 @click.option("--dtype", type=DtypeType(("bfloat16", "float16")), default=None,
               help="What raw uint16 input holds: bfloat16 (default) or float16 (bf16, fp16 too).")
+@click.option("--lengths", "lengths_path", default=None, type=PathArg(dir_okay=False), metavar="L.npy",
+              help="A ragged batch: each row's valid length (int32 or int64, one per row).")
+@click.option("--starts", "starts_path", default=None, type=PathArg(dir_okay=False), metavar="S.npy",
+              help="With --lengths: each row's window start (default 0), of the lengths' type.")
 @click.argument("input_path", metavar="IN.npy", type=PathArg(dir_okay=False))
 @click.option("-o", "--output", "output_path", default=None, type=_NPZ_OUT, metavar="OUT.npz",
               help="Save arrays 'values' and 'indices' here (a file: not '-'). Without it, each row's top-k is "
                    "printed.")
 @click.option("--force", is_flag=True, help="Replace -o even when it is not the output of an earlier run.")
 def run(bundle_dir: str, arch: str | None, backend: str, k: int, smallest: bool, deterministic: bool,
-        unsorted: bool, index_dtype: str, dtype: str | None, input_path: str, output_path: str | None,
-        force: bool) -> None:
+        unsorted: bool, index_dtype: str, dtype: str | None, lengths_path: str | None, starts_path: str | None,
+        input_path: str, output_path: str | None, force: bool) -> None:
     """Top-k over the last dimension of IN.npy with the bundle's kernels (or JIT)."""
     import io
 
@@ -74,9 +84,14 @@ def run(bundle_dir: str, arch: str | None, backend: str, k: int, smallest: bool,
     if backend == "emulator" and arch is None:  # the runtime would name its own argument, arch=
         raise InputError(f"--arch: the emulator backend runs one arch's kernels; name it, e.g. "
                          f"--arch {_first_arch(bundle_dir)}")
+    if starts_path is not None and lengths_path is None:
+        raise InputError("--starts: a window is [starts, starts + lengths): pass --lengths L.npy too")
+    windows = [p for p in (lengths_path, starts_path) if p is not None]
     if output_path is not None:
-        check_output_file(Path(output_path), force=force, inputs=(Path(input_path), Path(bundle_dir)))
+        check_output_file(Path(output_path), force=force,
+                          inputs=(Path(input_path), Path(bundle_dir), *(Path(p) for p in windows)))
     x, stored = read_npy_stored(input_path)
+    ragged = {label: read_npy_stored(p, windows=True)[0] for label, p in zip(("lengths", "starts"), windows)}
     found = "bfloat16" if stored.kind == "V" else str(x.dtype)  # 2-byte records: how numpy saves ml_dtypes' bfloat16
     try:
         op = TopK(bundle_dir, arch=arch, backend=backend)
@@ -85,11 +100,19 @@ def run(bundle_dir: str, arch: str | None, backend: str, k: int, smallest: bool,
             answer = op.explain(name, k, x.shape[-1], deterministic)
         except TopKError as err:
             raise InputError(f"{input_path}: {found}{list(x.shape)}: {err}") from None
-        if backend == "cuda":
-            values, indices = _run_on_gpu(op, x, k, smallest, deterministic, name, not unsorted, index_dtype)
-        else:
-            values, indices = op(x, k, largest=not smallest, deterministic=deterministic, sorted=not unsorted,
-                                 index_dtype=index_dtype, dtype=name)
+        try:
+            if backend == "cuda":
+                values, indices = _run_on_gpu(op, x, k, smallest, deterministic, name, not unsorted, index_dtype,
+                                              ragged)
+            else:
+                values, indices = op(x, k, largest=not smallest, deterministic=deterministic, sorted=not unsorted,
+                                     index_dtype=index_dtype, dtype=name, **ragged)
+        except TopKError as err:  # a bad window: named by its file and row
+            label = str(err).split(":", 1)[0]
+            if label not in ragged:
+                raise
+            path = lengths_path if label == "lengths" else starts_path
+            raise InputError(f"--{label} {printable(path)}: {str(err).split(': ', 1)[1]}") from None
     except NoGpuError as err:
         raise InputError(f"{err}; without a GPU, run the same kernels on the CPU: --backend emulator "
                          f"--arch {arch or _first_arch(bundle_dir)}") from None
@@ -144,9 +167,11 @@ def _print_rows(input_path: str, shape: tuple[int, ...], dtype: str, values: Any
 
 
 def _run_on_gpu(op: Any, x: Any, k: int, smallest: bool, deterministic: bool, dtype: str | None,
-                sorted_: bool = True, index_dtype: str = "int64"):
+                sorted_: bool = True, index_dtype: str = "int64", ragged: dict | None = None):
     """Host arrays go through device buffers that cuda.core allocates; the kernels write the
-    indices in `index_dtype` (int32 too: no pass after them)."""
+    indices in `index_dtype` (int32 too: no pass after them); a ragged batch's windows go
+    through device buffers too, checked on the host first (check=True: the command has them
+    there)."""
     import numpy as np
 
     from topkgen.runtime.gpu_arrays import DeviceArray
@@ -158,7 +183,8 @@ def _run_on_gpu(op: Any, x: Any, k: int, smallest: bool, deterministic: bool, dt
     shape = (*x.shape[:-1], k)
     values = DeviceArray.empty(shape, x.dtype, device, stream)
     indices = DeviceArray.empty(shape, np.dtype(index_dtype), device, stream)
+    windows = {label: DeviceArray.from_host(np.ascontiguousarray(a), device, stream) for label, a in (ragged or {}).items()}
     op(dx, k, largest=not smallest, deterministic=deterministic, sorted=sorted_, index_dtype=index_dtype,
-       out=(values, indices), dtype=dtype, stream=stream)
+       out=(values, indices), dtype=dtype, stream=stream, check=bool(windows), **windows)
     stream.sync()
     return values.to_host(stream), indices.to_host(stream)

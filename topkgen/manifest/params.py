@@ -26,6 +26,11 @@ PARAM_TYPES = {
     "chunk": "int",                   # elements per chunk (topkgen.policy.split); n: one chunk per row
     "row_stride": "long long",        # elements from one row of x (and x_indices) to the next
     "flags": "int",                   # output flags (schema 5): OUTPUT_FLAGS, or'ed
+    # A ragged batch (topkgen.runtime's lengths=, starts=), read on the device; null: dense rows.
+    "lengths": "const void*",         # null, or rows valid lengths (int32 or int64, window_bytes each)
+    "starts": "const void*",          # null, or rows window starts (of the lengths' type); null: 0
+    "window_bytes": "int",            # bytes of a lengths (and starts) element: 4 or 8; 0 when null
+    "split_n": "int",                 # 0; in a split's stage 2, stage 1's n (it finds the windows' candidates)
     "scratch": "void*",               # the large-k path: null, or rows x k x 8 bytes for its candidates
 }
 # The `flags` bits: sorted=False (the final sort is skipped; deterministic kernels sort anyway,
@@ -33,14 +38,17 @@ PARAM_TYPES = {
 # indices into `indices`). templates/topk_common.cuh has the same numbers (kUnsorted,
 # kInt32Indices); the manifest's `options` states them for every loader.
 OUTPUT_FLAGS = {"unsorted": UNSORTED_FLAG, "int32_indices": 2}
+# A ragged batch's parameters, after `flags` in every kernel's list (schema 5).
+RAGGED_PARAMS = ("lengths", "starts", "window_bytes", "split_n")
 # The parameters of each family's kernels, in order. Radix kernels also run split rows.
 # The large-k path's radix kernels (work "large") also take `scratch`: with int32 indices its
 # candidates (8 bytes each) no longer fit in the indices output it gathers them into.
 PARAMS = {
-    "register": ("x", "values", "indices", "rows", "n", "k", "largest", "flags"),
-    "radix": ("x", "x_indices", "values", "indices", "rows", "n", "k", "largest", "chunk", "row_stride", "flags"),
+    "register": ("x", "values", "indices", "rows", "n", "k", "largest", "flags", *RAGGED_PARAMS),
+    "radix": ("x", "x_indices", "values", "indices", "rows", "n", "k", "largest", "chunk", "row_stride", "flags",
+              *RAGGED_PARAMS),
     "large": ("x", "x_indices", "values", "indices", "rows", "n", "k", "largest", "chunk", "row_stride", "flags",
-              "scratch"),
+              *RAGGED_PARAMS, "scratch"),
 }
 
 

@@ -90,9 +90,9 @@ def version_problem(version: object) -> str:
         return ("schema_version: 3 stops k at 1024 and has no options (sorted, index_dtype); rebuild the bundle "
                 "(topkgen build)")
     if type(version) is int and version == 4:
-        return ("schema_version: 4 has no output flags, split_rules or load_order (its kernels always sort and write "
-                "int64 indices; a split for the GPU's SM count, which binary serves a GPU); rebuild the bundle "
-                "(topkgen build)")
+        return ("schema_version: 4 has no output flags, ragged-batch parameters, split_rules or load_order (its "
+                "kernels always sort, write int64 indices and read dense rows; a split for the GPU's SM count, which "
+                "binary serves a GPU); rebuild the bundle (topkgen build)")
     return f"schema_version: {json.dumps(version)} is not supported (this topkgen reads version {SCHEMA_VERSION})"
 
 

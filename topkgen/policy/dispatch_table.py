@@ -340,6 +340,6 @@ def serving_table(manifest: dict, policy: Policy, arch: str) -> tuple[ArchTable,
     embedded policy. The runtime and `diff` both ask here, so a bundle side of a diff is
     served exactly as the runtime would serve it."""
     held = arch in manifest["archs"]
-    if held and manifest["schema_version"] >= 4:
+    if held and manifest["schema_version"] >= 4:  # 5 adds the ragged parameters, not the table
         return ArchTable(arch, manifest["dispatch"][arch]), True
     return ArchTable(arch, build(policy, [arch])[arch]), held

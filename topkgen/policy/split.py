@@ -90,25 +90,32 @@ class Stage:
 
 
 def stages(rows: int, n: int, k: int, largest: bool, plan: ChunkPlan | None, flags: int = 0,
-           scratch: bool = False) -> list[Stage]:
+           scratch: bool = False, window_bytes: int = 0, starts: bool = False) -> list[Stage]:
     """The launches of a request: one, or a split's two (stage 1 over chunks into the
     workspace's candidates, stage 2 over the candidates into the output). `flags` is the
     output's (topkgen.manifest.params.OUTPUT_FLAGS: 1 unsorted, 2 int32 indices); stage 1
     writes int64 candidate indices, so it gets the unsorted bit alone (a deterministic kernel
     sorts anyway, which stage 2's ties by position need). `scratch`: the large-k path's
-    candidates go to the buffer "scratch" (int32 indices), else null."""
+    candidates go to the buffer "scratch" (int32 indices), else null. `window_bytes`: a
+    ragged batch's lengths element size (4 or 8; 0: dense rows, its pointers null), with
+    `starts` when it has window starts: both stages read them on the device, and stage 2
+    gets stage 1's n (`split_n`) to find each row's candidates."""
     flag = int(bool(largest))
+    ragged = {"lengths": "lengths" if window_bytes else None, "starts": "starts" if window_bytes and starts else None}
+    window = {"window_bytes": window_bytes}
     if plan is None:
-        return [Stage(rows, {"x": "x", "x_indices": None, "values": "values", "indices": "indices",
+        return [Stage(rows, {"x": "x", "x_indices": None, "values": "values", "indices": "indices", **ragged,
                              "scratch": "scratch" if scratch else None},
-                      {"rows": rows, "n": n, "k": k, "largest": flag, "chunk": n, "row_stride": n, "flags": flags})]
+                      {"rows": rows, "n": n, "k": k, "largest": flag, "chunk": n, "row_stride": n, "flags": flags,
+                       **window, "split_n": 0})]
     m = plan.candidates
     return [Stage(rows * plan.chunks,
-                  {"x": "x", "x_indices": None, "values": "candidate_values", "indices": "candidate_indices",
+                  {"x": "x", "x_indices": None, "values": "candidate_values", "indices": "candidate_indices", **ragged,
                    "scratch": None},
                   {"rows": rows, "n": n, "k": k, "largest": flag, "chunk": plan.chunk, "row_stride": n,
-                   "flags": flags & UNSORTED_FLAG}),
+                   "flags": flags & UNSORTED_FLAG, **window, "split_n": 0}),
             Stage(rows,
                   {"x": "candidate_values", "x_indices": "candidate_indices", "values": "values", "indices": "indices",
-                   "scratch": None},
-                  {"rows": rows, "n": m, "k": k, "largest": flag, "chunk": m, "row_stride": m, "flags": flags})]
+                   **ragged, "scratch": None},
+                  {"rows": rows, "n": m, "k": k, "largest": flag, "chunk": m, "row_stride": m, "flags": flags,
+                   **window, "split_n": n if window_bytes else 0})]

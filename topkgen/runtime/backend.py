@@ -5,7 +5,7 @@ backend makes in the same words before anything is loaded or compiled."""
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import numpy as np
@@ -73,6 +73,7 @@ class _Work:
     plan: ChunkPlan | None
     index_dtype: str = "int64"  # the indices the caller gets, written by the kernels
     scratch_bytes: int = 0      # the large-k path's candidates with int32 indices (workspace or allocated)
+    windows: dict[str, Any] = field(default_factory=dict)  # a ragged batch's lengths (and starts) buffers
 
 
 def launch_arguments(spec: Any, x: Any, values: Any, indices: Any, rows: int, n: int, k: int, largest: bool) -> list[Any]:
@@ -128,6 +129,12 @@ class _Backend:
         does not; `index_dtype`: what out[1] holds; `scratch_bytes`: the large-k path's
         scratch the workspace serves), made before the kernel is loaded: nothing is compiled
         for a call that is refused."""
+        raise NotImplementedError
+
+    def windows(self, view: _View, lengths: Any, starts: Any, check: bool) -> Any:
+        """A ragged batch's lengths (and starts) checked (topkgen.runtime.ragged.Windows, or
+        None for dense rows): their layout always, their values where the backend holds them
+        on the host or the call asks (`check`)."""
         raise NotImplementedError
 
     def load_aot(self, name: str, cubin: bytes, symbol: str, source: str) -> Any:

@@ -13,6 +13,7 @@ import numpy as np
 
 from topkgen.policy import DTYPE_SIZES
 from topkgen.policy.split import ChunkPlan
+from topkgen.runtime.ragged import Windows, check_array, check_values
 from topkgen.runtime.backend import (
     MASKED, OUT_LABELS, NoGpuError, TopKError, _Arrays, _Backend, _View, _Work, _c_contiguous, _check_alignment,
     _check_disjoint, _check_out, _check_stream, _check_workspace_size, _check_x_contiguous, _out_pair,
@@ -128,6 +129,28 @@ class _CudaBackend(_Backend):
         _check_x_contiguous(_c_contiguous(shape, strides))
         return _View(x, name, shape, ptr)
 
+    def windows(self, view: _View, lengths: Any, starts: Any, check: bool) -> Windows | None:
+        """Device lengths (and starts), read by the kernels only: no host read unless `check`,
+        which copies them to the host (the copy synchronises) and refuses a window outside
+        the row as the emulator does. Unchecked, the kernels clamp each window to its row."""
+        if lengths is None:
+            return None
+        shape, pointers, host = view.shape[:-1], {}, {}
+        for label, array in (("lengths", lengths), ("starts", starts)):
+            if array is None:
+                continue
+            ptr, found_shape, strides, found = _device_array(array, label)
+            check_device(label, array, self.device_id)
+            width = check_array(label, shape, found_shape, _c_contiguous(found_shape, strides), found,
+                                None if label == "lengths" else host.get("dtype"))
+            host["dtype"] = found
+            pointers[label] = ptr
+            if check:
+                host[label] = _copy_to_host(ptr, (view.rows,), np.dtype(found))
+        if check:
+            check_values(host["lengths"], host.get("starts"), view.n)
+        return Windows(width, pointers)
+
     def load_aot(self, name: str, cubin: bytes, symbol: str, source: str) -> Any:
         ObjectCode = _cuda_core().ObjectCode
 
@@ -186,11 +209,12 @@ class _CudaBackend(_Backend):
             shape = (*view.shape[:-1], k)
             values = torch.empty(shape, dtype=view.array.dtype, device=view.array.device)
             indices = torch.empty(shape, dtype=getattr(torch, work.index_dtype), device=view.array.device)
-            pointers = {"x": arrays.pointers["x"], "values": values.data_ptr(), "indices": indices.data_ptr()}
+            pointers = {"x": arrays.pointers["x"], "values": values.data_ptr(), "indices": indices.data_ptr(),
+                        **work.windows}
         else:
             values, indices = arrays.out
             pointers = {"x": arrays.pointers["x"], "values": arrays.pointers[OUT_LABELS[0]],
-                        "indices": arrays.pointers[OUT_LABELS[1]]}
+                        "indices": arrays.pointers[OUT_LABELS[1]], **work.windows}
         if not work.stages:  # an empty batch launches nothing
             return values, indices
         cuda_stream = self._stream(stream, view.array)
@@ -255,6 +279,18 @@ class _CudaBackend(_Backend):
         if isinstance(stream, int):
             return Stream.from_handle(stream)
         return self.device.create_stream(stream)
+
+
+def _copy_to_host(ptr: int, shape: tuple[int, ...], dtype: np.dtype) -> np.ndarray:
+    """A device array's contents on the host (check=True only: cuMemcpyDtoH waits for the GPU)."""
+    from cuda.bindings import driver
+
+    host = np.empty(shape, dtype)
+    if host.nbytes:
+        (err,) = driver.cuMemcpyDtoH(host.ctypes.data, ptr, host.nbytes)
+        if err != driver.CUresult.CUDA_SUCCESS:
+            raise TopKError(f"check: cannot read the windows back from the GPU ({err.name})")
+    return host
 
 
 def _device_bytes(x: Any, label: str) -> tuple[int, int]:

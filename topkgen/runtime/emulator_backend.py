@@ -10,6 +10,7 @@ import numpy as np
 from numpy.lib.array_utils import byte_bounds
 
 from topkgen.policy.split import ChunkPlan
+from topkgen.runtime.ragged import Windows, check_array, check_values
 from topkgen.runtime.backend import (
     MASKED, OUT_LABELS, TopKError, _Arrays, _Backend, _View, _Work, _check_alignment, _check_disjoint,
     _check_out, _check_workspace_size, _check_x_contiguous, _out_pair, _value_types, arguments, dtype_name,
@@ -29,6 +30,23 @@ class _EmulatorBackend(_Backend):
         name = dtype_name(str(x.dtype), dtype)
         _check_x_contiguous(x.flags.c_contiguous)
         return _View(x, name, x.shape)
+
+    def windows(self, view: _View, lengths: Any, starts: Any, check: bool) -> Windows | None:
+        """numpy lengths (and starts); their values are checked on every call (`check` or not):
+        the emulator refuses a window outside the row, naming the row."""
+        if lengths is None:
+            return None
+        shape, arrays = view.shape[:-1], {}
+        for label, array in (("lengths", lengths), ("starts", starts)):
+            if array is None:
+                continue
+            if not isinstance(array, np.ndarray) or isinstance(array, np.ma.MaskedArray):
+                raise TopKError(f"{label}: the emulator backend takes numpy arrays, got {type(array).__name__}")
+            width = check_array(label, shape, array.shape, array.flags.c_contiguous, str(array.dtype),
+                                None if label == "lengths" else str(lengths.dtype))
+            arrays[label] = array.reshape(-1)
+        check_values(arrays["lengths"], arrays.get("starts"), view.n)
+        return Windows(width, arrays)
 
     def load_aot(self, name: str, cubin: bytes, symbol: str, source: str) -> Any:
         return self.load_jit(name, source)  # the very source the cubin was compiled from
@@ -69,7 +87,7 @@ class _EmulatorBackend(_Backend):
         x = view.array.reshape(view.rows, view.n)  # contiguous (view): a view, not a copy
         values = np.empty((view.rows, k), dtype=x.dtype)
         indices = np.empty((view.rows, k), dtype=np.dtype(work.index_dtype))  # the kernels write this type
-        pointers = {"x": x, "values": values, "indices": indices}
+        pointers = {"x": x, "values": values, "indices": indices, **work.windows}
         if work.plan is not None:
             pointers.update(self._candidates(work.plan, x.dtype, arrays.workspace))
         if work.scratch_bytes:

@@ -197,7 +197,7 @@ class TopK:
     def __call__(self, x: Any, k: int, *, largest: bool = True, deterministic: bool = False,
                  sorted: bool = True, index_dtype: str = "int64",  # noqa: A002 (torch.topk's name)
                  out: tuple[Any, Any] | None = None, dtype: str | None = None, stream: Any = None,
-                 workspace: Any = None):
+                 workspace: Any = None, lengths: Any = None, starts: Any = None, check: bool = False):
         """Returns (values, indices) of the k largest (or smallest) along the last dimension,
         sorted by value: largest first (smallest first with largest=False); deterministic=True
         takes the lowest-indexed of equal values at the k-th place; k = 0 returns empty arrays
@@ -216,12 +216,25 @@ class TopK:
         it; the large-k path then needs `workspace_bytes(..., index_dtype="int32")` of
         scratch, allocated on the stream when no `workspace` is passed). Every argument is
         checked before a kernel is loaded (or JIT-compiled), in the same order by both
-        backends: a refused call costs no compile."""
+        backends: a refused call costs no compile.
+        A ragged batch (topkgen.runtime.ragged): `lengths`, int32 or int64, one entry per row
+        (device memory on the cuda backend, numpy on the emulator), and `starts` of the same
+        type (optional, default 0): row r's candidates are x[r, starts[r] : starts[r] +
+        lengths[r]], its indices positions in x's row; a row of fewer than k candidates
+        returns them first and pads the rest with index -1 and value -inf (largest) or +inf
+        (smallest). The kernel and any split come from x's n; the lengths are read on the
+        device only. The emulator refuses a window outside the row, naming the row; the GPU
+        kernels clamp it, unless `check=True`, which reads both arrays on the host first."""
         view = self._backend.view(x, dtype)
         k, largest = _integer("k", k), _flag("largest", largest)
         sorted_ = _flag("sorted", sorted)
         index_dtype = _index_dtype(index_dtype)
         self._backend.check_stream(stream)
+        check = _flag("check", check)
+        if starts is not None and lengths is None:
+            raise TopKError("starts: given without lengths; a window is [starts[r], starts[r] + lengths[r]): pass "
+                            "lengths= too")
+        windows = self._backend.windows(view, lengths, starts, check)
         if k < 0:
             raise TopKError(f"k: must be >= 0 (0 returns empty results), got {k}")
         if k == 0:  # as torch.topk: empty values and indices of shape [..., 0]; nothing launched
@@ -234,9 +247,11 @@ class TopK:
         arrays = self._backend.check(view, k, out, workspace, plan, index_dtype, scratch)
         kernel = self._kernel(choice) if view.rows else None  # an empty batch loads and compiles nothing
         entry = self._entries[choice.kernel]
+        ragged = (windows.window_bytes, windows.has_starts) if windows is not None else (0, False)
         work = _Work(kernel, choice.kernel, Launch.of(entry), entry["params"],
-                     stages(view.rows, view.n, k, largest, plan, output_flags(sorted_, index_dtype), scratch > 0)
-                     if view.rows else [], plan, index_dtype, scratch)
+                     stages(view.rows, view.n, k, largest, plan, output_flags(sorted_, index_dtype), scratch > 0,
+                            *ragged) if view.rows else [],
+                     plan, index_dtype, scratch, windows.pointers if windows is not None else {})
         return self._backend.run(work, view, k, arrays, stream)
 
 

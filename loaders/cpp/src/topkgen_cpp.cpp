@@ -16,11 +16,13 @@
 //                               "WAY<TAB>ARCH<TAB>WORDS", or "error: REFUSAL" and exit 1;
 //                               --jit: the caller has NVRTC (JIT from the bundle's sources)
 //   topkgen-cpp bench DIR       time select over the stdin shapes: median ns per lookup
-//   topkgen-cpp launch DIR ARCH DTYPE K N ROWS MODE JIT LARGEST IN VALUES INDICES
+//   topkgen-cpp launch DIR ARCH DTYPE K N ROWS MODE JIT LARGEST IN VALUES INDICES [LENGTHS [STARTS]]
 //                               top-k of ROWS x N elements read from IN on the GPU (split
 //                               when the bundle says so), outputs written raw to VALUES and
 //                               INDICES (int64); prints the kernel and its chunks per row
 //                               (ROWS 0: empty outputs, nothing launched)
+//                               [LENGTHS [STARTS]]: a ragged batch, ROWS raw int64 each (the
+//                               windows of topkgen.runtime's lengths= and starts=)
 //
 // DIR: a bundle's directory or its manifest file, as topkgen reads it.
 // Errors: "topkgen-cpp: error: MESSAGE" on stderr, exit 2 (a missing driver and a failed
@@ -247,6 +249,14 @@ int launch(const std::vector<std::string>& a, topkgen::Options options) {
   const std::string x = slurp(a[9]);
   const std::size_t expected = static_cast<std::size_t>(rows) * static_cast<std::size_t>(s.n) * elem;
   if (x.size() != expected) throw topkgen::Error(a[9] + ": expected " + std::to_string(expected) + " bytes");
+  std::vector<std::string> window_files;  // LENGTHS [STARTS], checked before the driver is used
+  for (std::size_t i = 12; i < a.size(); ++i) {
+    window_files.push_back(slurp(a[i]));
+    if (window_files.back().size() != static_cast<std::size_t>(rows) * 8)
+      throw topkgen::Error(a[i] + ": expected " + std::to_string(static_cast<std::size_t>(rows) * 8) +
+                           " bytes (ROWS int64 " + (i == 12 ? "lengths" : "starts") + "), got " +
+                           std::to_string(window_files.back().size()));
+  }
   if (rows == 0) {  // an empty batch launches nothing: empty outputs, no driver needed
     spill(a[10], ""), spill(a[11], "");
     std::cout << plan.kernel->name << " " << plan.chunks << "\n";
@@ -263,8 +273,20 @@ int launch(const std::vector<std::string>& a, topkgen::Options options) {
   d.check(d.MemAlloc(&di, out_elems * plan.index_bytes()), "cuMemAlloc");
   if (plan.workspace_bytes) d.check(d.MemAlloc(&dw, plan.workspace_bytes), "cuMemAlloc");
   d.check(d.MemcpyHtoD(dx, x.data(), x.size()), "cuMemcpyHtoD");
-  bundle.run(plan, nullptr, dx, dv, di, rows, static_cast<int>(s.n), static_cast<int>(s.k), largest, dw);
+  topkgen::Windows windows;  // LENGTHS [STARTS]: rows int64 each, read above
+  std::vector<topkgen::cu::DevicePtr> window_buffers;
+  for (std::size_t i = 12; i < a.size(); ++i) {
+    const std::string& w = window_files[i - 12];
+    topkgen::cu::DevicePtr p = 0;
+    d.check(d.MemAlloc(&p, w.size()), "cuMemAlloc");
+    d.check(d.MemcpyHtoD(p, w.data(), w.size()), "cuMemcpyHtoD");
+    window_buffers.push_back(p);
+    (i == 12 ? windows.lengths : windows.starts) = p;
+    windows.window_bytes = 8;
+  }
+  bundle.run(plan, nullptr, dx, dv, di, rows, static_cast<int>(s.n), static_cast<int>(s.k), largest, dw, windows);
   d.check(d.CtxSynchronize(), "cuCtxSynchronize");
+  for (auto p : window_buffers) d.MemFree(p);
   std::string values(out_elems * elem, '\0'), indices(out_elems * plan.index_bytes(), '\0');
   d.check(d.MemcpyDtoH(values.data(), dv, values.size()), "cuMemcpyDtoH");
   d.check(d.MemcpyDtoH(indices.data(), di, indices.size()), "cuMemcpyDtoH");
@@ -279,7 +301,8 @@ int launch(const std::vector<std::string>& a, topkgen::Options options) {
 int usage() {
   std::cerr << "usage: topkgen-cpp verify DIR | select DIR [--format text|json] [--sm-count N] [OPTIONS] | bench DIR\n"
                "       topkgen-cpp binary DIR GPU_ARCH [--jit]\n"
-               "       topkgen-cpp launch DIR ARCH DTYPE K N ROWS MODE JIT LARGEST IN VALUES INDICES [OPTIONS]\n"
+               "       topkgen-cpp launch DIR ARCH DTYPE K N ROWS MODE JIT LARGEST IN VALUES INDICES [LENGTHS [STARTS]]\n"
+               "                   [OPTIONS]\n"
                "OPTIONS: --unsorted (no promised order), --index-dtype int64|int32 (INDICES: 8 or 4 bytes each)\n"
                "select and bench read 'ARCH DTYPE K N MODE JIT [ROWS]' lines on stdin; README: 'Writing a loader'\n";
   return 2;
@@ -311,7 +334,12 @@ int main(int argc, char** argv) {
     if (cmd == "binary" && args.size() == 2) return binary(args[0], args[1], false);
     if (cmd == "binary" && args.size() == 3 && args[2] == "--jit") return binary(args[0], args[1], true);
     if (cmd == "bench" && args.size() == 1) return bench(args[0]);
-    if (cmd == "launch" && args.size() >= 12 && parse_options(args, 12, options)) return launch(args, options);
+    if (cmd == "launch") {  // 12 words, LENGTHS [STARTS], then the request options
+      std::size_t words = 0;
+      while (words < args.size() && args[words].rfind("--", 0) != 0) ++words;
+      if (words >= 12 && words <= 14 && parse_options(args, words, options))
+        return launch(std::vector<std::string>(args.begin(), args.begin() + static_cast<std::ptrdiff_t>(words)), options);
+    }
     return usage();
   } catch (const topkgen::Error& err) {
     std::cerr << "topkgen-cpp: error: " << err.what() << "\n";

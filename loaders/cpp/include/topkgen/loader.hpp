@@ -65,7 +65,7 @@ class Error : public std::runtime_error {
 
 constexpr std::int64_t N_MAX = 2147483647;
 constexpr std::int64_t ROWS_MAX = 2147483647;
-constexpr int SCHEMA_VERSION = 5;  // 5: output flags, split_rules and load_order; 4: k up to n (K rungs to 4096, the large-k path), options
+constexpr int SCHEMA_VERSION = 5;  // 5: output flags, ragged batches, split_rules and load_order; 4: k up to n (K rungs to 4096, the large-k path), options
 constexpr std::int64_t SM_COUNT_MAX = 1024;  // as the policy schema bounds split.sm_count
 constexpr std::uint64_t WORKSPACE_ALIGN = 256;  // candidate values start at a multiple of it (topkgen.policy.split)
 constexpr std::uint64_t WORKSPACE_ALIGNMENT = 16;  // and the workspace itself at a multiple of this
@@ -258,6 +258,16 @@ struct Binary {
   std::string way;    // "cubin", "lower-minor cubin", "ptx" or "jit"
   std::string arch;   // the arch whose kernels (cubins, PTX, or tuning for JIT) serve it
   std::string words;  // what explain prints
+};
+
+// A ragged batch (manifest schema 5): row r's candidates are x[r, starts[r] : starts[r] +
+// lengths[r]], lengths and starts device arrays of rows int32 (window_bytes 4) or int64 (8)
+// entries, starts 0 (null) for windows at the row's start. The kernels read them on the device
+// and clamp each window to its row; rows with fewer than k candidates are padded with index -1
+// and -inf (largest) or +inf (smallest). All null / 0: dense rows.
+struct Windows {
+  cu::DevicePtr lengths = 0, starts = 0;
+  int window_bytes = 0;
 };
 
 namespace detail {
@@ -1397,7 +1407,8 @@ inline const std::vector<std::pair<std::string, std::string>>& param_types() {
   static const std::vector<std::pair<std::string, std::string>> types = {
       {"x", "const {t}*"}, {"x_indices", "const long long*"}, {"values", "{t}*"}, {"indices", "long long*"},
       {"rows", "int"}, {"n", "int"}, {"k", "int"}, {"largest", "int"}, {"chunk", "int"}, {"row_stride", "long long"},
-      {"flags", "int"}, {"scratch", "void*"}};
+      {"flags", "int"}, {"lengths", "const void*"}, {"starts", "const void*"}, {"window_bytes", "int"}, {"split_n", "int"},
+      {"scratch", "void*"}};
   return types;
 }
 
@@ -1614,8 +1625,10 @@ class Bundle {
   // plan.workspace_bytes of device memory; unused when that is 0). `indices` holds int64 or,
   // with the plan's Options::index_dtype int32, int32 (the kernels write them). Arguments go
   // by the names of the kernel's params, in their order. Nothing waits for the GPU.
+  // `windows`: a ragged batch (Windows; the default: dense rows, null pointers). The plan is
+  // the one for n, the bound; the kernels read the lengths on the device and clamp each window.
   void run(const Plan& p, cu::Stream stream, cu::DevicePtr x, cu::DevicePtr values, cu::DevicePtr indices, int rows,
-           int n, int k, bool largest, cu::DevicePtr workspace) {
+           int n, int k, bool largest, cu::DevicePtr workspace, const Windows& windows = {}) {
     const Kernel& kern = *p.kernel;
     if (!kern.aot)
       throw Error("kernel " + kern.name + ": served by JIT from " + kern.path +
@@ -1632,18 +1645,24 @@ class Bundle {
     if (p.workspace_bytes && workspace % WORKSPACE_ALIGNMENT != 0)
       throw Error("workspace: must start at a multiple of " + std::to_string(WORKSPACE_ALIGNMENT) + " bytes");
     check_disjoint(kern, p, x, values, indices, workspace);
+    if (windows.lengths == 0 && windows.starts != 0) throw Error("starts: given without lengths");
+    if (windows.lengths != 0 && windows.window_bytes != 4 && windows.window_bytes != 8)
+      throw Error("window_bytes: must be 4 (int32 lengths) or 8 (int64), got " + std::to_string(windows.window_bytes));
+    const Windows w = windows.lengths == 0 ? Windows{} : windows;
     cu::Function fn = function(kern);
     const int flag = largest ? 1 : 0;
     if (p.chunks == 1) {
-      stage(fn, kern, stream, rows, {x, 0, values, indices, p.scratch ? workspace : 0}, {rows, n, k, flag, n, p.flags}, n);
+      stage(fn, kern, stream, rows, {x, 0, values, indices, p.scratch ? workspace : 0}, {rows, n, k, flag, n, p.flags}, n,
+            w, 0);
       return;
     }
     const int chunks = static_cast<int>(p.chunks), m = chunks * k;
     const cu::DevicePtr cand_indices = workspace, cand_values = workspace + p.values_offset;
     // Stage 1 writes the workspace's int64 candidate indices: the unsorted bit alone.
     stage(fn, kern, stream, static_cast<std::int64_t>(rows) * chunks, {x, 0, cand_values, cand_indices, 0},
-          {rows, n, k, flag, static_cast<int>(p.chunk), p.flags & FLAG_UNSORTED}, n);
-    stage(fn, kern, stream, rows, {cand_values, cand_indices, values, indices, 0}, {rows, m, k, flag, m, p.flags}, m);
+          {rows, n, k, flag, static_cast<int>(p.chunk), p.flags & FLAG_UNSORTED}, n, w, 0);
+    stage(fn, kern, stream, rows, {cand_values, cand_indices, values, indices, 0}, {rows, m, k, flag, m, p.flags}, m, w,
+          w.lengths != 0 ? n : 0);  // stage 2 finds each window's candidates from stage 1's n
   }
 
  private:
@@ -1693,7 +1712,7 @@ class Bundle {
 
   // One launch: grid.x = ceil_div(grid_rows, rows_per_block), arguments by param name.
   void stage(cu::Function fn, const Kernel& kern, cu::Stream stream, std::int64_t grid_rows, Pointers ptr, Ints v,
-             long long row_stride) {
+             long long row_stride, Windows w, int split_n) {
     std::vector<void*> args;
     for (const std::string& name : kern.params) {
       if (name == "x") args.push_back(&ptr.x);
@@ -1707,6 +1726,10 @@ class Bundle {
       else if (name == "chunk") args.push_back(&v.chunk);
       else if (name == "row_stride") args.push_back(&row_stride);
       else if (name == "flags") args.push_back(&v.flags);
+      else if (name == "lengths") args.push_back(&w.lengths);
+      else if (name == "starts") args.push_back(&w.starts);
+      else if (name == "window_bytes") args.push_back(&w.window_bytes);
+      else if (name == "split_n") args.push_back(&split_n);
       else if (name == "scratch") args.push_back(&ptr.scratch);
       else throw Error("kernel " + kern.name + ": unknown parameter '" + name + "'");  // refused at load
     }
@@ -1765,9 +1788,9 @@ class Bundle {
       throw Error(doc_.file + ": schema_version: 3 stops k at 1024 and has no options (sorted, index_dtype); rebuild "
                   "the bundle (topkgen build)");
     if (integer && *it == 4)
-      throw Error(doc_.file + ": schema_version: 4 has no output flags, split_rules or load_order (its kernels always "
-                  "sort and write int64 indices; a split for the GPU's SM count, which binary serves a GPU); rebuild "
-                  "the bundle (topkgen build)");
+      throw Error(doc_.file + ": schema_version: 4 has no output flags, ragged-batch parameters, split_rules or "
+                  "load_order (its kernels always sort, write int64 indices and read dense rows; a split for the GPU's "
+                  "SM count, which binary serves a GPU); rebuild the bundle (topkgen build)");
     throw Error(doc_.file + ": schema_version: " + (it == m.end() ? std::string("null") : detail::py_dumps(*it)) +
                 " is not supported (this topkgen reads version " + std::to_string(SCHEMA_VERSION) + ")");
   }
