@@ -128,13 +128,16 @@ __device__ __forceinline__ int warp_inclusive_scan(int value) {
 
 // Exclusive prefix sum over the block, in thread order; also returns the block total.
 // warp_sums holds 33 ints. Warp 0 scans the warp totals, so the cost in registers does not
-// grow with the block size. A warp's lanes meet in its next scan's shuffles before its
-// lane 31 writes again, so calls may follow each other without another barrier.
+// grow with the block size. Calls may follow each other without another barrier: lane 31
+// overwrites its warp's slot only after the __syncwarp, which orders the slot's reads by the
+// warp's other lanes in the previous call before that write (shuffles exchange registers
+// but order no memory access).
 template <int THREADS>
 __device__ __forceinline__ int block_exclusive_scan(int value, int* warp_sums, int& total) {
   constexpr int kWarps = THREADS / 32;
   const int lane = lane_id(), warp = warp_index();
   const int inclusive = warp_inclusive_scan(value);
+  __syncwarp();
   if (lane == 31) warp_sums[warp] = inclusive;
   __syncthreads();
   if (warp == 0) {
