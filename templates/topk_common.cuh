@@ -51,6 +51,25 @@ __device__ __forceinline__ unsigned select_key(typename KeyTraits<T>::Bits raw, 
   return largest ? key : (~key & Tr::kAll);
 }
 
+// select_key of a whole 32-bit word: one float32, or two 16-bit keys side by side (SIMD
+// within the register: no carry crosses the halves), each as select_key makes it. `invert`
+// is 0 for largest and all ones for smallest.
+template <typename T>
+__device__ __forceinline__ unsigned word_select_keys(unsigned w, unsigned invert) {
+  typedef KeyTraits<T> Tr;
+  if constexpr (Tr::kBits == 32) {
+    const unsigned flip = unsigned(int(w) >> 31) | Tr::kSign;  // negatives: every bit; others: the sign
+    return ((w & ~Tr::kSign) > Tr::kExp ? Tr::kAll : w ^ flip) ^ invert;
+  } else {
+    constexpr unsigned kLow = 0x00010001u, kSigns = Tr::kSign * kLow;
+    const unsigned negative = (w >> 15) & kLow;                  // 1 in each half whose sign is set
+    const unsigned flipped = w ^ (negative * 0xffffu | kSigns);  // as the 32-bit flip, per half
+    // A half is NaN when its magnitude exceeds kExp: adding 0x7fff - kExp carries into its bit 15.
+    const unsigned nan = (((w & ~kSigns) + (0x7fffu - Tr::kExp) * kLow) >> 15) & kLow;
+    return (flipped | nan * 0xffffu) ^ invert;
+  }
+}
+
 // The input bits of a key, so that output values need no second read. Every NaN shares one
 // key, so its payload is not in the key: `is_nan` tells the caller to read that value.
 template <typename T>
@@ -83,15 +102,9 @@ __device__ __forceinline__ Bits piece_element(const uint4& q, int j) {
 // per-key loops read a key where they need it and keep no raw copy alive beside it.
 template <typename T>
 __device__ __forceinline__ uint4 piece_keys(const uint4& q, bool largest) {
-  typedef typename KeyTraits<T>::Bits Bits;
-  constexpr int kPerWord = 4 / int(sizeof(Bits)), kShift = 32 / kPerWord;
-  auto word_keys = [&](unsigned word) {
-    unsigned keys = 0u;
-#pragma unroll
-    for (int e = 0; e < kPerWord; ++e) keys |= select_key<T>(Bits(word >> (e * kShift)), largest) << (e * kShift);
-    return keys;
-  };
-  return make_uint4(word_keys(q.x), word_keys(q.y), word_keys(q.z), word_keys(q.w));
+  const unsigned invert = largest ? 0u : ~0u;
+  return make_uint4(word_select_keys<T>(q.x, invert), word_select_keys<T>(q.y, invert),
+                    word_select_keys<T>(q.z, invert), word_select_keys<T>(q.w, invert));
 }
 
 // ----------------------------------------------------------------------------- warp and block
