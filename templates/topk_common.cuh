@@ -51,6 +51,25 @@ __device__ __forceinline__ unsigned select_key(typename KeyTraits<T>::Bits raw, 
   return largest ? key : (~key & Tr::kAll);
 }
 
+// select_key of a whole 32-bit word: one float32, or two 16-bit keys side by side (SIMD
+// within the register: no carry crosses the halves), each as select_key makes it. `invert`
+// is 0 for largest and all ones for smallest.
+template <typename T>
+__device__ __forceinline__ unsigned word_select_keys(unsigned w, unsigned invert) {
+  typedef KeyTraits<T> Tr;
+  if constexpr (Tr::kBits == 32) {
+    const unsigned flip = unsigned(int(w) >> 31) | Tr::kSign;  // negatives: every bit; others: the sign
+    return ((w & ~Tr::kSign) > Tr::kExp ? Tr::kAll : w ^ flip) ^ invert;
+  } else {
+    constexpr unsigned kLow = 0x00010001u, kSigns = Tr::kSign * kLow;
+    const unsigned negative = (w >> 15) & kLow;                  // 1 in each half whose sign is set
+    const unsigned flipped = w ^ (negative * 0xffffu | kSigns);  // as the 32-bit flip, per half
+    // A half is NaN when its magnitude exceeds kExp: adding 0x7fff - kExp carries into its bit 15.
+    const unsigned nan = (((w & ~kSigns) + (0x7fffu - Tr::kExp) * kLow) >> 15) & kLow;
+    return (flipped | nan * 0xffffu) ^ invert;
+  }
+}
+
 // The input bits of a key, so that output values need no second read. Every NaN shares one
 // key, so its payload is not in the key: `is_nan` tells the caller to read that value.
 template <typename T>
@@ -83,15 +102,9 @@ __device__ __forceinline__ Bits piece_element(const uint4& q, int j) {
 // per-key loops read a key where they need it and keep no raw copy alive beside it.
 template <typename T>
 __device__ __forceinline__ uint4 piece_keys(const uint4& q, bool largest) {
-  typedef typename KeyTraits<T>::Bits Bits;
-  constexpr int kPerWord = 4 / int(sizeof(Bits)), kShift = 32 / kPerWord;
-  auto word_keys = [&](unsigned word) {
-    unsigned keys = 0u;
-#pragma unroll
-    for (int e = 0; e < kPerWord; ++e) keys |= select_key<T>(Bits(word >> (e * kShift)), largest) << (e * kShift);
-    return keys;
-  };
-  return make_uint4(word_keys(q.x), word_keys(q.y), word_keys(q.z), word_keys(q.w));
+  const unsigned invert = largest ? 0u : ~0u;
+  return make_uint4(word_select_keys<T>(q.x, invert), word_select_keys<T>(q.y, invert),
+                    word_select_keys<T>(q.z, invert), word_select_keys<T>(q.w, invert));
 }
 
 // ----------------------------------------------------------------------------- warp and block
@@ -128,13 +141,16 @@ __device__ __forceinline__ int warp_inclusive_scan(int value) {
 
 // Exclusive prefix sum over the block, in thread order; also returns the block total.
 // warp_sums holds 33 ints. Warp 0 scans the warp totals, so the cost in registers does not
-// grow with the block size. A warp's lanes meet in its next scan's shuffles before its
-// lane 31 writes again, so calls may follow each other without another barrier.
+// grow with the block size. Calls may follow each other without another barrier: lane 31
+// overwrites its warp's slot only after the __syncwarp, which orders the slot's reads by the
+// warp's other lanes in the previous call before that write (shuffles exchange registers
+// but order no memory access).
 template <int THREADS>
 __device__ __forceinline__ int block_exclusive_scan(int value, int* warp_sums, int& total) {
   constexpr int kWarps = THREADS / 32;
   const int lane = lane_id(), warp = warp_index();
   const int inclusive = warp_inclusive_scan(value);
+  __syncwarp();
   if (lane == 31) warp_sums[warp] = inclusive;
   __syncthreads();
   if (warp == 0) {
@@ -160,12 +176,23 @@ __device__ __forceinline__ int warp_append(int* counter, bool take) {
   return take ? base + __popc(ballot & ((1u << lane_id()) - 1u)) : -1;
 }
 
-// hist[digit] += 1 for the lanes that `take`. Lanes with the same digit add once, through
-// their lowest lane, so an atomic instruction touches each bin at most once: no same-address
-// serialisation (all-equal rows) and only distinct bins can share a bank. All lanes call it.
-__device__ __forceinline__ void hist_add(int* hist, unsigned digit, bool take) {
-  const unsigned peers = __match_any_sync(kFullMask, take ? digit : ~0u);
-  if (take && lane_id() == __ffs(int(peers)) - 1) atomicAdd(&hist[digit], __popc(peers));
+// hist[digit] += 1: a no-return increment by one, which sm_70 and later compile to
+// ATOMS.POPC.INC. The shared-memory unit merges a warp's same-address increments itself, so
+// ties (all-equal rows) need no software aggregation, and no lane waits for another.
+__device__ __forceinline__ void hist_add(int* hist, unsigned digit) { atomicAdd(&hist[digit], 1); }
+
+// Appends this lane's keys of a piece whose bits are set in `bits` to `out` at the slots
+// counter hands out, one atomic for all of them, while the slot is below `limit`: bit j is
+// element j, packed with its index first + j. The slots of one lane's keys are consecutive.
+template <typename Bits>
+__device__ __forceinline__ void lane_append(int* counter, unsigned bits, const uint4& keys, int first, u64* out,
+                                            int limit) {
+  if (bits == 0u) return;
+  int slot = atomicAdd(counter, __popc(bits));
+  for (; bits != 0u && slot < limit; bits &= bits - 1u) {
+    const int j = __ffs(int(bits)) - 1;
+    out[slot++] = pack(piece_element<Bits>(keys, j), first + j);
+  }
 }
 
 // ----------------------------------------------------------------------------- radix digits
@@ -268,6 +295,7 @@ struct RowView {
     const int nvec = (n - h) / V;
     const int body = body_steps(nvec);
     const uint4* vectors = reinterpret_cast<const uint4*>(p + h);
+#pragma unroll 1  // UNROLL sets the loads in flight; a copy of the body per step is enough
     for (int s = max(first_step - 1, 0); s < min(end_step - 1, body); ++s) {
       uint4 q[UNROLL];
 #pragma unroll
@@ -275,13 +303,11 @@ struct RowView {
         const int v = (s * UNROLL + u) * THREADS + t;  // < nvec + THREADS * UNROLL
         q[u] = v < nvec ? read<SHARED>(vectors + v) : make_uint4(0u, 0u, 0u, 0u);
       }
-      // One copy of f for the step's pieces: they move down the array as it runs.
-#pragma unroll 1
+      // A copy of f for each of the step's pieces: no register moves between them.
+#pragma unroll
       for (int u = 0; u < UNROLL; ++u) {
         const int v = (s * UNROLL + u) * THREADS + t;
-        f(q[0], v < nvec ? h + v * V : 0, v < nvec ? V : 0);
-#pragma unroll
-        for (int w = 0; w + 1 < UNROLL; ++w) q[w] = q[w + 1];
+        f(q[u], v < nvec ? h + v * V : 0, v < nvec ? V : 0);
       }
     }
     const int tail_start = h + nvec * V;
@@ -502,11 +528,12 @@ struct RadixState {
 
 // Radix select, one CTA per row, reading the input once where it can:
 // - a row of at most SMEM_BYTES is copied to dynamic shared memory by the first pass, and
-//   every later pass, the gather and NaN outputs read the copy;
-// - a longer row keeps dynamic shared memory for candidates: the first later pass whose
-//   bucket (with the k - remaining keys above it) fits there reads the row again and
-//   collects them, and the passes after it and the gather read the candidates only. A bucket
-//   that never fits is filtered from the row in each pass (the fallback).
+//   is read from the copy from then on (NaN outputs included);
+// - the first later pass whose bucket (with the k - remaining keys above it) fits the
+//   candidate buffer (past a resident row's copy, or all of dynamic shared memory for a
+//   longer row) starts with one scan of the copy or the row that collects them, and that
+//   pass, the ones after it and the gather read the candidates only. A bucket that never
+//   fits is filtered from the copy or the row in each pass (the fallback).
 // Passes take 11-bit digits MSB-first and stop early once the k-th key is resolved (its
 // bucket holds exactly the keys still to take, or a single key). Deterministic mode takes
 // the ties with the lowest indices (an ordered scan of the row); fast mode any of them.
@@ -559,7 +586,11 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
   // The copy keeps the row's alignment phase, so the same vectors are aligned in both.
   const bool resident = SMEM_BYTES > 0 && n <= ROW_CAPACITY - (V - 1);
   Bits* copy = reinterpret_cast<Bits*>(dynamic_shared) + (V - global_row.head()) % V;
-  u64* buffer = reinterpret_cast<u64*>(dynamic_shared);
+  // Candidates are collected past the copy of a resident row (16-byte aligned), where the
+  // row leaves room, or from the start of dynamic shared memory.
+  const int buffer_offset = resident ? ((n + V - 1) * int(sizeof(Bits)) + 15) & ~15 : 0;
+  u64* buffer = reinterpret_cast<u64*>(dynamic_shared + buffer_offset);
+  const int buffer_capacity = BUFFER_CAPACITY - buffer_offset / int(sizeof(u64));
 
   if (thread_index() == 0) {
     counters[0] = counters[1] = counters[2] = 0;
@@ -576,78 +607,77 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     }
     __syncthreads();
     const unsigned prefix = state.prefix, mask = state.mask;
-    const int source = state.source;
+    int source = state.source;
+    // Once the k-th key's bucket and the keys above it fit the buffer, one scan of the row (or
+    // of its copy) collects them, each lane its own keys with one atomic, and this pass, the
+    // later ones and the gather read the buffer alone. A key is at or above the prefix when
+    // key >= prefix: the prefix has no bits below the mask.
+    if (SMEM_BYTES > 0 && pass > 0 && source != kBuffer && state.bucket <= buffer_capacity - (k - state.remaining)) {
+      auto collect = [&](const uint4& q, int first, int got) {
+        const uint4 keys = piece_keys<T>(q, largest);
+        unsigned keep = 0u;
+#pragma unroll
+        for (int j = 0; j < V; ++j) keep |= (j < got && piece_element<Bits>(keys, j) >= prefix ? 1u : 0u) << j;
+        lane_append<Bits>(&counters[2], keep, keys, first, buffer, 0x7fffffff);
+      };
+      if (source == kSharedRow) {
+        const View shared_row(copy, n);
+        shared_row.template for_each<true>(collect);
+      } else {
+        global_row.template for_each<false>(collect);
+      }
+      source = kBuffer;
+      __syncthreads();
+    }
     unsigned lo = ~0u, hi = 0u;
-    // The keys of a piece (see piece_keys) at or above the prefix (bits j < got), and those
-    // matching it; the span of the matching ones.
-    auto classify = [&](const uint4& keys, int got, unsigned& at_or_above) {
-      unsigned matching = 0u;
-      at_or_above = 0u;
+    // Counts the keys of a piece (see piece_keys) that match the prefix (bits j < got); the
+    // span of the matching ones.
+    auto later_pass = [&](const uint4& q, int, int got) {
+      const uint4 keys = piece_keys<T>(q, largest);
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         const unsigned key = piece_element<Bits>(keys, j);
-        if (j < got && (key & mask) >= prefix) at_or_above |= 1u << j;
         if (j < got && (key & mask) == prefix) {
-          matching |= 1u << j;
           lo = min(lo, key);
           hi = max(hi, key);
+          hist_add(hist, (key >> shift) & unsigned(bins - 1));
         }
       }
-      return matching;
     };
-    // Counts a piece's matching keys; a warp none of whose lanes has one skips it at one vote.
-    auto count = [&](const uint4& q, int, int got) {
+    // The first pass counts every key of the row (no prefix yet) by its top digit; a
+    // resident row is copied to shared memory on the way. A whole vector takes no branch.
+    auto first_pass = [&](const uint4& q, int first, int got) {
       const uint4 keys = piece_keys<T>(q, largest);
-      unsigned at_or_above;
-      const unsigned matching = classify(keys, got, at_or_above);
-      if (!__any_sync(kFullMask, matching != 0u)) return;
-#pragma unroll 1  // warp collectives per key: a loop keeps the code small
-      for (int j = 0; j < V; ++j) {
-        const unsigned key = piece_element<Bits>(keys, j);
-        hist_add(hist, (key >> shift) & unsigned(bins - 1), (matching >> j) & 1u);
+      auto add = [&](unsigned key) {
+        hist_add(hist, key >> (KEY_BITS - kDigitBits));
+        lo = min(lo, key);
+        hi = max(hi, key);
+      };
+      if (got == V) {
+        if (resident) *reinterpret_cast<uint4*>(copy + first) = q;
+#pragma unroll
+        for (int j = 0; j < V; ++j) add(piece_element<Bits>(keys, j));
+      } else if (got == 1) {
+        if (resident) copy[first] = Bits(q.x);
+        add(piece_element<Bits>(keys, 0));
       }
     };
-    // Collect the keys at or above the prefix (the bucket and the k - remaining above it).
-    const bool collect = SMEM_BYTES > 0 && source == kGlobalRow && pass > 0 &&
-                         state.bucket <= BUFFER_CAPACITY - (k - state.remaining);
-    if (source == kGlobalRow && pass == 0 && resident) {
-      global_row.template for_each<false>([&](const uint4& q, int first, int got) {
-        if (got == V) {
-          *reinterpret_cast<uint4*>(copy + first) = q;
-        } else if (got == 1) {
-          copy[first] = Bits(q.x);
-        }
-        count(q, first, got);
-      });
-    } else if (collect) {
-      global_row.template for_each<false>([&](const uint4& q, int first, int got) {
-        const uint4 keys = piece_keys<T>(q, largest);
-        unsigned keep;
-        const unsigned matching = classify(keys, got, keep);
-        if (!__any_sync(kFullMask, keep != 0u)) return;
-#pragma unroll 1  // warp collectives per key: a loop keeps the code small
-        for (int j = 0; j < V; ++j) {
-          const unsigned key = piece_element<Bits>(keys, j);
-          hist_add(hist, (key >> shift) & unsigned(bins - 1), (matching >> j) & 1u);
-          const int slot = warp_append(&counters[2], (keep >> j) & 1u);
-          if (slot >= 0) buffer[slot] = pack(key, first + j);
-        }
-      });
+    if (pass == 0) {
+      global_row.template for_each<false>(first_pass);
     } else if (source == kGlobalRow) {
-      global_row.template for_each<false>(count);
+      global_row.template for_each<false>(later_pass);
     } else if (SMEM_BYTES > 0 && source == kSharedRow) {
       const View shared_row(copy, n);
-      shared_row.template for_each<true>(count);
+      shared_row.template for_each<true>(later_pass);
     } else if (SMEM_BYTES > 0) {
-      const int filled = counters[2], t = thread_index();
-      for (int base = 0; base < filled; base += THREADS) {
-        const unsigned key = base + t < filled ? unpack_key(buffer[base + t]) : 0u;
-        const bool take = base + t < filled && (key & mask) == prefix;
-        if (take) {
+      const int filled = counters[2];
+      for (int i = thread_index(); i < filled; i += THREADS) {
+        const unsigned key = unpack_key(buffer[i]);
+        if ((key & mask) == prefix) {
           lo = min(lo, key);
           hi = max(hi, key);
+          hist_add(hist, (key >> shift) & unsigned(bins - 1));
         }
-        if (__any_sync(kFullMask, take)) hist_add(hist, (key >> shift) & unsigned(bins - 1), take);
       }
     }
 #pragma unroll
@@ -667,7 +697,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
       state.mask = single_key ? KeyTraits<T>::kAll : mask | (unsigned(bins - 1) << shift);
       state.remaining = found[1];
       state.bucket = found[2];
-      state.source = collect ? kBuffer : resident ? kSharedRow : source;
+      state.source = pass == 0 && resident ? int(kSharedRow) : source;
     }
     if (single_key || found[1] == found[2]) break;  // the k-th key is known, or its bucket is taken whole
   }
@@ -682,7 +712,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
   const int ties = state.remaining;
   const int above = k - ties;
   const bool ordered = DETERMINISTIC && ties < state.bucket;
-  const int source = state.source == kBuffer && ordered ? int(kGlobalRow) : state.source;
+  const int source = state.source == kBuffer && ordered ? int(resident ? kSharedRow : kGlobalRow) : state.source;
   int ties_before = 0;
   auto gather = [&](const uint4& q, int first, int got) {
     const uint4 keys = piece_keys<T>(q, largest);
@@ -693,19 +723,9 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
       if (j < got && key > prefix) above_bits |= 1u << j;
       if (j < got && key == prefix) tie_bits |= 1u << j;
     }
-    // A warp none of whose lanes has a candidate in this piece skips it at one vote.
-    if (__any_sync(kFullMask, (above_bits | (ordered ? 0u : tie_bits)) != 0u)) {
-#pragma unroll 1  // warp collectives per key: a loop keeps the code small
-      for (int j = 0; j < V; ++j) {
-        const unsigned key = piece_element<Bits>(keys, j);
-        const int out = warp_append(&counters[0], (above_bits >> j) & 1u);
-        if (out >= 0) cand[out] = pack(key, first + j);
-        if (!ordered) {
-          const int slot = warp_append(&counters[1], (tie_bits >> j) & 1u);
-          if (slot >= 0 && slot < ties) cand[above + slot] = pack(key, first + j);
-        }
-      }
-    }
+    // Each lane appends its own candidates, one atomic for a piece's keys of each kind.
+    lane_append<Bits>(&counters[0], above_bits, keys, first, cand, 0x7fffffff);
+    if (!ordered) lane_append<Bits>(&counters[1], tie_bits, keys, first, cand + above, ties);
     if (ordered && ties_before < ties) {  // block-uniform; ordered implies the whole key is known
       int total;
       int rank = ties_before + block_exclusive_scan<THREADS>(__popc(tie_bits), warp_sums, total);

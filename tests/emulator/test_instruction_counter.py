@@ -200,12 +200,15 @@ def test_partially_unrolled_loop(counter, trips):
     assert counter.count(c, "partial_unroll").warp_instructions == pytest.approx(WARPS * expect, rel=rel)
 
 
-@pytest.mark.parametrize("dtype, review", [("float32", 5.2), ("bfloat16", 6.5)])
-def test_review_census_of_the_resident_kernel(dtype, review):
-    """Issue 27, 2(b): the counter on topk_radix_dyn_k256_fast at 16384, K=256, N(0,1) (the
-    rows bench-kernels runs) within 20% of the review's census from the SASS loops
-    (../shared/context/kernel_review.md section 3: 5.2 warp instructions per key, bf16 6.5).
-    Counts 5.79 and 6.73; charging every copy of block_sort's unrolled loop gave 7.40 and 8.20."""
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_resident_kernel_issues_under_three_quarters_of_its_issue_27_count(dtype):
+    """Issue 27, 2(b) held the counter on topk_radix_dyn_k256_fast at 16384, K=256, N(0,1)
+    (the rows bench-kernels runs) within 20% of the review's census of that kernel (5.79 and
+    6.73 against 5.2 and 6.5). Issue 28 rewrote its histogram passes, appends and gather; the
+    count now stays below 3/4 of the figure benchmarks/results/bench_kernels_28_before.json
+    recorded for the kernel of issue 27."""
+    import json
+
     import ml_dtypes
 
     from topkgen import policy
@@ -223,4 +226,7 @@ def test_review_census_of_the_resident_kernel(dtype, review):
                                 launch_arguments(spec, x, values, indices, rows, n, k, True),
                                 shared_bytes=spec.dynamic_shared_bytes, counters=True)
     per_key = counter.count(c, spec.name).warp_instructions / (rows * n)
-    assert per_key == pytest.approx(review, rel=0.20)
+    before = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "bench_kernels_28_before.json").read_text())
+    (was,) = [r["warp_instructions_per_key"] for r in before["rows"]
+              if (r["set"], r["dtype"], r["n"], r["k"], r["data"]) == ("seed grid", dtype, n, k, "normal")]
+    assert per_key < 0.75 * was
