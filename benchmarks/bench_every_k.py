@@ -111,7 +111,7 @@ class Runner:
         launches = [module.launch(spec.name, stage.grid_rows, spec.threads,
                                   arguments(params(spec), stage, pointers, None),
                                   shared_bytes=spec.dynamic_shared_bytes, counters=True)
-                    for stage in stages(1, n, k, True, plan, output_flags(sorted_, "int64"))]
+                    for stage in stages(1, n, k, True, plan, flags=output_flags(sorted_, "int64"))]
         expect, _ = reference.topk(x, k, largest=True)
         got = reference.select_keys(values, True).astype(np.int64)
         if not np.array_equal(-np.sort(-got, axis=-1), reference.select_keys(expect, True)):

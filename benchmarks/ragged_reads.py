@@ -49,7 +49,7 @@ def measure(rows: int, n: int, k: int, dtype: str, seed: int = 30, starts: bool 
         pointers["candidate_values"] = space[plan.values_offset:plan.values_offset + count * x.itemsize].view(x.dtype)
     module = compile_source(render(spec), name=spec.name)
     read = 0
-    for stage in stages(rows, n, k, True, plan, 8, starts):
+    for stage in stages(rows, n, k, True, plan, window_bytes=8, starts=starts):
         grid = -(-stage.grid_rows // spec.rows_per_block)
         c = module.launch(spec.name, grid, spec.threads, arguments(params(spec), stage, pointers, None),
                           shared_bytes=spec.dynamic_shared_bytes, counters=True)

@@ -190,7 +190,7 @@ def test_the_runtime_launches_what_split_stages_plans():
     from topkgen.manifest.params import output_flags
 
     flags = output_flags(False, "int32")  # stage 1 writes int64 candidates: it gets the unsorted bit alone
-    first, second = stages(3, 131072, 100, True, ChunkPlan(3, 131072, 100, 32, 4), flags)
+    first, second = stages(3, 131072, 100, True, ChunkPlan(3, 131072, 100, 32, 4), flags=flags)
     pointers = {name: name for name in ("x", "values", "indices", "candidate_values", "candidate_indices")}
     dense = [None, None, 0, 0]  # lengths, starts, window_bytes, split_n: no ragged windows
     assert arguments(params(spec), first, pointers, None) == [
@@ -203,10 +203,10 @@ def test_the_runtime_launches_what_split_stages_plans():
         [np.int32] * 5 + [np.int64, np.int32, type(None), type(None), np.int32, np.int32]
     # a ragged batch of int32 lengths and starts: both stages read them; stage 2 gets stage 1's n
     pointers |= {"lengths": "lengths", "starts": "starts"}
-    first, second = stages(3, 131072, 100, True, ChunkPlan(3, 131072, 100, 32, 4), 0, False, 4, True)
+    first, second = stages(3, 131072, 100, True, ChunkPlan(3, 131072, 100, 32, 4), window_bytes=4, starts=True)
     assert arguments(params(spec), first, pointers, None)[-4:] == ["lengths", "starts", 4, 0]
     assert arguments(params(spec), second, pointers, None)[-4:] == ["lengths", "starts", 4, 131072]
-    (only,) = stages(3, 131072, 100, True, None, 0, False, 8, False)
+    (only,) = stages(3, 131072, 100, True, None, window_bytes=8)
     assert arguments(params(spec), only, pointers, None)[-4:] == ["lengths", None, 8, 0]
 
 

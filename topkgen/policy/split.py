@@ -89,7 +89,7 @@ class Stage:
     scalars: dict[str, int]
 
 
-def stages(rows: int, n: int, k: int, largest: bool, plan: ChunkPlan | None, flags: int = 0,
+def stages(rows: int, n: int, k: int, largest: bool, plan: ChunkPlan | None, *, flags: int = 0,
            scratch: bool = False, window_bytes: int = 0, starts: bool = False) -> list[Stage]:
     """The launches of a request: one, or a split's two (stage 1 over chunks into the
     workspace's candidates, stage 2 over the candidates into the output). `flags` is the
