@@ -19,6 +19,9 @@ archs:
     warps_per_block: 4
     vector_tail: {policy: fixed, max_iterations: 4}
     min_ctas_per_sm: {1024: 2}
+    shared_row_bytes: 98304
+    loads_in_flight: 4
+    loads_in_flight_by_k: {1024: 1}
 dtypes:
   aot: [float32]
 families:
