@@ -986,26 +986,21 @@ def test_both_loaders_refuse_a_schema_4_manifest_by_its_version(cpp, built_bundl
     doc["schema_version"] = 4
     del doc["split_rules"], doc["load_order"]
     (root / "manifest.json").write_text(json.dumps(doc))
-    assert _both_refuse(cpp, root) == (": schema_version: 4 has no output flags, split_rules or load_order (its "
-                                       "kernels always sort and write int64 indices; a split for the GPU's SM count, "
-                                       "which binary serves a GPU); rebuild the bundle (topkgen build)")
+    assert _both_refuse(cpp, root) == (": schema_version: 4 has no output flags, ragged-batch parameters, "
+                                       "split_rules or load_order (its kernels always sort, write int64 indices and "
+                                       "read dense rows; a split for the GPU's SM count, which binary serves a GPU); "
+                                       "rebuild the bundle (topkgen build)")
 
 
-def test_both_loaders_refuse_a_schema_4_manifest_by_its_version(cpp, built_bundle, tmp_path):
-    """Schema 5 (issue 30) adds the ragged-batch parameters at the end of every kernel's
-    params; a schema-4 bundle, whose kernels lack them, is refused by its version, in the same
-    words, before anything else."""
-    root = tmp_path / "bundle"
-    shutil.copytree(built_bundle, root)
-    doc = json.loads((root / "manifest.json").read_text())
-    doc["schema_version"] = 4
-    (root / "manifest.json").write_text(json.dumps(doc))
-    assert _both_refuse(cpp, root) == (": schema_version: 4 has no ragged-batch parameters (lengths, starts, "
-                                       "window_bytes, split_n); rebuild the bundle (topkgen build)")
+def test_every_kernel_takes_the_ragged_parameters_after_its_flags(built_bundle):
+    """Schema 5 (issue 30) adds the ragged-batch parameters to every kernel's params, right
+    after the output flags (issue 29), where both loaders pass them."""
     from topkgen.manifest.params import RAGGED_PARAMS
 
     for entry in json.loads((built_bundle / "manifest.json").read_text())["kernels"]:
-        assert tuple(p["name"] for p in entry["params"][-len(RAGGED_PARAMS):]) == RAGGED_PARAMS, entry["name"]
+        names = tuple(p["name"] for p in entry["params"])
+        at = names.index("flags") + 1
+        assert names[at:at + len(RAGGED_PARAMS)] == RAGGED_PARAMS, entry["name"]
 
 
 def test_the_cpp_loader_serves_every_k(cpp, built_bundle):
