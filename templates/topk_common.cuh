@@ -107,6 +107,14 @@ __device__ __forceinline__ uint4 piece_keys(const uint4& q, bool largest) {
                     word_select_keys<T>(q.z, invert), word_select_keys<T>(q.w, invert));
 }
 
+// A piece visitor f(keys, first, got) served the raw pieces of a row in global memory: each
+// piece becomes keys on the way. A resident row's copy in shared memory holds keys already
+// (the first pass stores them), so the passes over it call f directly, with no transform.
+template <typename T, typename F>
+__device__ __forceinline__ auto as_keys(F& f, bool largest) {
+  return [&f, largest](const uint4& q, int first, int got) { f(piece_keys<T>(q, largest), first, got); };
+}
+
 // ----------------------------------------------------------------------------- warp and block
 
 __device__ __forceinline__ int lane_id() { return int(threadIdx.x & 31u); }
@@ -528,7 +536,7 @@ struct RadixState {
 
 // Radix select, one CTA per row, reading the input once where it can:
 // - a row of at most SMEM_BYTES is copied to dynamic shared memory by the first pass, and
-//   is read from the copy from then on (NaN outputs included);
+//   is read from the copy from then on; the copy holds the keys, so no later pass transforms;
 // - the first later pass whose bucket (with the k - remaining keys above it) fits the
 //   candidate buffer (past a resident row's copy, or all of dynamic shared memory for a
 //   longer row) starts with one scan of the copy or the row that collects them, and that
@@ -613,8 +621,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     // later ones and the gather read the buffer alone. A key is at or above the prefix when
     // key >= prefix: the prefix has no bits below the mask.
     if (SMEM_BYTES > 0 && pass > 0 && source != kBuffer && state.bucket <= buffer_capacity - (k - state.remaining)) {
-      auto collect = [&](const uint4& q, int first, int got) {
-        const uint4 keys = piece_keys<T>(q, largest);
+      auto collect = [&](const uint4& keys, int first, int got) {
         unsigned keep = 0u;
 #pragma unroll
         for (int j = 0; j < V; ++j) keep |= (j < got && piece_element<Bits>(keys, j) >= prefix ? 1u : 0u) << j;
@@ -624,7 +631,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
         const View shared_row(copy, n);
         shared_row.template for_each<true>(collect);
       } else {
-        global_row.template for_each<false>(collect);
+        global_row.template for_each<false>(as_keys<T>(collect, largest));
       }
       source = kBuffer;
       __syncthreads();
@@ -632,8 +639,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     unsigned lo = ~0u, hi = 0u;
     // Counts the keys of a piece (see piece_keys) that match the prefix (bits j < got); the
     // span of the matching ones.
-    auto later_pass = [&](const uint4& q, int, int got) {
-      const uint4 keys = piece_keys<T>(q, largest);
+    auto later_pass = [&](const uint4& keys, int, int got) {
 #pragma unroll
       for (int j = 0; j < V; ++j) {
         const unsigned key = piece_element<Bits>(keys, j);
@@ -646,26 +652,25 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     };
     // The first pass counts every key of the row (no prefix yet) by its top digit; a
     // resident row is copied to shared memory on the way. A whole vector takes no branch.
-    auto first_pass = [&](const uint4& q, int first, int got) {
-      const uint4 keys = piece_keys<T>(q, largest);
+    auto first_pass = [&](const uint4& keys, int first, int got) {
       auto add = [&](unsigned key) {
         hist_add(hist, key >> (KEY_BITS - kDigitBits));
         lo = min(lo, key);
         hi = max(hi, key);
       };
       if (got == V) {
-        if (resident) *reinterpret_cast<uint4*>(copy + first) = q;
+        if (resident) *reinterpret_cast<uint4*>(copy + first) = keys;
 #pragma unroll
         for (int j = 0; j < V; ++j) add(piece_element<Bits>(keys, j));
       } else if (got == 1) {
-        if (resident) copy[first] = Bits(q.x);
+        if (resident) copy[first] = piece_element<Bits>(keys, 0);
         add(piece_element<Bits>(keys, 0));
       }
     };
     if (pass == 0) {
-      global_row.template for_each<false>(first_pass);
+      global_row.template for_each<false>(as_keys<T>(first_pass, largest));
     } else if (source == kGlobalRow) {
-      global_row.template for_each<false>(later_pass);
+      global_row.template for_each<false>(as_keys<T>(later_pass, largest));
     } else if (SMEM_BYTES > 0 && source == kSharedRow) {
       const View shared_row(copy, n);
       shared_row.template for_each<true>(later_pass);
@@ -714,8 +719,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
   const bool ordered = DETERMINISTIC && ties < state.bucket;
   const int source = state.source == kBuffer && ordered ? int(resident ? kSharedRow : kGlobalRow) : state.source;
   int ties_before = 0;
-  auto gather = [&](const uint4& q, int first, int got) {
-    const uint4 keys = piece_keys<T>(q, largest);
+  auto gather = [&](const uint4& keys, int first, int got) {
     unsigned above_bits = 0u, tie_bits = 0u;
 #pragma unroll
     for (int j = 0; j < V; ++j) {
@@ -752,12 +756,12 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     const View shared_row(copy, n);
     shared_row.template for_each<true>(gather);
   } else {
-    global_row.template for_each<false>(gather);
+    global_row.template for_each<false>(as_keys<T>(gather, largest));
   }
   __syncthreads();
 
   // Sort and write. Values are rebuilt from the keys; only NaNs (one key for every payload)
-  // are read again, from the copy when the row is resident.
+  // are read again, from the row in global memory (the copy holds keys).
   counter_phase("sort and output");
   const int t = thread_index();
   const unsigned long long out_base = (unsigned long long)blockIdx.x * (unsigned long long)k_out;
@@ -766,7 +770,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     const int index = unpack_index(entry);  // in the chunk
     bool is_nan;
     Bits bits = key_bits<T>(unpack_key(entry), largest, is_nan);
-    if (is_nan) bits = resident ? copy[index] : load_global_nc(row_bits + index);
+    if (is_nan) bits = load_global_nc(row_bits + index);  // the copy holds keys, not the payload
     store_global(reinterpret_cast<Bits*>(values) + out_base + i, bits);
     store_index(indices, out_base + i, x_indices != nullptr ? load_global_nc(x_indices + where.offset + index)
                                                             : (long long)(where.first + index), flags);
