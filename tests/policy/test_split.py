@@ -189,7 +189,7 @@ def test_the_runtime_launches_what_split_stages_plans():
 
     from topkgen.manifest.params import output_flags
 
-    flags = output_flags(False, "int32")  # stage 1 writes int64 candidates: it gets the unsorted bit alone
+    flags = output_flags(False, "int32")  # stage 1 writes int64 candidates in no order: the unsorted bit alone
     first, second = stages(3, 131072, 100, True, ChunkPlan(3, 131072, 100, 32, 4), flags=flags)
     pointers = {name: name for name in ("x", "values", "indices", "candidate_values", "candidate_indices")}
     dense = [None, None, 0, 0]  # lengths, starts, window_bytes, split_n: no ragged windows
@@ -198,6 +198,9 @@ def test_the_runtime_launches_what_split_stages_plans():
         *dense]
     assert arguments(params(spec), second, pointers, None) == [
         "candidate_values", "candidate_indices", "values", "indices", 3, 3200, 100, 1, 3200, 3200, flags, *dense]
+    # A sorted request's stage 1 is unsorted too: stage 2 selects and sorts its candidates again.
+    sorted_first, sorted_second = stages(3, 131072, 100, True, ChunkPlan(3, 131072, 100, 32, 4), flags=0)
+    assert sorted_first.scalars["flags"] == output_flags(False, "int64") and sorted_second.scalars["flags"] == 0
     assert (first.grid_rows, second.grid_rows) == (96, 3)
     assert [type(a) for a in arguments(params(spec), second, pointers, None)[4:]] == \
         [np.int32] * 5 + [np.int64, np.int32, type(None), type(None), np.int32, np.int32]

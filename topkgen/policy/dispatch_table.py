@@ -79,8 +79,8 @@ def n_starts(policy: Policy, arch: str, dtype: str) -> list[int]:
             resident = resident_elements(spec)
             for s in split.chunk_counts():
                 starts.update((s * split.min_chunk_for(spec.k), s * spec.n_min))
-                if resident:
-                    starts.add(s * (resident - s + 1) + 1)
+            if resident:  # where the chunks that fit its shared memory change (1: the row fits)
+                starts.update(s * (resident - s + 1) + 1 for s in (1, *split.chunk_counts()))
     return sorted(x for x in starts if x <= N_MAX)
 
 

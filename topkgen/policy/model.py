@@ -106,10 +106,10 @@ class SplitTuning:
 
     def fitting(self, n: int, resident: int) -> int:
         """The fewest chunks whose every chunk a kernel reads once into shared memory when it
-        holds `resident` elements there (max_chunks when none does). The last chunk is at
-        most n / chunks + chunks - 1 long, so n <= chunks x (resident - chunks + 1) is enough
-        (and keeps the answer monotone in n)."""
-        return next((c for c in self.chunk_counts() if n <= c * (resident - c + 1)), self.max_chunks)
+        holds `resident` elements there: 1 when the whole row fits, max_chunks when no count
+        does. The last chunk is at most n / chunks + chunks - 1 long, so n <= chunks x
+        (resident - chunks + 1) is enough (and keeps the answer monotone in n)."""
+        return next((c for c in (1, *self.chunk_counts()) if n <= c * (resident - c + 1)), self.max_chunks)
 
     def chunks(self, rows: int, n: int, k_rung: int, resident: int) -> int:
         """Chunks per row before the kernel's window: the largest power of two at most

@@ -94,8 +94,10 @@ def stages(rows: int, n: int, k: int, largest: bool, plan: ChunkPlan | None, *, 
     """The launches of a request: one, or a split's two (stage 1 over chunks into the
     workspace's candidates, stage 2 over the candidates into the output). `flags` is the
     output's (topkgen.manifest.params.OUTPUT_FLAGS: 1 unsorted, 2 int32 indices); stage 1
-    writes int64 candidate indices, so it gets the unsorted bit alone (a deterministic kernel
-    sorts anyway, which stage 2's ties by position need). `scratch`: the large-k path's
+    writes int64 candidate indices in no order stage 2 needs, so it gets the unsorted bit
+    whatever the request asks: stage 2 selects again and sorts (a deterministic kernel sorts
+    anyway, which stage 2's ties by position need). Sorting every chunk's k candidates cost
+    more than the selection at K=1024 (bench-kernels' split table). `scratch`: the large-k path's
     candidates go to the buffer "scratch" (int32 indices), else null. `window_bytes`: a
     ragged batch's lengths element size (4 or 8; 0: dense rows, its pointers null), with
     `starts` when it has window starts: both stages read them on the device, and stage 2
@@ -113,7 +115,7 @@ def stages(rows: int, n: int, k: int, largest: bool, plan: ChunkPlan | None, *, 
                   {"x": "x", "x_indices": None, "values": "candidate_values", "indices": "candidate_indices", **ragged,
                    "scratch": None},
                   {"rows": rows, "n": n, "k": k, "largest": flag, "chunk": plan.chunk, "row_stride": n,
-                   "flags": flags & UNSORTED_FLAG, **window, "split_n": 0}),
+                   "flags": UNSORTED_FLAG, **window, "split_n": 0}),
             Stage(rows,
                   {"x": "candidate_values", "x_indices": "candidate_indices", "values": "values", "indices": "indices",
                    **ragged, "scratch": None},

@@ -1508,8 +1508,8 @@ class Bundle {
     const std::int64_t resident = std::max<std::int64_t>(0, e.dynamic_shared_bytes / size - (16 / size - 1));
     std::int64_t want = sm_count * s.ctas_per_sm / rows;
     if (resident > 0) {
-      std::int64_t fitting = s.max_chunks;  // the fewest chunks each of which it reads once
-      for (std::int64_t c = 2; c <= s.max_chunks; c *= 2)
+      std::int64_t fitting = s.max_chunks;  // the fewest chunks each of which it reads once (1: the row fits)
+      for (std::int64_t c = 1; c <= s.max_chunks; c *= 2)
         if (n <= c * (resident - c + 1)) {
           fitting = c;
           break;
@@ -1658,9 +1658,10 @@ class Bundle {
     }
     const int chunks = static_cast<int>(p.chunks), m = chunks * k;
     const cu::DevicePtr cand_indices = workspace, cand_values = workspace + p.values_offset;
-    // Stage 1 writes the workspace's int64 candidate indices: the unsorted bit alone.
+    // Stage 1 writes the workspace's int64 candidates in no order stage 2 needs: unsorted, whatever
+    // the request asks (stage 2 selects and sorts again; deterministic kernels sort regardless).
     stage(fn, kern, stream, static_cast<std::int64_t>(rows) * chunks, {x, 0, cand_values, cand_indices, 0},
-          {rows, n, k, flag, static_cast<int>(p.chunk), p.flags & FLAG_UNSORTED}, n, w, 0);
+          {rows, n, k, flag, static_cast<int>(p.chunk), FLAG_UNSORTED}, n, w, 0);
     stage(fn, kern, stream, rows, {cand_values, cand_indices, values, indices, 0}, {rows, m, k, flag, m, p.flags}, m, w,
           w.lengths != 0 ? n : 0);  // stage 2 finds each window's candidates from stage 1's n
   }
