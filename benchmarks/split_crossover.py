@@ -65,7 +65,8 @@ def variant_policies(policy_text: str, arch: str) -> dict[str, str]:
     if split is None:
         raise ValueError(f"archs.{arch}: the policy has no split section to measure")
     always = json.loads(json.dumps(doc))
-    always["archs"][arch]["split"] = {**split, "rows_below": ALWAYS_SPLIT}
+    always["archs"][arch]["split"] = {**{key: v for key, v in split.items() if key != "rows_below_by_k"},
+                                      "rows_below": ALWAYS_SPLIT}  # every K rung
     never = json.loads(json.dumps(doc))
     del never["archs"][arch]["split"]
     return {"split": yaml.safe_dump(always, sort_keys=False), "unsplit": yaml.safe_dump(never, sort_keys=False)}

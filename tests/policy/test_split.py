@@ -256,7 +256,8 @@ def test_explain_shows_the_split_plan(cli):
     assert ("split:  32 chunks per row of 4096 elements (the last 4096), 32 CTAs; then "
             "topk_radix_dyn_k256_fast_f32_sm_90 merges 8192 candidates per row; workspace 98304 bytes") in one
     many = cli(*args, "--rows", "4096").stdout
-    assert "split:  none: one CTA per row" in many and "not split: rows=4096 >= rows_below 32" in many
+    below = pol.load(DEFAULT_POLICY).archs["sm_90"].split.rows_below_for(256)
+    assert "split:  none: one CTA per row" in many and f"not split: rows=4096 >= rows_below {below}" in many
     record = __import__("json").loads(cli(*args, "--rows", "1", "--format", "json").stdout)
     jsonschema.validate(record, load_schema("explain.schema.json"))
     assert record["request"]["rows"] == 1 and record["split"]["chunks"] == 32

@@ -78,9 +78,11 @@ def test_the_small_batch_cases_split_as_the_policy_says(gc):
     assert len(cases) == 24 and all(c.data == "normal" for c in cases)
     from topkgen import policy
 
-    rows_below = policy.load().archs["sm_90"].split.rows_below
-    assert {c.rows for c in cases if c.rows < rows_below} and {c.rows for c in cases if c.rows >= rows_below}
-    assert all((chunks[c.id] > 1) == (c.rows < rows_below) for c in cases)  # the split ones, and only they
+    pol = policy.load()
+    split = pol.archs["sm_90"].split  # rows_below, or rows_below_by_k for the serving kernel's K rung
+    below = {c.id: split.rows_below_for(policy.select(pol, "sm_90", c.dtype, c.k, c.n).kernel.k) for c in cases}
+    assert {c.rows < below[c.id] for c in cases} == {True, False}  # cases of both kinds
+    assert all((chunks[c.id] > 1) == (c.rows < below[c.id]) for c in cases)  # the split ones, and only they
     assert chunks["float32-1x131072-k256-normal"] == 32 and chunks["float32-16x262144-k16-normal"] == 16
 
 

@@ -68,12 +68,13 @@ def test_the_variants_differ_from_the_policy_only_in_the_arch_split():
     base = policy.loads(text)
     variants = {name: policy.loads(v) for name, v in sc.variant_policies(text, "sm_90").items()}
     assert variants["split"].archs["sm_90"].split.rows_below == sc.ALWAYS_SPLIT
+    assert all(variants["split"].archs["sm_90"].split.rows_below_for(k) == sc.ALWAYS_SPLIT for k in (64, 256, 1024))
     assert variants["unsplit"].archs["sm_90"].split is None
     for v in variants.values():
         assert v.archs["sm_100"] == base.archs["sm_100"]
         assert [s.name for s in policy.plan(v, "sm_90")] == [s.name for s in policy.plan(base, "sm_90")]
-    assert (variants["split"].archs["sm_90"].split.__dict__ | {"rows_below": base.archs["sm_90"].split.rows_below}
-            == base.archs["sm_90"].split.__dict__)
+    kept = {"rows_below": base.archs["sm_90"].split.rows_below, "rows_below_by_k": base.archs["sm_90"].split.rows_below_by_k}
+    assert variants["split"].archs["sm_90"].split.__dict__ | kept == base.archs["sm_90"].split.__dict__
 
 
 def test_the_write_back_changes_one_value_on_one_line():

@@ -118,7 +118,9 @@ def _build(doc: dict, loc: _Locator, source: str, sha: str, text: str) -> Policy
             if "radix" not in families:
                 raise loc.error(("archs", name, "split"), "split rows run on radix kernels, and the policy "
                                                           "declares none (add the radix family, or remove split)")
-            split = SplitTuning(**t["split"])
+            fields = dict(t["split"])
+            fields["rows_below_by_k"] = {int(k): v for k, v in fields.get("rows_below_by_k", {}).items()}
+            split = SplitTuning(**fields)
         if t.get("arch_specific") and expected < ARCH_SPECIFIC_FROM:
             raise loc.error(("archs", name, "arch_specific"), f"{name} has no arch-specific target (NVRTC compiles "
                                                               f"sm_XYa for sm_90 and later only)")

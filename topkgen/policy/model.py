@@ -99,6 +99,11 @@ class SplitTuning:
     max_chunks: int
     min_chunk: int
     chunk_per_k: int
+    rows_below_by_k: dict[int, int] = field(default_factory=dict)  # per K rung, over rows_below
+
+    def rows_below_for(self, k_rung: int) -> int:
+        """Split only batches of fewer rows than this for a kernel of this K rung."""
+        return self.rows_below_by_k.get(k_rung, self.rows_below)
 
     def min_chunk_for(self, k_rung: int) -> int:
         """The shortest chunk a kernel of this K rung gets."""
@@ -116,7 +121,7 @@ class SplitTuning:
         max_chunks and n / max(min_chunk, chunk_per_k x K), and at most the larger of
         sm_count x ctas_per_sm / rows (fill the GPU) and the chunks that fit the kernel's
         shared memory (`resident` elements, 0 for none: one read per element); 1 is no split."""
-        if rows >= self.rows_below or n < self.min_n:
+        if rows >= self.rows_below_for(k_rung) or n < self.min_n:
             return 1
         want = self.sm_count * self.ctas_per_sm // rows
         if resident > 0:
@@ -131,8 +136,8 @@ class SplitTuning:
     def rows_starts(self) -> list[int]:
         """Where the chunks per row may change as rows grow: the rows axis's breakpoints."""
         target = self.sm_count * self.ctas_per_sm
-        return sorted({1, self.rows_below} | {target // s + 1 for s in self.chunk_counts()
-                                              if target // s + 1 < self.rows_below})
+        below = {self.rows_below, *self.rows_below_by_k.values()}
+        return sorted({1} | below | {target // s + 1 for s in self.chunk_counts() if target // s + 1 < max(below)})
 
 
 @dataclass(frozen=True)

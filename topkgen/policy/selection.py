@@ -164,8 +164,9 @@ def _split_reason(tuning: SplitTuning | None, spec: KernelSpec, rows: int, n: in
         return "not split: the arch has no split section"
     if not split_capable(spec):
         return f"not split: {spec.family} kernels do not take chunks"
-    if rows >= tuning.rows_below:
-        return f"not split: rows={rows} >= rows_below {tuning.rows_below}"
+    if rows >= tuning.rows_below_for(spec.k):
+        which = f"rows_below_by_k[{spec.k}]" if spec.k in tuning.rows_below_by_k else "rows_below"
+        return f"not split: rows={rows} >= {which} {tuning.rows_below_for(spec.k)}"
     if n < tuning.min_n:
         return f"not split: n={n} < min_n {tuning.min_n}"
     resident = resident_elements(spec)

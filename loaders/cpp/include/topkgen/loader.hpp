@@ -250,6 +250,11 @@ struct Plan {
 // One arch's split rule (manifest split_rules[arch], schema 5; topkgen.policy.model.SplitTuning).
 struct SplitRule {
   std::int64_t sm_count = 0, ctas_per_sm = 0, rows_below = 0, min_n = 0, max_chunks = 0, min_chunk = 0, chunk_per_k = 0;
+  std::map<std::int64_t, std::int64_t> rows_below_by_k;  // rows_below for the K rungs it names
+  std::int64_t rows_below_for(std::int64_t k_rung) const {
+    const auto it = rows_below_by_k.find(k_rung);
+    return it == rows_below_by_k.end() ? rows_below : it->second;
+  }
 };
 
 // Which binary of the bundle serves a GPU (Bundle::binary; topkgen.runtime.binary, the same words).
@@ -1503,7 +1508,7 @@ class Bundle {
   static std::int64_t split_chunks(const SplitRule& s, const Kernel& e, std::int64_t rows, std::int64_t n,
                                    std::int64_t k, std::int64_t sm_count) {
     if (rows <= 0 || e.family != "radix" || e.work == "large") return 1;
-    if (rows >= s.rows_below || n < s.min_n) return 1;
+    if (rows >= s.rows_below_for(e.k) || n < s.min_n) return 1;
     const std::int64_t size = static_cast<std::int64_t>(detail::dtype_size(e.dtype));
     const std::int64_t resident = std::max<std::int64_t>(0, e.dynamic_shared_bytes / size - (16 / size - 1));
     std::int64_t want = sm_count * s.ctas_per_sm / rows;
@@ -1942,7 +1947,17 @@ class Bundle {
       split_rules_[arch] = SplitRule{doc_.integer(r, "sm_count", rf, 1, SM_COUNT_MAX), doc_.integer(r, "ctas_per_sm", rf, 1, 32),
                                      doc_.integer(r, "rows_below", rf, 2, 65536), doc_.integer(r, "min_n", rf, 1, N_MAX),
                                      doc_.integer(r, "max_chunks", rf, 2, 256), doc_.integer(r, "min_chunk", rf, 1, N_MAX),
-                                     doc_.integer(r, "chunk_per_k", rf, 1, N_MAX)};
+                                     doc_.integer(r, "chunk_per_k", rf, 1, N_MAX), {}};
+      const detail::json& by_k = doc_.at(r, "rows_below_by_k", rf);
+      if (!by_k.is_object()) doc_.fail(rf + ".rows_below_by_k", "expected an object");
+      for (auto it = by_k.begin(); it != by_k.end(); ++it) {
+        const std::string& key = it.key();
+        std::int64_t rung = 0;  // a K rung: a power of two from 1 to 4096, written in decimal
+        for (char c : key) rung = (c >= '0' && c <= '9' && rung <= 4096) ? rung * 10 + (c - '0') : -1;
+        if (key.empty() || key.size() > 4 || key[0] == '0' || rung < 1 || rung > 4096 || (rung & (rung - 1)) != 0)
+          doc_.fail(rf + ".rows_below_by_k", "'" + key + "' is not a K rung (a power of two from 1 to 4096)");
+        split_rules_[arch]->rows_below_by_k[rung] = doc_.integer(by_k, key, rf + ".rows_below_by_k", 2, 65536);
+      }
     }
     ptx_archs_ = doc_.strings(order, "ptx_archs", "load_order");
     for (std::size_t i = 0; i < ptx_archs_.size(); ++i)
