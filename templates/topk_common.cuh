@@ -404,7 +404,7 @@ __device__ __forceinline__ void register_merges(u64 (&v)[E], u64* cand, int widt
 #pragma unroll
       for (int e = 0; e < E; ++e) v[e] = cand[first + e];
     }
-    register_merge<E, RUN / 2>(v, first, SIZE);
+    if (KR / E >= THREADS || holds) register_merge<E, RUN / 2>(v, first, SIZE);
     register_merges<KR, THREADS, E, SIZE * 2>(v, cand, width, first, holds);
   }
 }
@@ -425,7 +425,9 @@ __device__ __forceinline__ void register_sort(u64* cand, int k) {
   u64 v[E];
 #pragma unroll
   for (int e = 0; e < E; ++e) v[e] = holds && first + e < k ? cand[first + e] : 0ull;
-  register_sort_runs<E, 2>(v, first);
+  if (KR / E >= THREADS || holds) {  // a branch only where some warps hold nothing
+    register_sort_runs<E, 2>(v, first);
+  }
   register_merges<KR, THREADS, E, 2 * RUN>(v, cand, width, first, holds);
   if (holds) {
 #pragma unroll
