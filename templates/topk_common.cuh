@@ -414,7 +414,7 @@ __device__ __forceinline__ void register_merges(u64 (&v)[E], u64* cand, int widt
 // every stride below a warp's 32 * E elements is a swap in registers or a shuffle; only the
 // strides that cross warps go through cand, a barrier a stage. The merges stop at `width`,
 // the smallest power of two (at least a warp's elements) that holds k; the warps past it
-// sort padding, with no memory access and no divergence at a shuffle.
+// (where the block has more than KR / E threads) skip the register stages but not the barriers.
 template <int KR, int THREADS, int E>
 __device__ __forceinline__ void register_sort(u64* cand, int k) {
   constexpr int RUN = 32 * E;  // a warp's elements
