@@ -332,24 +332,116 @@ struct RowView {
 
 // ----------------------------------------------------------------------------- sorts
 
-// Bitonic sort of the first `width` (a power of two) packed candidates, descending.
-template <int THREADS>
-__device__ __forceinline__ void block_sort(u64* cand, int width) {
-  const int t = int(threadIdx.x);
-  for (int size = 2; size <= width; size <<= 1) {
-    for (int stride = size >> 1; stride > 0; stride >>= 1) {
-      for (int i = t; i < width / 2; i += THREADS) {
-        const int lo = ((i & -stride) << 1) | (i & (stride - 1)), hi = lo + stride;  // stride: a power of two
-        const bool descending = (lo & size) == 0;
-        const u64 a = cand[lo], b = cand[hi];
-        if ((a < b) == descending) {
-          cand[lo] = b;
-          cand[hi] = a;
-        }
+// One stage of a bitonic merge of `size` on E packed values per thread, element t * E + e of
+// thread t: partners within the thread (stride < E) swap in registers, partners in other
+// lanes of the warp (E <= stride < 32 * E) through one shuffle. Descending blocks of `size`
+// alternate with ascending ones (the block holding element 0 descends).
+template <int E, int STRIDE>
+__device__ __forceinline__ void register_merge_stage(u64 (&v)[E], int first, int size) {
+  if constexpr (STRIDE < E) {
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      if ((e & STRIDE) == 0) {
+        const u64 a = v[e], b = v[e + STRIDE];
+        const bool descending = ((first + e) & size) == 0;
+        const bool swap = (a < b) == descending;
+        v[e] = swap ? b : a;
+        v[e + STRIDE] = swap ? a : b;
       }
-      __syncthreads();
+    }
+  } else {
+    // size > STRIDE >= E: the direction and the side are the thread's, not the element's
+    const bool keep_larger = ((first & size) == 0) == ((first & STRIDE) == 0);
+#pragma unroll
+    for (int e = 0; e < E; ++e) {
+      const u64 other = __shfl_xor_sync(kFullMask, v[e], STRIDE / E);
+      v[e] = (v[e] > other) == keep_larger ? v[e] : other;
     }
   }
+}
+
+// The stages of a bitonic merge of `size` whose strides are below STRIDE * 2 (a warp's
+// elements): STRIDE, STRIDE / 2, ..., 1.
+template <int E, int STRIDE>
+__device__ __forceinline__ void register_merge(u64 (&v)[E], int first, int size) {
+  register_merge_stage<E, STRIDE>(v, first, size);
+  if constexpr (STRIDE > 1) register_merge<E, STRIDE / 2>(v, first, size);
+}
+
+// Sorts of every block of SIZE, SIZE * 2, ..., up to a warp's 32 * E elements (SIZE = 2 first).
+template <int E, int SIZE>
+__device__ __forceinline__ void register_sort_runs(u64 (&v)[E], int first) {
+  register_merge<E, SIZE / 2>(v, first, SIZE);
+  if constexpr (SIZE < 32 * E) register_sort_runs<E, SIZE * 2>(v, first);
+}
+
+// The stages of a bitonic merge of SIZE through shared memory whose strides cross warps
+// (STRIDE, STRIDE / 2, ..., a warp's RUN elements), a barrier after each: pair i < width / 2
+// (a multiple of 32) compares cand[lo] and cand[lo + STRIDE] and keeps the larger first in a
+// descending block of SIZE; thread t takes pairs t, t + THREADS, ...
+template <int KR, int THREADS, int RUN, int SIZE, int STRIDE>
+__device__ __forceinline__ void shared_merge(u64* cand, int width) {
+#pragma unroll
+  for (int j = 0; j < (KR / 2 + THREADS - 1) / THREADS; ++j) {
+    const int i = j * THREADS + thread_index();
+    if (i < width / 2) {
+      const int lo = ((i & -STRIDE) << 1) | (i & (STRIDE - 1)), hi = lo + STRIDE;
+      const u64 a = cand[lo], b = cand[hi];
+      if ((a < b) == ((lo & SIZE) == 0)) { cand[lo] = b; cand[hi] = a; }
+    }
+  }
+  __syncthreads();
+  if constexpr (STRIDE / 2 >= RUN) shared_merge<KR, THREADS, RUN, SIZE, STRIDE / 2>(cand, width);
+}
+
+// The bitonic merges of SIZE, SIZE * 2, ... up to `width` (at most KR) of the E elements a
+// thread holds (t * E + e, see register_sort): the strides that cross warps in cand, the
+// others in registers.
+template <int KR, int THREADS, int E, int SIZE>
+__device__ __forceinline__ void register_merges(u64 (&v)[E], u64* cand, int width, int first, bool holds) {
+  constexpr int RUN = 32 * E;
+  if constexpr (SIZE <= KR) {
+    if (SIZE > width) return;  // block-uniform
+    if (holds) {
+#pragma unroll
+      for (int e = 0; e < E; ++e) cand[first + e] = v[e];
+    }
+    __syncthreads();
+    shared_merge<KR, THREADS, RUN, SIZE, SIZE / 2>(cand, width);
+    if (holds) {
+#pragma unroll
+      for (int e = 0; e < E; ++e) v[e] = cand[first + e];
+    }
+    if (KR / E >= THREADS || holds) register_merge<E, RUN / 2>(v, first, SIZE);
+    register_merges<KR, THREADS, E, SIZE * 2>(v, cand, width, first, holds);
+  }
+}
+
+// Bitonic sort, descending, of the k <= KR packed candidates cand[0, k) (the padding 0 past
+// k sorts last), in place. Thread t holds E consecutive elements t * E + e in registers:
+// every stride below a warp's 32 * E elements is a swap in registers or a shuffle; only the
+// strides that cross warps go through cand, a barrier a stage. The merges stop at `width`,
+// the smallest power of two (at least a warp's elements) that holds k; the warps past it
+// (where the block has more than KR / E threads) skip the register stages but not the barriers.
+template <int KR, int THREADS, int E>
+__device__ __forceinline__ void register_sort(u64* cand, int k) {
+  constexpr int RUN = 32 * E;  // a warp's elements
+  static_assert(KR % RUN == 0 && KR / E <= THREADS, "the block's warps hold KR elements");
+  const int first = thread_index() * E;
+  const int width = max(RUN, 1 << (32 - __clz(k - 1)));  // k >= 1
+  const bool holds = first < width;  // warp-uniform: width is a multiple of RUN
+  u64 v[E];
+#pragma unroll
+  for (int e = 0; e < E; ++e) v[e] = holds && first + e < k ? cand[first + e] : 0ull;
+  if (KR / E >= THREADS || holds) {  // a branch only where some warps hold nothing
+    register_sort_runs<E, 2>(v, first);
+  }
+  register_merges<KR, THREADS, E, 2 * RUN>(v, cand, width, first, holds);
+  if (holds) {
+#pragma unroll
+    for (int e = 0; e < E; ++e) cand[first + e] = v[e];
+  }
+  __syncthreads();
 }
 
 {% if large %}
@@ -799,14 +891,13 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
         if (e * 32 + t < k) emit(e * 32 + t, v[e]);
     }
   } else {
-    if (sort) {
-      int width = 1;
-      while (width < k) width <<= 1;
-      for (int i = k + t; i < width; i += THREADS) cand[i] = 0ull;  // padding sorts last
-      __syncthreads();
-      block_sort<THREADS>(cand, width);
+    constexpr int SORT_E = KR > THREADS ? KR / THREADS : 1;  // candidates a thread holds
+    if (sort) register_sort<KR, THREADS, SORT_E>(cand, k);
+#pragma unroll
+    for (int j = 0; j < (KR + THREADS - 1) / THREADS; ++j) {  // a fixed trip count: no loop in SASS
+      const int i = j * THREADS + t;
+      if (i < k) emit(i, cand[i]);
     }
-    for (int i = t; i < k; i += THREADS) emit(i, cand[i]);
   }
   if (k < k_out) pad_slots<T>(values, indices, out_base, k, k_out, largest, t, THREADS, flags);
 {% endif %}
