@@ -33,3 +33,21 @@ def test_a_ragged_batch_reads_its_windows_not_its_rows():
             want, _ = reference.topk(m["x"][r:r + 1, first:first + length], taken)
             np.testing.assert_array_equal(reference.select_keys(m["values"][r, :taken], True),
                                           reference.select_keys(want[0], True))
+
+
+def test_a_split_ragged_batch_reads_each_window_once():
+    """Rows longer than the kernel's shared memory, in a batch the policy splits: each chunk of a
+    window is read once into shared memory and chunks past it read nothing, so the batch reads
+    its lengths and the merge's candidates (issue 30's point 6 asks for at most 1.05 x the sum
+    of the lengths), where one CTA per row reads each window twice."""
+    bench = _bench()
+    m = bench.measure(8, 131072, 64, "float32", seed=7, starts=True)
+    assert m["chunks"] > 1, m["kernel"]
+    assert m["read_bytes"] <= 1.05 * m["length_bytes"], (m["read_bytes"], m["length_bytes"])
+    assert m["alone_bytes"] > 1.5 * m["length_bytes"]  # the unsplit kernel reads a long window twice
+    for r in range(8):
+        first, length = int(m["starts"][r]), int(m["lengths"][r])
+        taken = min(64, length)
+        want, _ = reference.topk(m["x"][r:r + 1, first:first + length], taken)
+        np.testing.assert_array_equal(reference.select_keys(m["values"][r, :taken], True),
+                                      reference.select_keys(want[0], True))
