@@ -189,10 +189,12 @@ def _check_launch(log_entry, entry: dict, static_shared: int) -> dict:
         assert isinstance(arg, int) == param["ctype"].endswith("*"), (name, param)
     assert config.block == entry["launch"]["threads_per_block"] <= kernel.info.max_threads[0], name
     assert 1 <= config.grid <= 2**31 - 1, name
-    assert config.shmem_size == entry["launch"]["dynamic_shared_bytes"], name
+    by_name = {p["name"]: (a if isinstance(a, int) else int(a)) for p, a in zip(entry["params"], args)}
+    # schema 6: the launch gets the shared memory its kernel is told (launch.shared_bytes), at most the maximum
+    assert config.shmem_size == by_name.get("shared_bytes", 0) <= entry["launch"]["dynamic_shared_bytes"], name
     if static_shared + config.shmem_size > DEFAULT_SHARED_LIMIT:  # else the launch fails: CUDA_ERROR_INVALID_VALUE
         assert (kernel.max_dynamic_shared or 0) >= config.shmem_size, f"{name}: no opt-in for {config.shmem_size} B"
-    return {p["name"]: (a if isinstance(a, int) else int(a)) for p, a in zip(entry["params"], args)}
+    return by_name
 
 
 def _arrays(dtype: str, rows: int, n: int, k: int):
