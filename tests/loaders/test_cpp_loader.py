@@ -71,6 +71,39 @@ def test_cpp_lookups_equal_select(cpp, built_bundle, default_policy):
               f"{refused} refusals with the same message), 0 mismatches")
 
 
+def test_both_loaders_give_each_launch_the_same_shared_memory(cpp, built_bundle, default_policy):
+    """Schema 6: a launch's dynamic shared memory follows from the elements its CTA reads
+    (launch.shared_bytes). For the boundary grid and random shapes with a batch size, the C++
+    loader's bytes per launch (select's fifth column) are the Python runtime's: the served
+    kernel's manifest entry (Launch.of, as TopK reads it) through split.stages, for one launch
+    or a split's two; every radix kernel of the bundle is met, with less than its maximum too."""
+    from topkgen.policy.split import ChunkPlan, stages
+    from topkgen.runtime.backend import Launch
+
+    doc = json.loads((built_bundle / "manifest.json").read_text())
+    entries = {e["name"]: e for e in doc["kernels"] + doc["jit_kernels"]}
+    shapes = [s for s in boundary_shapes(default_policy) + random_shapes(default_policy, 3000, seed=28)
+              if s[6] is not None]
+    answers = cpp_select(cpp, built_bundle, shapes)
+    met, below = set(), set()
+    for shape, answer in zip(shapes, answers):
+        if answer.startswith("error: "):
+            continue
+        arch, dtype, k, n, _, _, rows = shape
+        name, chunks, _, _, shared = answer.split()
+        launch = Launch.of(entries[name])
+        plan = ChunkPlan(rows, n, k, int(chunks), pol.DTYPE_SIZES[dtype]) if int(chunks) > 1 else None
+        expect = [stage.shared_bytes for stage in stages(rows, n, k, True, plan, shared=launch.shared)]
+        assert json.loads(shared) == expect, (shape, answer)
+        if entries[name]["family"] == "radix":
+            met.add(name)
+            below |= {name for b in expect if b < launch.dynamic_shared_bytes}
+    radix = {name for name, e in entries.items() if e["family"] == "radix" and e["work"] != "large"}
+    assert met == radix and below, sorted(radix - met)
+    print(f"C++ == runtime, shared memory of {len(shapes)} launches' plans over {len(met)} radix kernels, "
+          f"{len(below)} of them given less than their maximum")
+
+
 # ----------------------------------------------------------------------------- refusals
 
 def _tamper_cubin(doc: dict, root: Path, i: int) -> None:
@@ -990,6 +1023,22 @@ def test_both_loaders_refuse_a_schema_4_manifest_by_its_version(cpp, built_bundl
                                        "split_rules or load_order (its kernels always sort, write int64 indices and "
                                        "read dense rows; a split for the GPU's SM count, which binary serves a GPU); "
                                        "rebuild the bundle (topkgen build)")
+
+
+def test_both_loaders_refuse_a_schema_5_manifest_by_its_version(cpp, built_bundle, tmp_path):
+    """Schema 6 sizes each radix launch's shared memory to its row and passes it to the kernel
+    (issue 28); a schema-5 bundle, whose kernels take no shared_bytes, is refused by its version,
+    in the same words, before anything else."""
+    root = tmp_path / "bundle"
+    shutil.copytree(built_bundle, root)
+    doc = json.loads((root / "manifest.json").read_text())
+    doc["schema_version"] = 5
+    for entry in doc["kernels"] + doc["jit_kernels"]:
+        del entry["launch"]["shared_buffer_bytes"], entry["launch"]["shared_bytes"]
+    (root / "manifest.json").write_text(json.dumps(doc))
+    assert _both_refuse(cpp, root) == (": schema_version: 5 launches every radix kernel with all of its dynamic "
+                                       "shared memory and has no shared_bytes parameter (its kernels size nothing to "
+                                       "the row); rebuild the bundle (topkgen build)")
 
 
 def test_every_kernel_takes_the_ragged_parameters_after_its_flags(built_bundle):
