@@ -103,7 +103,7 @@ def counter_costs(cases=COUNTER_CASES, repeat: int = REPEAT) -> None:
         grid = (rows + spec.rows_per_block - 1) // spec.rows_per_block
 
         def run(module, counters):
-            return lambda: module.launch(spec.name, grid, spec.threads, args, shared_bytes=spec.dynamic_shared_bytes,
+            return lambda: module.launch(spec.name, grid, spec.threads, args, shared_bytes=spec.shared.bytes_for(n),
                                          workers=1, counters=counters)
 
         out, off, on = interleaved_medians([run(plain, False), run(counted, False), run(counted, True)], repeat)

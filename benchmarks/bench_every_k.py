@@ -110,8 +110,8 @@ class Runner:
             pointers["candidate_values"] = workspace[plan.values_offset:][:plan.candidates * x.itemsize].view(x.dtype)
         launches = [module.launch(spec.name, stage.grid_rows, spec.threads,
                                   arguments(params(spec), stage, pointers, None),
-                                  shared_bytes=spec.dynamic_shared_bytes, counters=True)
-                    for stage in stages(1, n, k, True, plan, flags=output_flags(sorted_, "int64"))]
+                                  shared_bytes=stage.shared_bytes, counters=True)
+                    for stage in stages(1, n, k, True, plan, flags=output_flags(sorted_, "int64"), shared=spec.shared)]
         expect, _ = reference.topk(x, k, largest=True)
         got = reference.select_keys(values, True).astype(np.int64)
         if not np.array_equal(-np.sort(-got, axis=-1), reference.select_keys(expect, True)):

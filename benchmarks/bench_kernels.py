@@ -102,21 +102,22 @@ class Kernels:
             self._modules[spec.name] = self.counter(spec).module()
         return self._modules[spec.name]
 
-    def ctas_per_sm(self, spec) -> int:
+    def ctas_per_sm(self, spec, shared_bytes: int) -> int:
+        """CTAs per SM of the kernel's launches with `shared_bytes` of dynamic shared memory
+        (the launch's, split.SharedMemory), with its real registers."""
         from topkgen.build.compile import compile_kernel
         from topkgen.build.render import render
 
         if spec.name not in self._ctas:
-            r = compile_kernel(render(spec), spec.name, spec.arch).resources
-            self._ctas[spec.name] = ctas_per_sm(spec.threads, r.registers, r.static_shared_bytes,
-                                                spec.dynamic_shared_bytes)
-        return self._ctas[spec.name]
+            self._ctas[spec.name] = compile_kernel(render(spec), spec.name, spec.arch).resources
+        r = self._ctas[spec.name]
+        return ctas_per_sm(spec.threads, r.registers, r.static_shared_bytes, shared_bytes)
 
 
 def measure(kernels: Kernels, set_name: str, model_rows: int, rows: int, dtype: str, n: int, k: int,
             kind: str) -> Row:
     from topkgen.runtime import reference
-    from topkgen.runtime import launch_arguments
+    from topkgen.runtime import launch_arguments, launch_shared_bytes
 
     import ml_dtypes
 
@@ -127,7 +128,7 @@ def measure(kernels: Kernels, set_name: str, model_rows: int, rows: int, dtype: 
     grid = (rows + spec.rows_per_block - 1) // spec.rows_per_block
     c = kernels.module(spec).launch(spec.name, grid, spec.threads,
                                     launch_arguments(spec, x, values, indices, rows, n, k, True),
-                                    shared_bytes=spec.dynamic_shared_bytes, counters=True)
+                                    shared_bytes=launch_shared_bytes(spec, n), counters=True)
     expect, _ = reference.topk(x, k, largest=True)
     if not np.array_equal(reference.select_keys(values, True), reference.select_keys(expect, True)):
         raise SystemExit(f"bench-kernels: {spec.name} returned a wrong top-{k} on {kind} rows of {n}")
@@ -135,7 +136,7 @@ def measure(kernels: Kernels, set_name: str, model_rows: int, rows: int, dtype: 
     elements = rows * n
     wavefronts = first.shared_atomic_instructions * first.bank_lanes_mean / elements
     issued = kernels.counter(spec).count(c, spec.name).warp_instructions
-    facts = KernelFacts(threads=spec.threads, ctas_per_sm=kernels.ctas_per_sm(spec),
+    facts = KernelFacts(threads=spec.threads, ctas_per_sm=kernels.ctas_per_sm(spec, launch_shared_bytes(spec, n)),
                         bytes_in_flight=spec.threads * 16 * spec.loads_in_flight,
                         reads_per_element=c.global_load_bytes / x.nbytes, atomic_wavefronts_per_element=wavefronts,
                         barriers_per_row=c.barriers / rows, warp_instructions_per_row=issued / rows)
@@ -183,9 +184,9 @@ class SplitRow:
         return f"small batch|{self.dtype}|{self.n}|{self.k}|{self.rows}|{self.data}"
 
 
-def _facts(kernels: Kernels, spec, counts, elements: int, ctas: int, input_bytes: int) -> KernelFacts:
+def _facts(kernels: Kernels, spec, counts, elements: int, ctas: int, input_bytes: int, shared_bytes: int) -> KernelFacts:
     first = counts.phases.get(FIRST_PASS, counts)
-    return KernelFacts(threads=spec.threads, ctas_per_sm=kernels.ctas_per_sm(spec),
+    return KernelFacts(threads=spec.threads, ctas_per_sm=kernels.ctas_per_sm(spec, shared_bytes),
                        bytes_in_flight=spec.threads * 16 * spec.loads_in_flight,
                        reads_per_element=counts.global_load_bytes / input_bytes,
                        atomic_wavefronts_per_element=first.shared_atomic_instructions * first.bank_lanes_mean / elements,
@@ -220,8 +221,8 @@ def measure_split(kernels: Kernels, dtype: str, n: int, k: int, batches: tuple[i
             pointers["candidate_indices"] = workspace[:count * 8].view(np.int64)
             pointers["candidate_values"] = workspace[plan.values_offset:plan.values_offset + count * x.itemsize].view(x.dtype)
         counts = [module.launch(spec.name, stage.grid_rows, spec.threads, arguments(params(spec), stage, pointers, None),
-                                shared_bytes=spec.dynamic_shared_bytes, counters=True)
-                  for stage in stages(1, n, k, True, plan)]
+                                shared_bytes=stage.shared_bytes, counters=True)
+                  for stage in stages(1, n, k, True, plan, shared=spec.shared)]
         if not np.array_equal(reference.select_keys(values, True), reference.select_keys(expect, True)):
             raise SystemExit(f"bench-kernels: {spec.name} in {chunks} chunks returned a wrong top-{k} of {n}")
         return counts
@@ -234,7 +235,7 @@ def measure_split(kernels: Kernels, dtype: str, n: int, k: int, batches: tuple[i
 
     (whole,) = run(1)
     whole_per_key = per_key([whole])
-    one_cta = _facts(kernels, spec, whole, n, 1, x.nbytes)
+    one_cta = _facts(kernels, spec, whole, n, 1, x.nbytes, spec.shared.bytes_for(n))
     out = []
     for rows in batches:
         sel = policy.select(kernels.policy, ARCH, dtype, k, n, rows=rows)
@@ -245,9 +246,9 @@ def measure_split(kernels: Kernels, dtype: str, n: int, k: int, batches: tuple[i
             continue
         plan = sel.split
         first, second = run(plan.chunks)
-        stage1 = _facts(kernels, spec, first, n, plan.chunks, x.nbytes)
+        stage1 = _facts(kernels, spec, first, n, plan.chunks, x.nbytes, spec.shared.bytes_for(plan.last_chunk))
         merged = plan.candidates * x.itemsize
-        stage2 = _facts(kernels, spec, second, plan.candidates, 1, merged)
+        stage2 = _facts(kernels, spec, second, plan.candidates, 1, merged, spec.shared.bytes_for(plan.candidates))
         seconds = (estimate_seconds(rows * plan.chunks, plan.chunk, k, x.itemsize, stage1)[0]
                    + estimate_seconds(rows, plan.candidates, k, x.itemsize, stage2)[0])
         out.append(SplitRow(dtype, n, k, rows, spec.name, plan.chunks, plan.chunk, stage1.reads_per_element,

@@ -49,10 +49,10 @@ def measure(rows: int, n: int, k: int, dtype: str, seed: int = 30, starts: bool 
         pointers["candidate_values"] = space[plan.values_offset:plan.values_offset + count * x.itemsize].view(x.dtype)
     module = compile_source(render(spec), name=spec.name)
     read = 0
-    for stage in stages(rows, n, k, True, plan, window_bytes=8, starts=starts):
+    for stage in stages(rows, n, k, True, plan, window_bytes=8, starts=starts, shared=spec.shared):
         grid = -(-stage.grid_rows // spec.rows_per_block)
         c = module.launch(spec.name, grid, spec.threads, arguments(params(spec), stage, pointers, None),
-                          shared_bytes=spec.dynamic_shared_bytes, counters=True)
+                          shared_bytes=stage.shared_bytes, counters=True)
         read += c.global_load_bytes
     # Each window alone as a dense row, by the same kernel (k capped at its length): what a
     # row of that length reads, so `alone_ratio` is the ragged launch's reads over the dense
@@ -62,10 +62,10 @@ def measure(rows: int, n: int, k: int, dtype: str, seed: int = 30, starts: bool 
         row = np.ascontiguousarray(x[r:r + 1, first[r]:first[r] + lengths[r]])
         kr = int(min(k, lengths[r]))
         v, i = np.zeros((1, kr), x.dtype), np.zeros((1, kr), np.int64)
-        (stage,) = stages(1, int(lengths[r]), kr, True, None)
+        (stage,) = stages(1, int(lengths[r]), kr, True, None, shared=spec.shared)
         c = module.launch(spec.name, 1, spec.threads, arguments(params(spec), stage, {"x": row, "values": v,
                                                                                      "indices": i}, None),
-                          shared_bytes=spec.dynamic_shared_bytes, counters=True)
+                          shared_bytes=stage.shared_bytes, counters=True)
         alone += c.global_load_bytes
     useful = int(lengths.sum()) * x.itemsize
     return {"kernel": spec.name, "chunks": plan.chunks if plan else 1, "rows": rows, "n": n, "k": k,

@@ -66,7 +66,7 @@ def facts(spec: pol.KernelSpec, n: int) -> KernelFacts:
     resident = n <= pol.resident_elements(spec)
     static = 4 * 2048 + 8 * spec.k + 512
     return KernelFacts(threads=spec.threads,
-                       ctas_per_sm=ctas_per_sm(spec.threads, REGISTERS.get(spec.k, 56), static, spec.dynamic_shared_bytes),
+                       ctas_per_sm=ctas_per_sm(spec.threads, REGISTERS.get(spec.k, 56), static, spec.shared.bytes_for(n)),
                        bytes_in_flight=spec.threads * 16 * spec.loads_in_flight,
                        reads_per_element=1.0 if resident else 2.0, atomic_wavefronts_per_element=0.06,
                        barriers_per_row=BARRIERS[spec.k],

@@ -626,8 +626,10 @@ struct RadixState {
   int source;             // where the next pass reads
 };
 
-// Radix select, one CTA per row, reading the input once where it can:
-// - a row of at most SMEM_BYTES is copied to dynamic shared memory by the first pass, and
+// Radix select, one CTA per row, reading the input once where it can. Its dynamic shared memory
+// is the launch's `shared_bytes` (topkgen.policy.split.SharedMemory), within the SMEM_BYTES it
+// was compiled for (0: none, the global-memory paths alone):
+// - a row of at most shared_bytes is copied to dynamic shared memory by the first pass, and
 //   is read from the copy from then on; the copy holds the keys, so no later pass transforms;
 // - the first later pass whose bucket (with the k - remaining keys above it) fits the
 //   candidate buffer (past a resident row's copy, or all of dynamic shared memory for a
@@ -646,14 +648,16 @@ template <typename T, int KR, int THREADS, bool DETERMINISTIC, int BODY_VECTORS,
 __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long long* __restrict__ x_indices,
                                            T* __restrict__ values, long long* __restrict__ indices, int rows, int n_arg,
                                            int k_out, bool largest, int chunk, long long row_stride,
-                                           unsigned char* dynamic_shared, int flags, u64* scratch, const Window window) {
+                                           unsigned char* dynamic_shared, int shared_bytes, int flags, u64* scratch,
+                                           const Window window) {
   typedef typename KeyTraits<T>::Bits Bits;
   typedef RowView<Bits, THREADS, BODY_VECTORS, TAIL_STEPS, UNROLL> View;
   constexpr int V = View::V;
   constexpr int KEY_BITS = KeyTraits<T>::kBits;
   constexpr int PASSES = (KEY_BITS + kDigitBits - 1) / kDigitBits;
-  constexpr int ROW_CAPACITY = SMEM_BYTES / int(sizeof(Bits));  // keys of a resident row
-  constexpr int BUFFER_CAPACITY = SMEM_BYTES / int(sizeof(u64));  // collected candidates
+  // The launch's dynamic shared memory, whole 16-byte units within the compiled maximum.
+  const int smem = SMEM_BYTES > 0 ? min(max(shared_bytes, 0), SMEM_BYTES) & ~15 : 0;
+  const int row_capacity = smem / int(sizeof(Bits));  // keys of a resident row
   __shared__ int hist[kMaxBins];
   __shared__ int warp_sums[33];
   __shared__ int found[3];
@@ -684,13 +688,13 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
   const Bits* row_bits = reinterpret_cast<const Bits*>(x) + part.offset;
   const View global_row(row_bits, n);
   // The copy keeps the row's alignment phase, so the same vectors are aligned in both.
-  const bool resident = SMEM_BYTES > 0 && n <= ROW_CAPACITY - (V - 1);
+  const bool resident = SMEM_BYTES > 0 && n <= row_capacity - (V - 1);
   Bits* copy = reinterpret_cast<Bits*>(dynamic_shared) + (V - global_row.head()) % V;
   // Candidates are collected past the copy of a resident row (16-byte aligned), where the
   // row leaves room, or from the start of dynamic shared memory.
   const int buffer_offset = resident ? ((n + V - 1) * int(sizeof(Bits)) + 15) & ~15 : 0;
   u64* buffer = reinterpret_cast<u64*>(dynamic_shared + buffer_offset);
-  const int buffer_capacity = BUFFER_CAPACITY - buffer_offset / int(sizeof(u64));
+  const int buffer_capacity = (smem - buffer_offset) / int(sizeof(u64));  // collected candidates
 
   if (thread_index() == 0) {
     counters[0] = counters[1] = counters[2] = 0;

@@ -754,13 +754,15 @@ def test_a_template_file_name_that_is_not_utf8_is_refused_by_name(repo):
 
 
 def schema_1(manifest: dict) -> dict:
-    """A schema-2 manifest as topkgen wrote it before schema 2: no dispatch table, no JIT
-    sources, no `serves`."""
+    """A manifest as topkgen wrote it before schema 2: no dispatch table, no JIT sources, no
+    `serves` (nor anything later, such as schema 6's launch.shared_bytes)."""
     old = {k: v for k, v in manifest.items() if k not in ("dispatch", "jit_kernels", "toolchain", "options",
                                                                "split_rules", "load_order")}
     old["schema_version"] = 1
     old["kernels"] = [{k: v for k, v in e.items() if k not in ("serves", "cache_key", "loads_in_flight")}
                       for e in manifest["kernels"]]
+    for e in old["kernels"]:  # schema 6's launch keys
+        e["launch"] = {k: v for k, v in e["launch"].items() if k not in ("shared_buffer_bytes", "shared_bytes")}
     jsonschema.validate(old, load_schema("manifest-1.schema.json"))
     return old
 

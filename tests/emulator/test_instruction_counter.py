@@ -134,7 +134,7 @@ def test_instrumentation_keeps_lines_and_results():
     from topkgen.runtime import reference
     from topkgen.emulator import compile_source
     from topkgen.build.render import render
-    from topkgen.runtime import launch_arguments
+    from topkgen.runtime import launch_arguments, launch_shared_bytes
 
     spec = policy.select(policy.load(), "sm_90", "float32", 64, 4096).kernel
     source = render(spec)
@@ -148,7 +148,7 @@ def test_instrumentation_keeps_lines_and_results():
         values, indices = np.zeros((2, 64), np.float32), np.zeros((2, 64), np.int64)
         c = compile_source(text, name=name).launch(spec.name, 2, spec.threads,
                                                    launch_arguments(spec, x, values, indices, 2, 4096, 64, True),
-                                                   shared_bytes=spec.dynamic_shared_bytes, counters=True)
+                                                   shared_bytes=launch_shared_bytes(spec, 4096), counters=True)
         results.append((values, indices, c.global_load_bytes, c.barriers, c.shared_atomics))
     assert np.array_equal(results[0][0], results[1][0]) and np.array_equal(results[0][1], results[1][1])
     assert results[0][2:] == results[1][2:]
@@ -213,7 +213,7 @@ def test_the_resident_kernel_issues_under_three_quarters_of_its_issue_27_count(d
 
     from topkgen import policy
     from topkgen.build.render import render
-    from topkgen.runtime import launch_arguments
+    from topkgen.runtime import launch_arguments, launch_shared_bytes
 
     spec = policy.select(policy.load(), "sm_90", dtype, 256, 16384).kernel
     assert spec.name.startswith("topk_radix_dyn_k256_fast_")
@@ -224,7 +224,7 @@ def test_the_resident_kernel_issues_under_three_quarters_of_its_issue_27_count(d
     values, indices = np.zeros((rows, k), x.dtype), np.zeros((rows, k), np.int64)
     c = counter.module().launch(spec.name, rows, spec.threads,
                                 launch_arguments(spec, x, values, indices, rows, n, k, True),
-                                shared_bytes=spec.dynamic_shared_bytes, counters=True)
+                                shared_bytes=launch_shared_bytes(spec, n), counters=True)
     per_key = counter.count(c, spec.name).warp_instructions / (rows * n)
     before = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "bench_kernels_28_before.json").read_text())
     (was,) = [r["warp_instructions_per_key"] for r in before["rows"]

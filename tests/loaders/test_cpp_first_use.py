@@ -37,10 +37,11 @@ def test_select_format_json_names_the_columns(cpp, built_bundle, default_policy)
     proc = _select(cpp, built_bundle, LINES + "sm_90 int32 8 1000 fast 1\n", "--format", "json")
     answers = [json.loads(line) for line in proc.stdout.splitlines()]
     assert answers[0] == {"kernel": text[0]}
-    kernel, chunks, workspace, offset = text[1].split()
+    kernel, chunks, workspace, offset, shared = text[1].split()
     assert answers[1] == {"kernel": kernel, "chunks": int(chunks), "workspace_bytes": int(workspace),
-                          "values_offset": int(offset)}
-    assert answers[1]["chunks"] == 32 and list(answers[1]) == ["kernel", "chunks", "workspace_bytes", "values_offset"]
+                          "values_offset": int(offset), "shared_bytes": json.loads(shared)}
+    assert answers[1]["chunks"] == 32 and list(answers[1]) == ["kernel", "chunks", "workspace_bytes", "values_offset",
+                                                                "shared_bytes"]
     assert answers[3] == {"error": "dtype: 'int32' is not in the bundle (known: bfloat16, float16, float32)"}
     assert text[3] == "error: " + answers[3]["error"]
     assert text[2] == python_select(default_policy, ("sm_100", "float16", 40, 700, True, True, 3))

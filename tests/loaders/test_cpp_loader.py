@@ -71,6 +71,39 @@ def test_cpp_lookups_equal_select(cpp, built_bundle, default_policy):
               f"{refused} refusals with the same message), 0 mismatches")
 
 
+def test_both_loaders_give_each_launch_the_same_shared_memory(cpp, built_bundle, default_policy):
+    """Schema 6: a launch's dynamic shared memory follows from the elements its CTA reads
+    (launch.shared_bytes). For the boundary grid and random shapes with a batch size, the C++
+    loader's bytes per launch (select's fifth column) are the Python runtime's: the served
+    kernel's manifest entry (Launch.of, as TopK reads it) through split.stages, for one launch
+    or a split's two; every radix kernel of the bundle is met, with less than its maximum too."""
+    from topkgen.policy.split import ChunkPlan, stages
+    from topkgen.runtime.backend import Launch
+
+    doc = json.loads((built_bundle / "manifest.json").read_text())
+    entries = {e["name"]: e for e in doc["kernels"] + doc["jit_kernels"]}
+    shapes = [s for s in boundary_shapes(default_policy) + random_shapes(default_policy, 3000, seed=28)
+              if s[6] is not None]
+    answers = cpp_select(cpp, built_bundle, shapes)
+    met, below = set(), set()
+    for shape, answer in zip(shapes, answers):
+        if answer.startswith("error: "):
+            continue
+        arch, dtype, k, n, _, _, rows = shape
+        name, chunks, _, _, shared = answer.split()
+        launch = Launch.of(entries[name])
+        plan = ChunkPlan(rows, n, k, int(chunks), pol.DTYPE_SIZES[dtype]) if int(chunks) > 1 else None
+        expect = [stage.shared_bytes for stage in stages(rows, n, k, True, plan, shared=launch.shared)]
+        assert json.loads(shared) == expect, (shape, answer)
+        if entries[name]["family"] == "radix":
+            met.add(name)
+            below |= {name for b in expect if b < launch.dynamic_shared_bytes}
+    radix = {name for name, e in entries.items() if e["family"] == "radix"}
+    assert met == radix and below, sorted(radix - met)
+    print(f"C++ == runtime, shared memory of {len(shapes)} launches' plans over {len(met)} radix kernels, "
+          f"{len(below)} of them given less than their maximum")
+
+
 # ----------------------------------------------------------------------------- refusals
 
 def _tamper_cubin(doc: dict, root: Path, i: int) -> None:
@@ -279,6 +312,7 @@ NL = b"\n"
 BIDI = "topkgen\u202e".encode()
 BIDI_ESCAPED = b"topkgen\\u202e"
 VERSION_KEY = b'"schema_version":'
+VERSION = str(manifests.SCHEMA_VERSION).encode()  # the schema_version this topkgen writes
 # case -> (raw manifest -> raw manifest, raw manifest -> the refusal after "FILE")
 RAW_CASES = {
     "UTF-8 BOM": (lambda raw: b"\xef\xbb\xbf" + raw,
@@ -293,7 +327,8 @@ RAW_CASES = {
     "binary": (lambda raw: b"\x93NUMPY\x01\x00v\x00{'descr': '<f4'}" + raw,  # a .npy given for a bundle's manifest
                lambda raw: ":1:1: not UTF-8: byte 0x93 cannot be decoded; the file is binary (it holds NUL bytes), "
                            "not text"),
-    "duplicate key": (lambda raw: raw.replace(b"{", b'{\n  "schema_version": 5,', 1),  # named where written last
+    # named where written last
+    "duplicate key": (lambda raw: raw.replace(b"{", b'{\n  "schema_version": ' + VERSION + b",", 1),
                       lambda raw: f":{_at(raw, raw.rindex(VERSION_KEY))}: duplicate key " + '"schema_version"'),
     "bidirectional control": (lambda raw: raw.replace(b'"topkgen"', b'"' + BIDI + b'"', 1),
                               lambda raw: f":{_at(raw, raw.index(BIDI) + 7)}: U+202E, a bidirectional control, "
@@ -307,16 +342,18 @@ RAW_CASES = {
                                               lambda raw: ": kernels[0].launch.dynamic_shared_bytes: 1099511627776 "
                                                           "is greater than the maximum 232448"),
     "schema_version 3.0": (_set(("schema_version",), 3.0),
-                           lambda raw: ": schema_version: 3.0 is not supported (this topkgen reads version 5)"),
+                           lambda raw: f": schema_version: 3.0 is not supported (this topkgen reads version "
+                                      f"{manifests.SCHEMA_VERSION})"),
     "schema_version true": (_set(("schema_version",), True),
-                            lambda raw: ": schema_version: true is not supported (this topkgen reads version 5)"),
+                            lambda raw: f": schema_version: true is not supported (this topkgen reads version "
+                                      f"{manifests.SCHEMA_VERSION})"),
     "a float for an integer": (_set(("kernels", 0, "k"), 64.0),
                                lambda raw: ": kernels[0].k: expected integer, got 64.0"),
     "an integer beyond 64 bits": (_set(("kernels", 0, "launch", "threads_per_block"), 2**70),
                                   lambda raw: f":{_at(raw, raw.index(str(2**70).encode()))}: the integer {2**70} "
                                               f"does not fit in 64 bits"),
     # were an unnamed nlohmann error in C++ ("number overflow parsing '1E400'") and inf in Python
-    "a number beyond a double": (lambda raw: raw.replace(VERSION_KEY + b" 5", VERSION_KEY + b" -1E400", 1),
+    "a number beyond a double": (lambda raw: raw.replace(VERSION_KEY + b" " + VERSION, VERSION_KEY + b" -1E400", 1),
                                  lambda raw: f":{_at(raw, raw.index(b'-1E400'))}: the number -1E400 is beyond the "
                                              f"range of a double"),
     # floats as Python's repr writes them: nlohmann wrote 1e+15 and 2.3782631626533768e+16
@@ -327,7 +364,7 @@ RAW_CASES = {
     # as json.dumps writes it: nlohmann wrote {"a":1,"b":[2.5,"é"]}
     "schema_version a mapping": (_set(("schema_version",), {"a": 1, "b": [2.5, "\u00e9"]}),
                                  lambda raw: ': schema_version: {"a": 1, "b": [2.5, "\\u00e9"]} is not supported '
-                                             '(this topkgen reads version 5)'),
+                                             f'(this topkgen reads version {manifests.SCHEMA_VERSION})'),
     "an invisible character where a number goes": (_set(("kernels", 0, "k"), "\u200b"),
                                                    lambda raw: ": kernels[0].k: expected integer, got '\\u200b'"),
 }
@@ -346,7 +383,7 @@ SYNTAX_CASES = {
                         "Expecting ',' delimiter"),
     "a missing colon": (lambda raw: raw.replace(b'"archs":', b'"archs"', 1), lambda raw: raw.index(b"["),
                         "Expecting ':' delimiter"),
-    "a missing value": (lambda raw: raw.replace(VERSION_KEY + b" 5", VERSION_KEY, 1),
+    "a missing value": (lambda raw: raw.replace(VERSION_KEY + b" " + VERSION, VERSION_KEY, 1),
                         lambda raw: raw.index(VERSION_KEY) + len(VERSION_KEY), "Expecting value"),
     "a trailing comma": (lambda raw: raw[:-3] + b",\n}\n", lambda raw: raw.rindex(b"}"),
                          "Expecting property name enclosed in double quotes"),
@@ -358,9 +395,10 @@ SYNTAX_CASES = {
                           "Invalid \\escape"),
     "a short \\u escape": (lambda raw: raw.replace(SM90, b'"sm\\u90"', 1), lambda raw: raw.index(b"sm\\u") + 3,
                             "Invalid \\uXXXX escape"),
-    "a number ending in a dot": (lambda raw: raw.replace(VERSION_KEY + b" 5", VERSION_KEY + b" 5.", 1),
+    "a number ending in a dot": (lambda raw: raw.replace(VERSION_KEY + b" " + VERSION,
+                                                         VERSION_KEY + b" " + VERSION + b".", 1),
                                  lambda raw: raw.index(VERSION_KEY) + len(VERSION_KEY) + 2, "Expecting ',' delimiter"),
-    "a leading zero": (lambda raw: raw.replace(VERSION_KEY + b" 5", VERSION_KEY + b" 05", 1),
+    "a leading zero": (lambda raw: raw.replace(VERSION_KEY + b" " + VERSION, VERSION_KEY + b" 0" + VERSION, 1),
                        lambda raw: raw.index(VERSION_KEY) + len(VERSION_KEY) + 2, "Expecting ',' delimiter"),
     "a comment": (lambda raw: b"// the bundle's manifest\n" + raw, lambda raw: 0, "Expecting value"),
     "a second document": (lambda raw: raw + b"{}\n", lambda raw: raw.rindex(b"{"), "Extra data"),
@@ -826,7 +864,7 @@ def test_cpp_select_reads_rows_as_select_does(cpp, built_bundle, default_policy)
     shapes = [("sm_90", "float32", 8, 1000, False, True, rows) for rows in (0, -5, 4)]
     got = cpp_select(cpp, built_bundle, shapes)
     assert got == [python_select(default_policy, s) for s in shapes]
-    assert got[:2] == ["topk_register_ladder_k16_det_f32_sm_90 1 0 0", "error: rows: must be >= 0, got -5"]
+    assert got[:2] == ["topk_register_ladder_k16_det_f32_sm_90 1 0 0 [0]", "error: rows: must be >= 0, got -5"]
     for line in ("sm_90 float32 8 1000 fast 1 abc", "sm_90 float32 8 1000 fast 1 4x", "sm_90 float32 8 1000 fast 1 4 5",
                  # were served: JIT 2 as JIT on, "1000fast" as n=1000 and fast, "+8" as 8
                  "sm_90 float32 8 1000 fast 2", "sm_90 float32 8 1000fast 1", "sm_90 float32 +8 1000 fast 1",
@@ -990,6 +1028,22 @@ def test_both_loaders_refuse_a_schema_4_manifest_by_its_version(cpp, built_bundl
                                        "split_rules or load_order (its kernels always sort, write int64 indices and "
                                        "read dense rows; a split for the GPU's SM count, which binary serves a GPU); "
                                        "rebuild the bundle (topkgen build)")
+
+
+def test_both_loaders_refuse_a_schema_5_manifest_by_its_version(cpp, built_bundle, tmp_path):
+    """Schema 6 sizes each radix launch's shared memory to its row and passes it to the kernel
+    (issue 28); a schema-5 bundle, whose kernels take no shared_bytes, is refused by its version,
+    in the same words, before anything else."""
+    root = tmp_path / "bundle"
+    shutil.copytree(built_bundle, root)
+    doc = json.loads((root / "manifest.json").read_text())
+    doc["schema_version"] = 5
+    for entry in doc["kernels"] + doc["jit_kernels"]:
+        del entry["launch"]["shared_buffer_bytes"], entry["launch"]["shared_bytes"]
+    (root / "manifest.json").write_text(json.dumps(doc))
+    assert _both_refuse(cpp, root) == (": schema_version: 5 launches every radix kernel with all of its dynamic "
+                                       "shared memory and has no shared_bytes parameter (its kernels size nothing to "
+                                       "the row); rebuild the bundle (topkgen build)")
 
 
 def test_every_kernel_takes_the_ragged_parameters_after_its_flags(built_bundle):

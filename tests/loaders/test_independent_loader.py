@@ -10,6 +10,7 @@ from pathlib import Path
 
 from topkgen.policy import dispatch_table
 from topkgen import policy as pol
+from topkgen.policy.split import stages
 
 from ..support.independent_loader import IndependentLoader
 
@@ -23,7 +24,7 @@ def test_the_independent_loader_imports_nothing_of_topkgen():
 
 def test_a_loader_from_the_schema_alone_agrees_with_select(built_bundle, default_policy):
     loader = IndependentLoader(built_bundle)
-    decisions, splits = {True: 0, False: 0}, 0
+    decisions, splits, sized = {True: 0, False: 0}, 0, set()
     for arch in default_policy.archs:
         for dtype in default_policy.dtypes:
             ks, ns, rs = dispatch_table.boundary_grid(default_policy, arch, dtype)
@@ -43,6 +44,12 @@ def test_a_loader_from_the_schema_alone_agrees_with_select(built_bundle, default
                                 assert loader.pick(arch, dtype, k, n, det, jit, rows) == expect, \
                                     (arch, dtype, k, n, rows, det, jit)
                                 decisions[jit] += 1
+                                if sel is not None and rows:  # schema 6: each launch's shared memory
+                                    got = loader.shared_bytes(sel.kernel.name, dtype, k, n, sel.chunks)
+                                    assert got == [st.shared_bytes for st in stages(rows, n, k, True, sel.split,
+                                                                                     shared=sel.kernel.shared)], \
+                                        (arch, dtype, k, n, rows, sel.kernel.name)
+                                    sized |= {b for b in got if b < sel.kernel.dynamic_shared_bytes}
                                 if sel is not None and sel.split is not None:
                                     plan = sel.split
                                     assert loader.workspace(dtype, k, n, rows, plan.chunks) == {
@@ -50,5 +57,5 @@ def test_a_loader_from_the_schema_alone_agrees_with_select(built_bundle, default
                                         "workspace_bytes": plan.workspace_bytes}
                                     splits += 1
     print(f"independent loader == select on {decisions[True]} decisions with JIT, {decisions[False]} without; "
-          f"{splits} splits sized alike")
-    assert decisions[True] == decisions[False] > 4000 and splits > 1000
+          f"{splits} splits sized alike, {len(sized)} distinct shared-memory sizes below a kernel's maximum")
+    assert decisions[True] == decisions[False] > 4000 and splits > 1000 and len(sized) > 10

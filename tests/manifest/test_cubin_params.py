@@ -189,10 +189,20 @@ def _check_launch(log_entry, entry: dict, static_shared: int) -> dict:
         assert isinstance(arg, int) == param["ctype"].endswith("*"), (name, param)
     assert config.block == entry["launch"]["threads_per_block"] <= kernel.info.max_threads[0], name
     assert 1 <= config.grid <= 2**31 - 1, name
-    assert config.shmem_size == entry["launch"]["dynamic_shared_bytes"], name
+    by_name = {p["name"]: (a if isinstance(a, int) else int(a)) for p, a in zip(entry["params"], args)}
+    # schema 6: the launch gets the shared memory its kernel is told (launch.shared_bytes), at most the maximum
+    assert config.shmem_size == by_name.get("shared_bytes", 0) <= entry["launch"]["dynamic_shared_bytes"], name
     if static_shared + config.shmem_size > DEFAULT_SHARED_LIMIT:  # else the launch fails: CUDA_ERROR_INVALID_VALUE
         assert (kernel.max_dynamic_shared or 0) >= config.shmem_size, f"{name}: no opt-in for {config.shmem_size} B"
-    return {p["name"]: (a if isinstance(a, int) else int(a)) for p, a in zip(entry["params"], args)}
+    return by_name
+
+
+def _shared_rule(launch: dict, dtype: str):
+    """The manifest entry's shared memory rule (launch.dynamic_shared_bytes, shared_buffer_bytes)."""
+    from topkgen.policy import DTYPE_SIZES
+    from topkgen.policy.split import SharedMemory
+
+    return SharedMemory(launch["dynamic_shared_bytes"], launch["shared_buffer_bytes"], DTYPE_SIZES[dtype])
 
 
 def _arrays(dtype: str, rows: int, n: int, k: int):
@@ -220,8 +230,9 @@ def test_cuda_backend_launches_every_aot_kernel_as_its_cubin_expects(built_bundl
             args = _check_launch(launch, entry, entry["resources"]["static_shared_bytes"])
             expect = {"x": 0x1000_0000, "values": 0x2000_0000, "indices": 0x3000_0000, "rows": 5, "n": n, "k": k,
                       "largest": int(largest), "flags": 0}
-            if entry["family"] == "radix":
-                expect |= {"x_indices": 0, "chunk": n, "row_stride": n}
+            if entry["family"] == "radix":  # and (schema 6) the shared memory its row needs, also its launch's
+                expect |= {"x_indices": 0, "chunk": n, "row_stride": n,
+                           "shared_bytes": _shared_rule(entry["launch"], dtype).bytes_for(n)}
             expect |= {"lengths": 0, "starts": 0, "window_bytes": 0, "split_n": 0}  # dense rows: null windows
             assert args == expect, name
 
@@ -248,6 +259,9 @@ def test_cuda_backend_split_rows_pass_the_workspace_as_both_stages_expect(built_
     assert second[1].grid * entry["launch"]["rows_per_block"] >= rows
     assert (one["n"], one["chunk"], one["row_stride"]) == (n, plan.chunk, n)
     assert (two["n"], two["chunk"], two["row_stride"]) == (plan.candidates,) * 3
+    rule = _shared_rule(entry["launch"], dtype)  # schema 6: stage 1 reads its last chunk, stage 2 the candidates
+    assert (one["shared_bytes"], two["shared_bytes"]) == (rule.bytes_for(plan.last_chunk), rule.bytes_for(plan.candidates))
+    assert (first[1].shmem_size, second[1].shmem_size) == (one["shared_bytes"], two["shared_bytes"])
 
 
 @pytest.mark.parametrize("k,n,rows", [(16, 1000, 2), (256, 5000, 2), (16, 262144, 4), (5000, 20000, 2)])

@@ -195,22 +195,27 @@ def test_the_runtime_launches_what_split_stages_plans():
     dense = [None, None, 0, 0]  # lengths, starts, window_bytes, split_n: no ragged windows
     assert arguments(params(spec), first, pointers, None) == [
         "x", None, "candidate_values", "candidate_indices", 3, 131072, 100, 1, 4096, 131072, output_flags(False, "int64"),
-        *dense]
+        *dense, 0]  # shared_bytes: no shared memory rule given, none
     assert arguments(params(spec), second, pointers, None) == [
-        "candidate_values", "candidate_indices", "values", "indices", 3, 3200, 100, 1, 3200, 3200, flags, *dense]
+        "candidate_values", "candidate_indices", "values", "indices", 3, 3200, 100, 1, 3200, 3200, flags, *dense, 0]
     # A sorted request's stage 1 is unsorted too: stage 2 selects and sorts its candidates again.
     sorted_first, sorted_second = stages(3, 131072, 100, True, ChunkPlan(3, 131072, 100, 32, 4), flags=0)
     assert sorted_first.scalars["flags"] == output_flags(False, "int64") and sorted_second.scalars["flags"] == 0
     assert (first.grid_rows, second.grid_rows) == (96, 3)
     assert [type(a) for a in arguments(params(spec), second, pointers, None)[4:]] == \
-        [np.int32] * 5 + [np.int64, np.int32, type(None), type(None), np.int32, np.int32]
+        [np.int32] * 5 + [np.int64, np.int32, type(None), type(None), np.int32, np.int32, np.int32]
     # a ragged batch of int32 lengths and starts: both stages read them; stage 2 gets stage 1's n
     pointers |= {"lengths": "lengths", "starts": "starts"}
     first, second = stages(3, 131072, 100, True, ChunkPlan(3, 131072, 100, 32, 4), window_bytes=4, starts=True)
-    assert arguments(params(spec), first, pointers, None)[-4:] == ["lengths", "starts", 4, 0]
-    assert arguments(params(spec), second, pointers, None)[-4:] == ["lengths", "starts", 4, 131072]
+    assert arguments(params(spec), first, pointers, None)[-5:-1] == ["lengths", "starts", 4, 0]
+    assert arguments(params(spec), second, pointers, None)[-5:-1] == ["lengths", "starts", 4, 131072]
     (only,) = stages(3, 131072, 100, True, None, window_bytes=8)
-    assert arguments(params(spec), only, pointers, None)[-4:] == ["lengths", None, 8, 0]
+    assert arguments(params(spec), only, pointers, None)[-5:-1] == ["lengths", None, 8, 0]
+    # The kernel's shared memory rule: each launch's bytes, passed as its last argument too.
+    first, second = stages(3, 131072, 100, True, ChunkPlan(3, 131072, 100, 32, 4), shared=spec.shared)
+    assert (first.shared_bytes, second.shared_bytes) == (spec.shared.bytes_for(4096), spec.shared.bytes_for(3200))
+    assert [arguments(params(spec), s, pointers, None)[-1] for s in (first, second)] == \
+        [first.shared_bytes, second.shared_bytes]
 
 
 # ----------------------------------------------------------------------------- the default policy
@@ -232,9 +237,9 @@ def test_one_row_of_131072_spreads_over_32_ctas_that_read_it_once(default_policy
                 "candidate_indices": workspace[:count * 8].view(np.int64),
                 "candidate_values": workspace[sel.split.values_offset:sel.split.values_offset + count * 4].view(np.float32)}
     counts = []
-    for stage in stages(rows, n, k, True, sel.split):
+    for stage in stages(rows, n, k, True, sel.split, shared=spec.shared):
         counts.append(module.launch(spec.name, stage.grid_rows, spec.threads, arguments(_params(spec), stage, pointers, None),
-                                    shared_bytes=spec.dynamic_shared_bytes, counters=True))
+                                    shared_bytes=stage.shared_bytes, counters=True))
     first, second = counts
     reads = first.global_load_bytes / x.nbytes
     print(f"1 x {n}, K={k}: {sel.split.chunks} CTAs per row, stage 1 reads {reads:.3f} per element, "

@@ -161,7 +161,7 @@ def test_launch_arguments_are_packed_with_the_kernels_c_types():
                 "candidate_indices": 0x7F00_0000_4000, "candidate_values": 0x7F00_0000_8000}
     ctypes_of = {"int": ctypes.c_int32, "long long": ctypes.c_int64}
     ParamHolder = _param_holder()
-    for stage in stages(3, 262144, 1000, True, plan):
+    for stage in stages(3, 262144, 1000, True, plan, shared=spec.shared):  # shared_bytes: each launch's
         args = runtime.arguments(params(spec), stage, pointers, 0)
         holder = ParamHolder(args)
         slots = (ctypes.c_void_p * len(args)).from_address(holder.ptr)

@@ -171,11 +171,11 @@ def test_the_kernels_clamp_windows_outside_the_row(op, dtype, k, n):
     entry = op._entries[choice.kernel]
     launch = Launch.of(entry)
     values, indices = np.empty((rows, k), x.dtype), np.empty((rows, k), np.int64)
-    (stage,) = stages(rows, n, k, True, None, window_bytes=8, starts=True)
+    (stage,) = stages(rows, n, k, True, None, window_bytes=8, starts=True, shared=launch.shared)
     pointers = {"x": x, "values": values, "indices": indices, "lengths": lengths, "starts": starts}
     op._kernel(choice).launch(choice.kernel, launch.grid(rows), launch.threads,
                               arguments(entry["params"], stage, pointers, None),
-                              shared_bytes=launch.dynamic_shared_bytes)
+                              shared_bytes=stage.shared_bytes)
     for r in range(rows):
         check_row(x[r], values[r], indices[r], k, int(clamped_lengths[r]), int(clamped_starts[r]), True, True, dtype,
                   f"seed {SEED}: {choice.kernel} row {r} window [{starts[r]}, {starts[r] + lengths[r]}) clamped")
@@ -198,11 +198,11 @@ def test_an_exact_n_radix_kernel_reads_each_window(legacy_policy):
     lengths, starts = draw_windows(rows, k, n, np.random.default_rng(SEED), "int32")
     x = make_rows("float32", rows, n, seed=SEED)
     values, indices = np.empty((rows, k), np.float32), np.empty((rows, k), np.int64)
-    (stage,) = stages(rows, n, k, True, None, window_bytes=4, starts=True)
+    (stage,) = stages(rows, n, k, True, None, window_bytes=4, starts=True, shared=spec.shared)
     compile_source(render(spec), name=spec.name).launch(
         spec.name, -(-rows // spec.rows_per_block), spec.threads,
         arguments(params(spec), stage, {"x": x, "values": values, "indices": indices, "lengths": lengths,
-                                        "starts": starts}, None), shared_bytes=spec.dynamic_shared_bytes)
+                                        "starts": starts}, None), shared_bytes=stage.shared_bytes)
     for r in range(rows):
         check_row(x[r], values[r], indices[r], k, int(lengths[r]), int(starts[r]), True, True, "float32",
                   f"seed {SEED}: {spec.name} row {r}")

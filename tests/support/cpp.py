@@ -7,6 +7,7 @@ import subprocess
 from pathlib import Path
 
 from topkgen import policy as pol
+from topkgen.policy.split import stages
 
 ROOT = Path(__file__).resolve().parents[2]
 CPP = ROOT / "build" / "cpp" / "topkgen-cpp"
@@ -32,8 +33,9 @@ def cpp_select(cpp: Path, bundle_dir: Path, shapes: list[tuple], sm_count: int |
 
 
 def python_select(policy: pol.Policy, shape: tuple) -> str:
-    """What topkgen-cpp select prints: the kernel, then (rows given) its chunks per row and the
-    split's workspace bytes and candidate values' offset."""
+    """What topkgen-cpp select prints: the kernel, then (rows given) its chunks per row, the
+    split's workspace bytes and candidate values' offset, and each launch's dynamic shared
+    memory (topkgen.policy.split.stages, schema 6)."""
     arch, dtype, k, n, det, jit, *rest = shape
     rows = rest[0] if rest else None
     try:
@@ -43,7 +45,9 @@ def python_select(policy: pol.Policy, shape: tuple) -> str:
     if rows is None:
         return sel.kernel.name
     plan = sel.split
-    return f"{sel.kernel.name} {sel.chunks} {plan.workspace_bytes if plan else 0} {plan.values_offset if plan else 0}"
+    shared = ",".join(str(stage.shared_bytes) for stage in stages(rows, n, k, True, plan, shared=sel.kernel.shared))
+    return (f"{sel.kernel.name} {sel.chunks} {plan.workspace_bytes if plan else 0} {plan.values_offset if plan else 0} "
+            f"[{shared}]")
 
 
 def cpp_binary(cpp: Path, bundle_dir: Path, gpu: str, jit: bool) -> tuple[str, str, str] | str:

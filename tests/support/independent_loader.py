@@ -7,7 +7,11 @@ rows ranges hold k, n and rows (rows unknown or 0: 2147483647, launched unsplit)
 serves with its chunks when the loader can JIT, its aot_fallback with its aot_chunks when
 it cannot (null: nothing serves). A split of C chunks per row needs a workspace of
 align_up(rows x C x k x 8, 256) + rows x C x k x sizeof(dtype) bytes, candidate values from
-byte align_up(rows x C x k x 8, 256), and stage 1 runs chunks of floor(n / C) elements."""
+byte align_up(rows x C x k x 8, 256), and stage 1 runs chunks of floor(n / C) elements. Each
+launch's dynamic shared memory (schema 6): with D = launch.dynamic_shared_bytes and s the
+dtype's size, 0 when D is 0, else min(D, align_up((e + 16 / s - 1) x s, 16) +
+launch.shared_buffer_bytes) for the e elements a CTA reads: n unsplit, the last chunk in
+stage 1, C x k in stage 2."""
 
 from __future__ import annotations
 
@@ -25,8 +29,9 @@ class Refused(Exception):
 class IndependentLoader:
     def __init__(self, bundle_dir: str | Path) -> None:
         self.manifest = json.loads((Path(bundle_dir) / "manifest.json").read_text())
-        if self.manifest["schema_version"] != 5:
-            raise Refused("schema_version is not 5")
+        if self.manifest["schema_version"] != 6:
+            raise Refused("schema_version is not 6")
+        self.launches = {e["name"]: e["launch"] for e in self.manifest["kernels"] + self.manifest["jit_kernels"]}
 
     def pick(self, arch: str, dtype: str, k: int, n: int, deterministic: bool, jit: bool,
              rows: int | None = None) -> tuple[str, int] | None:
@@ -43,6 +48,15 @@ class IndependentLoader:
         if kernel is None:
             return None
         return kernel, chunks if rows else 1
+
+    def shared_bytes(self, kernel: str, dtype: str, k: int, n: int, chunks: int) -> list[int]:
+        """Each launch's dynamic shared memory: one, or a split's stage 1 and stage 2."""
+        launch, s = self.launches[kernel], SIZES[dtype]
+        if launch["dynamic_shared_bytes"] == 0:
+            return [0] * (1 if chunks == 1 else 2)
+        sizes = [n] if chunks == 1 else [n - (chunks - 1) * (n // chunks), chunks * k]
+        return [min(launch["dynamic_shared_bytes"], -(-(e + 16 // s - 1) * s // 16) * 16 + launch["shared_buffer_bytes"])
+                for e in sizes]
 
     @staticmethod
     def workspace(dtype: str, k: int, n: int, rows: int, chunks: int) -> dict[str, int]:

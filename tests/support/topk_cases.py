@@ -7,7 +7,8 @@ import ml_dtypes
 import numpy as np
 
 from topkgen.runtime import reference
-from topkgen.runtime import launch_arguments
+from topkgen.manifest.params import param_names
+from topkgen.runtime import launch_arguments, launch_shared_bytes
 
 NUMPY_DTYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16, "float16": np.float16}
 BITS = {"float32": np.uint32, "bfloat16": np.uint16, "float16": np.uint16}
@@ -53,16 +54,22 @@ def make_rows(dtype: str, rows: int, n: int, seed: int) -> np.ndarray:
     return out
 
 
-def launch_kernel(module, spec, x: np.ndarray, k: int, largest: bool = True, **options):
+def launch_kernel(module, spec, x: np.ndarray, k: int, largest: bool = True, *, shared_bytes: int | None = None,
+                  **options):
     """One unsplit launch of a planned kernel (a KernelSpec) over the rows of x on the
-    emulator, with the arguments and grid a runtime call gives it; `options` go to
-    Module.launch (schedule_seed, workers, counters). Returns (values, indices, what the
-    launch returned)."""
+    emulator, with the arguments, grid and dynamic shared memory a runtime call gives it;
+    `shared_bytes`: another launch's dynamic shared memory instead, allocated exactly and
+    passed as the kernel's argument (a radix kernel's); `options` go to Module.launch
+    (schedule_seed, workers, counters). Returns (values, indices, what the launch returned)."""
     rows, n = x.shape
     values, indices = np.zeros((rows, k), x.dtype), np.full((rows, k), -1, np.int64)
     grid = (rows + spec.rows_per_block - 1) // spec.rows_per_block
-    result = module.launch(spec.name, grid, spec.threads, launch_arguments(spec, x, values, indices, rows, n, k, largest),
-                           shared_bytes=spec.dynamic_shared_bytes, **options)
+    args = launch_arguments(spec, x, values, indices, rows, n, k, largest)
+    if shared_bytes is None:
+        shared_bytes = launch_shared_bytes(spec, n)
+    else:
+        args[param_names(spec).index("shared_bytes")] = np.int32(shared_bytes)
+    result = module.launch(spec.name, grid, spec.threads, args, shared_bytes=shared_bytes, **options)
     return values, indices, result
 
 

@@ -45,10 +45,11 @@ def _launch(spec, x: np.ndarray, k: int, sorted_: bool = True, index_dtype: str 
     pointers = {"x": x, "values": values, "indices": indices}
     if scratch:
         pointers["scratch"] = np.zeros(scratch_bytes(rows, k), np.uint8)
-    (stage,) = stages(rows, n, k, True, None, flags=output_flags(sorted_, index_dtype), scratch=scratch)
+    (stage,) = stages(rows, n, k, True, None, flags=output_flags(sorted_, index_dtype), scratch=scratch,
+                      shared=spec.shared)
     counts = _module(spec).launch(spec.name, (rows + spec.rows_per_block - 1) // spec.rows_per_block, spec.threads,
                                   arguments(params(spec), stage, pointers, None),
-                                  shared_bytes=spec.dynamic_shared_bytes, counters=True)
+                                  shared_bytes=stage.shared_bytes, counters=True)
     return values, indices, counts
 
 

@@ -38,12 +38,13 @@ archs:
     warps_per_block: 4
     vector_tail: {policy: runtime}
     shared_row_bytes: 0
-  sm_80:   # 4 KB of shared memory, 1024 threads
+  sm_80:   # 4 KB of shared memory, 1024 threads; a resident row gets 1 candidate per K of buffer
     capability: [8, 0]
     threads: 1024
     warps_per_block: 4
     vector_tail: {policy: runtime}
     shared_row_bytes: 4096
+    shared_buffer_per_k: 1
     loads_in_flight: 2
 dtypes: {aot: [float32, bfloat16]}
 families:
@@ -74,19 +75,22 @@ def _module():
     return compile_source("".join(render(_spec(*kernel)) for kernel in KERNELS), name="radix_paths")
 
 
-def _run(kernel: tuple[str, str, str], x: np.ndarray, k: int = K, largest: bool = True):
-    """Runs one kernel under two schedules; checks the result; returns the counters."""
+def _run(kernel: tuple[str, str, str], x: np.ndarray, k: int = K, largest: bool = True, shared_bytes: int | None = None,
+         seeds: tuple[int, ...] = (1, 2)):
+    """Runs one kernel under two schedules (`seeds`); checks the result; returns the counters.
+    `shared_bytes`: the launch's dynamic shared memory and the kernel's argument (default: the
+    rule's, split.SharedMemory)."""
     spec = _spec(*kernel)
     n = x.shape[1]
     results, counts = [], []
-    for seed in (1, 2):
+    for seed in seeds:
         values, indices, counters = launch_kernel(_module(), spec, x, k, largest, schedule_seed=seed, workers=1,
-                                                  counters=True)
+                                                  counters=True, shared_bytes=shared_bytes)
         counts.append(counters)
         check_topk(x, values, indices, k, largest, spec.mode == "deterministic", spec.dtype,
-                   what=f"{spec.name} n={n} k={k} largest={largest} seed={seed}")
+                   what=f"{spec.name} n={n} k={k} largest={largest} seed={seed} shared_bytes={shared_bytes}")
         results.append((values.tobytes(), indices.tobytes()))
-    if spec.mode == "deterministic":
+    if spec.mode == "deterministic" and len(results) > 1:
         assert results[0] == results[1], f"{spec.name}: not bit-exact run to run"
     return counts[0]
 
@@ -213,3 +217,31 @@ def test_every_16_bit_pattern_keeps_its_order(kernel):
     x = x.view(ml_dtypes.bfloat16)
     for largest in (True, False):
         _run(kernel, x, largest=largest)
+
+
+# ----------------------------------------------------------------------------- shared memory sized to the row
+
+SHARED_KERNELS = [k for k in KERNELS if _spec(*k).dynamic_shared_bytes > 0]
+
+
+@pytest.mark.parametrize("kernel", SHARED_KERNELS, ids=["-".join(k) for k in SHARED_KERNELS])
+def test_any_shared_bytes_up_to_the_compiled_maximum_is_served(kernel):
+    """The kernel sizes its resident row and its candidate buffer by its shared_bytes argument,
+    within the compiled maximum: 0, a few small values (one not a multiple of 16), the rule's
+    value (split.SharedMemory) and 16 bytes under it, and the maximum, each allocated exactly
+    (the emulator's guard zone after it catches a write past it), all give the reference's
+    answer; with the rule's value a row that fits is read once, with 0 every pass reads it."""
+    spec = _spec(*kernel)
+    fits = spec.dynamic_shared_bytes // np.dtype(NP_TYPES[kernel[1]]).itemsize - (spec.vector_width - 1)
+    for n in sorted({K + 3, fits // 2, fits, fits + 1, 1500}):
+        rule = spec.shared.bytes_for(n)
+        assert rule <= spec.dynamic_shared_bytes and (n <= fits or rule == spec.dynamic_shared_bytes), n
+        x = make_rows(kernel[1], len(PATTERNS), n, seed=n)
+        normal = _normal(kernel[1], 2, n, seed=n)
+        for shared in sorted({0, 16, 200, max(0, rule - 16), rule, spec.dynamic_shared_bytes}):
+            _run(kernel, x, shared_bytes=shared, seeds=(1,))
+            reads = _reads(_run(kernel, normal, k=16, shared_bytes=shared, seeds=(1,)), normal)
+            if shared == 0:
+                assert reads >= 2.0, (n, shared)
+            if shared >= rule and n <= fits:
+                assert reads == 1.0, (n, shared)

@@ -34,6 +34,7 @@ from topkgen.common.files import claim, remove_abandoned
 from topkgen.policy import SHARED_BYTES_PER_BLOCK, KernelSpec, Policy, in_policy_order, jit_plan, plan, rule_record
 from topkgen.build.render import render
 from topkgen.manifest.params import params
+from topkgen.policy.split import SHARED_BYTES_RULE
 from topkgen.common.schema import load_schema, validate
 from topkgen.manifest import serving
 from topkgen.manifest.reading import MANIFEST, MANIFEST_OPTIONS, SCHEMAS, SCHEMA_VERSION
@@ -75,7 +76,8 @@ def spec_entry(spec: KernelSpec) -> dict:
     launch it (schema: $defs/launch) and its parameters. The runtime serves an arch that a
     bundle lacks from these alone."""
     record = spec.record()
-    return {**record, "launch": {**record["launch"], "grid": GRID_RULE}, "params": params(spec)}
+    return {**record, "launch": {**record["launch"], "grid": GRID_RULE, "shared_bytes": SHARED_BYTES_RULE},
+            "params": params(spec)}
 
 
 def cubin_path(spec: KernelSpec) -> str:

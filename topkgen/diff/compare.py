@@ -45,6 +45,8 @@ FIELDS: dict[str, tuple[str, str]] = {
     "resources.stack_bytes": ("stack", "resources"),
     "resources.static_shared_bytes": ("static smem", "resources"),
     "launch.dynamic_shared_bytes": ("dynamic smem", "resources"),
+    "launch.shared_buffer_bytes": ("smem buffer", "resources"),  # schema 6
+    "launch.shared_bytes": ("smem rule", "launch"),
     "resources.barriers": ("barriers", "resources"),
     "size_bytes": ("cubin", "resources"),
     "sha256": ("cubin sha256", "resources"),

@@ -31,6 +31,7 @@ PARAM_TYPES = {
     "starts": "const void*",          # null, or rows window starts (of the lengths' type); null: 0
     "window_bytes": "int",            # bytes of a lengths (and starts) element: 4 or 8; 0 when null
     "split_n": "int",                 # 0; in a split's stage 2, stage 1's n (it finds the windows' candidates)
+    "shared_bytes": "int",            # radix (schema 6): the launch's dynamic shared memory (split.SharedMemory)
     "scratch": "void*",               # the large-k path: null, or rows x k x 8 bytes for its candidates
 }
 # The `flags` bits: sorted=False (the final sort is skipped; deterministic kernels sort anyway,
@@ -40,15 +41,16 @@ PARAM_TYPES = {
 OUTPUT_FLAGS = {"unsorted": UNSORTED_FLAG, "int32_indices": 2}
 # A ragged batch's parameters, after `flags` in every kernel's list (schema 5).
 RAGGED_PARAMS = ("lengths", "starts", "window_bytes", "split_n")
-# The parameters of each family's kernels, in order. Radix kernels also run split rows.
+# The parameters of each family's kernels, in order. Radix kernels also run split rows, and take
+# the dynamic shared memory their launch was given (`shared_bytes`, schema 6) after split_n.
 # The large-k path's radix kernels (work "large") also take `scratch`: with int32 indices its
 # candidates (8 bytes each) no longer fit in the indices output it gathers them into.
 PARAMS = {
     "register": ("x", "values", "indices", "rows", "n", "k", "largest", "flags", *RAGGED_PARAMS),
     "radix": ("x", "x_indices", "values", "indices", "rows", "n", "k", "largest", "chunk", "row_stride", "flags",
-              *RAGGED_PARAMS),
+              *RAGGED_PARAMS, "shared_bytes"),
     "large": ("x", "x_indices", "values", "indices", "rows", "n", "k", "largest", "chunk", "row_stride", "flags",
-              *RAGGED_PARAMS, "scratch"),
+              *RAGGED_PARAMS, "shared_bytes", "scratch"),
 }
 
 

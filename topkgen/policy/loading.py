@@ -131,7 +131,8 @@ def _build(doc: dict, loc: _Locator, source: str, sha: str, text: str) -> Policy
         archs[name] = ArchTuning(name, expected, t.get("threads"), t.get("warps_per_block"),
                                  tail["policy"], tail.get("max_iterations"), ctas, shared,
                                  t.get("loads_in_flight", 1), loads_by_k, split,
-                                 bool(t.get("ship_ptx", False)), bool(t.get("arch_specific", False)))
+                                 bool(t.get("ship_ptx", False)), bool(t.get("arch_specific", False)),
+                                 t.get("shared_buffer_per_k"))
 
     aot = tuple(doc["dtypes"]["aot"])
     jit = tuple(doc["dtypes"].get("jit", []))

@@ -12,7 +12,7 @@ from typing import Any, Callable, Iterable
 from topkgen.common import reader
 from topkgen.common.errors import InputError
 from topkgen.common.schema import format_path
-from topkgen.policy.split import ChunkPlan
+from topkgen.policy.split import ChunkPlan, SharedMemory
 
 DTYPE_SIZES = {"float32": 4, "bfloat16": 2, "float16": 2}
 DTYPE_TAGS = {"float32": "f32", "bfloat16": "bf16", "float16": "f16"}
@@ -155,6 +155,7 @@ class ArchTuning:
     split: SplitTuning | None = None  # small batches of long rows; None: never split
     ship_ptx: bool = False       # ship PTX (compute_XY) beside the cubins: forward compatibility
     arch_specific: bool = False  # compile for sm_XYa: runs on exactly this arch
+    shared_buffer_per_k: int | None = None  # radix: a resident row's candidate buffer, in candidates per K (None: all)
 
     @property
     def target(self) -> str:
@@ -222,7 +223,8 @@ class KernelSpec:
     aot: bool
     max_registers: int
     spills_allowed: bool
-    dynamic_shared_bytes: int = 0  # launched with this much dynamic shared memory
+    dynamic_shared_bytes: int = 0  # compiled for this much dynamic shared memory: a launch gets at most this
+    shared_buffer_bytes: int = 0   # a resident row's candidate buffer past its copy (split.SharedMemory)
     loads_in_flight: int = 1
     target: str = ""        # the NVRTC target when not the arch: its arch-specific sm_XYa (policy arch_specific)
     ship_ptx: bool = False  # its PTX (compute_XY) ships beside the cubin (policy ship_ptx)
@@ -231,6 +233,11 @@ class KernelSpec:
     def nvrtc_target(self) -> str:
         """What NVRTC compiles its cubin for: sm_90, or sm_90a for an arch-specific arch."""
         return self.target or self.arch
+
+    @property
+    def shared(self) -> SharedMemory:
+        """How much dynamic shared memory a launch of this kernel gets (split.SharedMemory)."""
+        return SharedMemory(self.dynamic_shared_bytes, self.shared_buffer_bytes, DTYPE_SIZES[self.dtype])
 
     @property
     def work_rung(self) -> str:
@@ -251,7 +258,8 @@ class KernelSpec:
             "n_window": {"min": self.n_min, "max": self.n_max}, "mode": self.mode, "serves": list(self.serves),
             "work": self.work, "work_rung": self.work_rung,
             "launch": {"threads_per_block": self.threads, "rows_per_block": self.rows_per_block,
-                       "min_ctas_per_sm": self.min_ctas_per_sm, "dynamic_shared_bytes": self.dynamic_shared_bytes},
+                       "min_ctas_per_sm": self.min_ctas_per_sm, "dynamic_shared_bytes": self.dynamic_shared_bytes,
+                       "shared_buffer_bytes": self.shared_buffer_bytes},
             "vector_tail": {"policy": self.tail_policy, "max_iterations": self.tail_max_iterations},
             "loads_in_flight": self.loads_in_flight,
         }

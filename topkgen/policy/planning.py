@@ -7,6 +7,7 @@ from typing import Iterable
 from topkgen.policy.model import (
     DTYPE_SIZES, DTYPE_TAGS, K_COVERED, LARGE_K_PATH, MAX_THREADS_PER_BLOCK, MODES, MODE_TAGS, N_MAX, VECTOR_BYTES,
     ArchTuning, DispatchError, Family, KernelSpec, Policy, Rule)
+CANDIDATE_BYTES = 8  # a packed candidate (key and index) in the radix kernels' buffer
 
 
 def arch_capability(arch: str) -> tuple[int, int]:
@@ -65,6 +66,7 @@ def _kernel(policy: Policy, rule: Rule, tuning: ArchTuning, family: Family, dtyp
     else:
         n_min, n_max, work_tag = rule.n_min, rule.n_max, "dyn"
     name = f"topk_{rule.family}_{work_tag}_k{k}_{MODE_TAGS[mode]}_{DTYPE_TAGS[dtype]}_{tuning.name}"
+    shared = _dynamic_shared_bytes(rule, tuning, n_max, vec, DTYPE_SIZES[dtype])
     return KernelSpec(
         name=name, arch=tuning.name, family=rule.family, template=family.template, rule=rule.name,
         work=rule.work, dtype=dtype, k=k, k_min=k_min, n_min=n_min, n_max=n_max, exact_n=exact,
@@ -76,9 +78,18 @@ def _kernel(policy: Policy, rule: Rule, tuning: ArchTuning, family: Family, dtyp
         aot=rule.aot and dtype in policy.aot_dtypes,
         max_registers=family.max_registers, spills_allowed=family.spills_allowed,
         target=tuning.target if tuning.arch_specific else "", ship_ptx=tuning.ship_ptx,
-        dynamic_shared_bytes=_dynamic_shared_bytes(rule, tuning, n_max, vec, DTYPE_SIZES[dtype]),
+        dynamic_shared_bytes=shared, shared_buffer_bytes=_shared_buffer_bytes(tuning, shared, k),
         loads_in_flight=loads,
     )
+
+
+def _shared_buffer_bytes(tuning: ArchTuning, dynamic: int, k: int) -> int:
+    """A radix kernel's candidate buffer past a resident row's copy (split.SharedMemory): the
+    arch's shared_buffer_per_k candidates (8 bytes each) per K, in whole 16-byte units, or all
+    of its dynamic shared memory when the policy has none; at most all of it."""
+    if tuning.shared_buffer_per_k is None:
+        return dynamic
+    return min(dynamic, -(-tuning.shared_buffer_per_k * k * CANDIDATE_BYTES // VECTOR_BYTES) * VECTOR_BYTES)
 
 
 def _dynamic_shared_bytes(rule: Rule, tuning: ArchTuning, n_max: int, vec: int, size: int) -> int:
@@ -118,7 +129,7 @@ def large_kernel(policy: Policy, arch: str, dtype: str, mode: str) -> KernelSpec
         tail_max_iterations=tuning.tail_max_iterations, aot=False, max_registers=family.max_registers,
         spills_allowed=family.spills_allowed, target=tuning.target if tuning.arch_specific else "",
         ship_ptx=tuning.ship_ptx, dynamic_shared_bytes=tuning.shared_row_bytes,
-        loads_in_flight=tuning.loads_in_flight)
+        shared_buffer_bytes=_shared_buffer_bytes(tuning, tuning.shared_row_bytes, N_MAX), loads_in_flight=tuning.loads_in_flight)
     policy._kernel_cache[key] = spec
     return spec
 

@@ -29,6 +29,36 @@ WORKSPACE_ALIGN = 256         # the candidate values start at a multiple of this
 WORKSPACE_ALIGNMENT = 16      # and the workspace itself at a multiple of this (16-byte loads)
 INDEX_BYTES = 8               # candidate indices are int64, as the output's are
 UNSORTED_FLAG = 1             # topkgen.manifest.params.OUTPUT_FLAGS["unsorted"] (the policy stage comes first)
+SHARED_ALIGN = 16             # a resident row's copy (with its alignment room) ends at a multiple of this
+# How a launch's dynamic shared memory follows from the elements e (of s bytes) its CTA reads, in
+# the manifest's words (kernels[i].launch.shared_bytes, schema 6): SharedMemory.bytes_for.
+SHARED_BYTES_RULE = ("0 if dynamic_shared_bytes == 0 else min(dynamic_shared_bytes, "
+                     "align_up((e + 16 / s - 1) * s, 16) + shared_buffer_bytes)")
+
+
+@dataclass(frozen=True)
+class SharedMemory:
+    """The dynamic shared memory rule of a kernel's launches (manifest schema 6: kernels[i].launch's
+    dynamic_shared_bytes and shared_buffer_bytes, the kernel's dtype size): a launch whose CTA reads
+    at most `elements` elements gets `bytes_for(elements)`, and passes the same number to the
+    kernel (its `shared_bytes` parameter), which sizes its resident row and candidate buffer by it."""
+
+    maximum: int       # launch.dynamic_shared_bytes: what the kernel was compiled for (0: none)
+    buffer_bytes: int  # launch.shared_buffer_bytes: the candidate buffer a resident row gets past its copy
+    itemsize: int      # bytes per element of x
+
+    def bytes_for(self, elements: int) -> int:
+        """0 when the kernel has none, else min(maximum, align_up((elements + V - 1) x size, 16)
+        + buffer_bytes) with V = 16 / size: the row's copy with its alignment room, then the buffer
+        (the maximum when the row does not fit: all of it holds candidates)."""
+        if self.maximum == 0:
+            return 0
+        vec = SHARED_ALIGN // self.itemsize
+        copy = -(-(elements + vec - 1) * self.itemsize // SHARED_ALIGN) * SHARED_ALIGN
+        return min(self.maximum, copy + self.buffer_bytes)
+
+
+NO_SHARED = SharedMemory(0, 0, 1)  # a register kernel's launches: no dynamic shared memory
 
 
 def scratch_bytes(rows: int, k: int) -> int:
@@ -82,15 +112,19 @@ class Stage:
     """One launch of a request: CTAs for `grid_rows` rows (the grid is
     ceil_div(grid_rows, rows_per_block)); `buffers` maps each pointer parameter to the buffer
     it gets ("x", "values", "indices", "candidate_values", "candidate_indices", or None for
-    null), `scalars` holds the others. Every backend and loader launches these."""
+    null), `scalars` holds the others. Every backend and loader launches these, with
+    `shared_bytes` of dynamic shared memory (SharedMemory.bytes_for the elements one of its CTAs
+    reads; also the kernel's `shared_bytes` scalar)."""
 
     grid_rows: int
     buffers: dict[str, str | None]
     scalars: dict[str, int]
+    shared_bytes: int = 0
 
 
 def stages(rows: int, n: int, k: int, largest: bool, plan: ChunkPlan | None, *, flags: int = 0,
-           scratch: bool = False, window_bytes: int = 0, starts: bool = False) -> list[Stage]:
+           scratch: bool = False, window_bytes: int = 0, starts: bool = False,
+           shared: SharedMemory = NO_SHARED) -> list[Stage]:
     """The launches of a request: one, or a split's two (stage 1 over chunks into the
     workspace's candidates, stage 2 over the candidates into the output). `flags` is the
     output's (topkgen.manifest.params.OUTPUT_FLAGS: 1 unsorted, 2 int32 indices); stage 1
@@ -101,23 +135,27 @@ def stages(rows: int, n: int, k: int, largest: bool, plan: ChunkPlan | None, *, 
     candidates go to the buffer "scratch" (int32 indices), else null. `window_bytes`: a
     ragged batch's lengths element size (4 or 8; 0: dense rows, its pointers null), with
     `starts` when it has window starts: both stages read them on the device, and stage 2
-    gets stage 1's n (`split_n`) to find each row's candidates."""
+    gets stage 1's n (`split_n`) to find each row's candidates. `shared`: the kernel's dynamic
+    shared memory rule; a launch's CTA reads n elements (one CTA per row), the last chunk (a
+    split's stage 1: the largest) or chunks x k candidates (stage 2)."""
     flag = int(bool(largest))
     ragged = {"lengths": "lengths" if window_bytes else None, "starts": "starts" if window_bytes and starts else None}
     window = {"window_bytes": window_bytes}
     if plan is None:
+        one = shared.bytes_for(n)
         return [Stage(rows, {"x": "x", "x_indices": None, "values": "values", "indices": "indices", **ragged,
                              "scratch": "scratch" if scratch else None},
                       {"rows": rows, "n": n, "k": k, "largest": flag, "chunk": n, "row_stride": n, "flags": flags,
-                       **window, "split_n": 0})]
+                       **window, "split_n": 0, "shared_bytes": one}, one)]
     m = plan.candidates
+    first, second = shared.bytes_for(plan.last_chunk), shared.bytes_for(m)
     return [Stage(rows * plan.chunks,
                   {"x": "x", "x_indices": None, "values": "candidate_values", "indices": "candidate_indices", **ragged,
                    "scratch": None},
                   {"rows": rows, "n": n, "k": k, "largest": flag, "chunk": plan.chunk, "row_stride": n,
-                   "flags": UNSORTED_FLAG, **window, "split_n": 0}),
+                   "flags": UNSORTED_FLAG, **window, "split_n": 0, "shared_bytes": first}, first),
             Stage(rows,
                   {"x": "candidate_values", "x_indices": "candidate_indices", "values": "values", "indices": "indices",
                    **ragged, "scratch": None},
                   {"rows": rows, "n": m, "k": k, "largest": flag, "chunk": m, "row_stride": m, "flags": flags,
-                   **window, "split_n": n if window_bytes else 0})]
+                   **window, "split_n": n if window_bytes else 0, "shared_bytes": second}, second)]

@@ -10,9 +10,11 @@ the CPU reference the tests compare with. `from topkgen.runtime import TopK` sta
 
 from __future__ import annotations
 
-from topkgen.runtime.backend import Launch, NoGpuError, TopKError, arguments, dtype_name, launch_arguments
+from topkgen.runtime.backend import (Launch, NoGpuError, TopKError, arguments, dtype_name, launch_arguments,
+                                     launch_shared_bytes)
 from topkgen.runtime.cuda_backend import allow_dynamic_shared, array_device, check_device, gpu_unavailable, pointer_device
 from topkgen.runtime.topk import BACKENDS, TopK, jit_disabled
 
 __all__ = ["BACKENDS", "Launch", "NoGpuError", "TopK", "TopKError", "allow_dynamic_shared", "arguments", "array_device",
-           "check_device", "dtype_name", "gpu_unavailable", "jit_disabled", "launch_arguments", "pointer_device"]
+           "check_device", "dtype_name", "gpu_unavailable", "jit_disabled", "launch_arguments", "launch_shared_bytes",
+           "pointer_device"]

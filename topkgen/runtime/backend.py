@@ -13,7 +13,7 @@ import numpy as np
 from topkgen.common.errors import InputError
 from topkgen.policy import DTYPE_SIZES
 from topkgen.manifest.params import params
-from topkgen.policy.split import WORKSPACE_ALIGNMENT, ChunkPlan, Stage, stages
+from topkgen.policy.split import WORKSPACE_ALIGNMENT, ChunkPlan, SharedMemory, Stage, stages
 from topkgen.common import suggest
 # The C types of the non-pointer parameters (topkgen.build.render.PARAM_TYPES) as numpy scalars,
 # which both backends pass with their C types.
@@ -31,16 +31,21 @@ class NoGpuError(TopKError):
 
 @dataclass(frozen=True)
 class Launch:
-    """A kernel's launch configuration, as the manifest gives it."""
+    """A kernel's launch configuration, as the manifest gives it: `dynamic_shared_bytes` is the
+    most any launch gets (the function's limit is raised to it), `shared` the rule each launch's
+    own follows (launch.shared_bytes: Stage.shared_bytes)."""
 
     threads: int
     rows_per_block: int
     dynamic_shared_bytes: int
+    shared: SharedMemory = SharedMemory(0, 0, 1)
 
     @classmethod
     def of(cls, record: dict) -> "Launch":
         launch = record["launch"]
-        return cls(launch["threads_per_block"], launch["rows_per_block"], launch["dynamic_shared_bytes"])
+        return cls(launch["threads_per_block"], launch["rows_per_block"], launch["dynamic_shared_bytes"],
+                   SharedMemory(launch["dynamic_shared_bytes"], launch["shared_buffer_bytes"],
+                                DTYPE_SIZES[record["dtype"]]))
 
     def grid(self, rows: int) -> int:
         return (rows + self.rows_per_block - 1) // self.rows_per_block
@@ -78,9 +83,16 @@ class _Work:
 
 def launch_arguments(spec: Any, x: Any, values: Any, indices: Any, rows: int, n: int, k: int, largest: bool) -> list[Any]:
     """The arguments of one unsplit launch of a kernel (a KernelSpec), for code that launches
-    kernels itself (tests, benchmarks), by the same rule as every runtime launch."""
-    (stage,) = stages(rows, n, k, largest, None)
+    kernels itself (tests, benchmarks), by the same rule as every runtime launch; its dynamic
+    shared memory is launch_shared_bytes(spec, n)."""
+    (stage,) = stages(rows, n, k, largest, None, shared=spec.shared)
     return arguments(params(spec), stage, {"x": x, "values": values, "indices": indices}, None)
+
+
+def launch_shared_bytes(spec: Any, n: int) -> int:
+    """The dynamic shared memory of one unsplit launch of a kernel (a KernelSpec) over rows of n:
+    what launch_arguments passes as its `shared_bytes` (split.SharedMemory)."""
+    return spec.shared.bytes_for(n)
 
 
 class _View:

@@ -228,14 +228,15 @@ class _CudaBackend(_Backend):
                                                            view.array)
         # The driver's default limit on dynamic shared memory is 48 KiB less the kernel's
         # static shared memory (cuda.h, CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES), so
-        # any kernel launched with some gets its limit set, once.
+        # any kernel launched with some gets its limit set, once, to the most a launch gets
+        # (each launch gets its own, Stage.shared_bytes: manifest launch.shared_bytes).
         nbytes = work.launch.dynamic_shared_bytes
         if nbytes and self._shared_allowed.get(id(work.kernel), (None, 0))[1] < nbytes:
             self._allow_dynamic_shared(work.kernel, nbytes)
             self._shared_allowed[id(work.kernel)] = (work.kernel, nbytes)
         for stage in work.stages:
             config = core.LaunchConfig(grid=work.launch.grid(stage.grid_rows), block=work.launch.threads,
-                                       shmem_size=work.launch.dynamic_shared_bytes)
+                                       shmem_size=stage.shared_bytes)
             # cuda.core passes Python ints as pointers (0: null) and numpy scalars with their C types.
             core.launch(cuda_stream, config, work.kernel, *arguments(work.params, stage, pointers, 0))
         if release is not None:

@@ -96,7 +96,7 @@ class _EmulatorBackend(_Backend):
         for stage in work.stages:
             work.kernel.launch(work.name, work.launch.grid(stage.grid_rows), work.launch.threads,
                                arguments(work.params, stage, pointers, None),
-                               shared_bytes=work.launch.dynamic_shared_bytes)
+                               shared_bytes=stage.shared_bytes)
         if out is not None:  # the bits, into uint16 values too
             out[0][...] = values.reshape(shape).view(out[0].dtype)
             out[1][...] = indices.reshape(shape)  # of out[1]'s type (check): a copy, no conversion

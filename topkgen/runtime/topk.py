@@ -248,9 +248,11 @@ class TopK:
         kernel = self._kernel(choice) if view.rows else None  # an empty batch loads and compiles nothing
         entry = self._entries[choice.kernel]
         ragged = (windows.window_bytes, windows.has_starts) if windows is not None else (0, False)
-        work = _Work(kernel, choice.kernel, Launch.of(entry), entry["params"],
+        launch = Launch.of(entry)
+        work = _Work(kernel, choice.kernel, launch, entry["params"],
                      stages(view.rows, view.n, k, largest, plan, flags=output_flags(sorted_, index_dtype),
-                            scratch=scratch > 0, window_bytes=ragged[0], starts=ragged[1]) if view.rows else [],
+                            scratch=scratch > 0, window_bytes=ragged[0], starts=ragged[1],
+                            shared=launch.shared) if view.rows else [],
                      plan, index_dtype, scratch, windows.pointers if windows is not None else {})
         return self._backend.run(work, view, k, arrays, stream)
 

@@ -6,7 +6,9 @@
 //                               fp32, bf16, fp16, ...; JIT 0 or 1, the numbers whole 64-bit
 //                               integers; any other line stops it, an error naming stdin:LINE)
 //                               print, line by line and flushed, "KERNEL" (no ROWS: the batch
-//                               size unknown) or "KERNEL CHUNKS WORKSPACE_BYTES VALUES_OFFSET",
+//                               size unknown) or "KERNEL CHUNKS WORKSPACE_BYTES VALUES_OFFSET
+//                               SHARED_BYTES" (SHARED_BYTES: each launch's dynamic shared memory,
+//                               [S] or [S1,S2] for a split's stages; schema 6),
 //                               or "error: MESSAGE"; --format json: one object per line with
 //                               those names ({"kernel": ..., "chunks": ...} or {"error": ...}).
 //                               Exit 0 when every request was served, 1 when one was refused.
@@ -19,7 +21,8 @@
 //   topkgen-cpp launch DIR ARCH DTYPE K N ROWS MODE JIT LARGEST IN VALUES INDICES [LENGTHS [STARTS]]
 //                               top-k of ROWS x N elements read from IN on the GPU (split
 //                               when the bundle says so), outputs written raw to VALUES and
-//                               INDICES (int64); prints the kernel and its chunks per row
+//                               INDICES (int64), each launch with the dynamic shared memory
+//                               select prints; prints the kernel and its chunks per row
 //                               (ROWS 0: empty outputs, nothing launched)
 //                               [LENGTHS [STARTS]]: a ragged batch, ROWS raw int64 each (the
 //                               windows of topkgen.runtime's lengths= and starts=)
@@ -160,6 +163,7 @@ int select(const std::string& dir, bool json, topkgen::Options options, std::int
         answer["chunks"] = p.chunks;
         answer["workspace_bytes"] = p.workspace_bytes;
         answer["values_offset"] = p.values_offset;
+        answer["shared_bytes"] = p.shared_bytes();  // each launch's dynamic shared memory (schema 6)
         if (p.flags) answer["flags"] = p.flags;  // a request with options (a fifth column only then)
       }
     } catch (const topkgen::Error& err) {

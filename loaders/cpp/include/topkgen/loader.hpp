@@ -65,12 +65,16 @@ class Error : public std::runtime_error {
 
 constexpr std::int64_t N_MAX = 2147483647;
 constexpr std::int64_t ROWS_MAX = 2147483647;
-constexpr int SCHEMA_VERSION = 5;  // 5: output flags, ragged batches, split_rules and load_order; 4: k up to n (K rungs to 4096, the large-k path), options
+constexpr int SCHEMA_VERSION = 6;  // 6: shared memory sized to the row (launch.shared_bytes); 5: output flags, ragged batches, split_rules and load_order; 4: k up to n (K rungs to 4096, the large-k path), options
 constexpr std::int64_t SM_COUNT_MAX = 1024;  // as the policy schema bounds split.sm_count
 constexpr std::uint64_t WORKSPACE_ALIGN = 256;  // candidate values start at a multiple of it (topkgen.policy.split)
 constexpr std::uint64_t WORKSPACE_ALIGNMENT = 16;  // and the workspace itself at a multiple of this
 constexpr std::int64_t GRID_MAX = 2147483647;      // CTAs of one launch (grid.x)
 constexpr std::int64_t DYNAMIC_SHARED_MAX = 232448;  // the largest opt-in shared memory per block (sm_90, sm_100)
+// How a launch's dynamic shared memory follows from the elements e (of s bytes) its CTAs read (schema 6:
+// launch.shared_bytes; topkgen.policy.split.SHARED_BYTES_RULE, the same words): Kernel::shared_bytes_for.
+constexpr const char* SHARED_BYTES_RULE =
+    "0 if dynamic_shared_bytes == 0 else min(dynamic_shared_bytes, align_up((e + 16 / s - 1) * s, 16) + shared_buffer_bytes)";
 
 namespace cu {
 using Result = int;
@@ -216,10 +220,20 @@ struct Kernel {
   std::vector<std::string> params;  // parameter names in launch order (their C types are checked at load)
   std::int64_t k = 0, k_min = 0, n_min = 0, n_max = 0;
   unsigned threads_per_block = 0, rows_per_block = 0, dynamic_shared_bytes = 0;
+  unsigned shared_buffer_bytes = 0;  // launch.shared_buffer_bytes (schema 6)
   std::string data;  // the file's bytes, read and checked at load
 
   bool serves_mode(const std::string& m) const { return std::find(serves.begin(), serves.end(), m) != serves.end(); }
   bool takes(const std::string& p) const { return std::find(params.begin(), params.end(), p) != params.end(); }
+  // The dynamic shared memory of one launch whose CTAs read at most `elements` elements, also
+  // its shared_bytes argument (launch.shared_bytes, schema 6; topkgen.policy.split.SharedMemory):
+  // 0 without any, else min(dynamic_shared_bytes, align_up((e + 16 / s - 1) x s, 16) + shared_buffer_bytes).
+  unsigned shared_bytes_for(std::int64_t elements) const {
+    if (dynamic_shared_bytes == 0) return 0;
+    const std::int64_t s = dtype == "float32" ? 4 : 2;
+    const std::int64_t copy = ((elements + 16 / s - 1) * s + 15) / 16 * 16;
+    return static_cast<unsigned>(std::min<std::int64_t>(dynamic_shared_bytes, copy + shared_buffer_bytes));
+  }
 };
 
 // How a request is served: the kernel and its chunks per row (1: one launch, one CTA per
@@ -245,6 +259,12 @@ struct Plan {
   int flags = 0;                        // the output launch's flags (FLAG_*)
   bool scratch = false;                 // the workspace is the large-k path's scratch (int32 indices)
   std::size_t index_bytes() const { return (flags & FLAG_INT32_INDICES) ? 4 : 8; }
+  // The dynamic shared memory of each launch (schema 6): one CTA per row reads n elements; a
+  // split's stage 1 at most its last chunk, its stage 2 chunks x k candidates.
+  std::vector<unsigned> shared_bytes() const {
+    if (chunks <= 1) return {kernel->shared_bytes_for(n)};
+    return {kernel->shared_bytes_for(n - (chunks - 1) * chunk), kernel->shared_bytes_for(chunks * k)};
+  }
 };
 
 // One arch's split rule (manifest split_rules[arch], schema 5; topkgen.policy.model.SplitTuning).
@@ -1413,7 +1433,7 @@ inline const std::vector<std::pair<std::string, std::string>>& param_types() {
       {"x", "const {t}*"}, {"x_indices", "const long long*"}, {"values", "{t}*"}, {"indices", "long long*"},
       {"rows", "int"}, {"n", "int"}, {"k", "int"}, {"largest", "int"}, {"chunk", "int"}, {"row_stride", "long long"},
       {"flags", "int"}, {"lengths", "const void*"}, {"starts", "const void*"}, {"window_bytes", "int"}, {"split_n", "int"},
-      {"scratch", "void*"}};
+      {"shared_bytes", "int"}, {"scratch", "void*"}};
   return types;
 }
 
@@ -1656,9 +1676,10 @@ class Bundle {
     const Windows w = windows.lengths == 0 ? Windows{} : windows;
     cu::Function fn = function(kern);
     const int flag = largest ? 1 : 0;
+    const std::vector<unsigned> shared = p.shared_bytes();  // each launch's dynamic shared memory
     if (p.chunks == 1) {
       stage(fn, kern, stream, rows, {x, 0, values, indices, p.scratch ? workspace : 0}, {rows, n, k, flag, n, p.flags}, n,
-            w, 0);
+            w, 0, shared[0]);
       return;
     }
     const int chunks = static_cast<int>(p.chunks), m = chunks * k;
@@ -1666,9 +1687,9 @@ class Bundle {
     // Stage 1 writes the workspace's int64 candidates in no order stage 2 needs: unsorted, whatever
     // the request asks (stage 2 selects and sorts again; deterministic kernels sort regardless).
     stage(fn, kern, stream, static_cast<std::int64_t>(rows) * chunks, {x, 0, cand_values, cand_indices, 0},
-          {rows, n, k, flag, static_cast<int>(p.chunk), FLAG_UNSORTED}, n, w, 0);
+          {rows, n, k, flag, static_cast<int>(p.chunk), FLAG_UNSORTED}, n, w, 0, shared[0]);
     stage(fn, kern, stream, rows, {cand_values, cand_indices, values, indices, 0}, {rows, m, k, flag, m, p.flags}, m, w,
-          w.lengths != 0 ? n : 0);  // stage 2 finds each window's candidates from stage 1's n
+          w.lengths != 0 ? n : 0, shared[1]);  // stage 2 finds each window's candidates from stage 1's n
   }
 
  private:
@@ -1716,9 +1737,11 @@ class Bundle {
     int rows, n, k, largest, chunk, flags;
   };
 
-  // One launch: grid.x = ceil_div(grid_rows, rows_per_block), arguments by param name.
+  // One launch: grid.x = ceil_div(grid_rows, rows_per_block), `shared` bytes of dynamic shared
+  // memory (also its shared_bytes argument), arguments by param name.
   void stage(cu::Function fn, const Kernel& kern, cu::Stream stream, std::int64_t grid_rows, Pointers ptr, Ints v,
-             long long row_stride, Windows w, int split_n) {
+             long long row_stride, Windows w, int split_n, unsigned shared) {
+    int shared_bytes = static_cast<int>(shared);
     std::vector<void*> args;
     for (const std::string& name : kern.params) {
       if (name == "x") args.push_back(&ptr.x);
@@ -1736,12 +1759,13 @@ class Bundle {
       else if (name == "starts") args.push_back(&w.starts);
       else if (name == "window_bytes") args.push_back(&w.window_bytes);
       else if (name == "split_n") args.push_back(&split_n);
+      else if (name == "shared_bytes") args.push_back(&shared_bytes);
       else if (name == "scratch") args.push_back(&ptr.scratch);
       else throw Error("kernel " + kern.name + ": unknown parameter '" + name + "'");  // refused at load
     }
     const cu::Driver& d = cu::Driver::get();
     unsigned grid = static_cast<unsigned>((grid_rows + kern.rows_per_block - 1) / kern.rows_per_block);
-    d.check(d.LaunchKernel(fn, grid, 1, 1, kern.threads_per_block, 1, 1, kern.dynamic_shared_bytes, stream, args.data(),
+    d.check(d.LaunchKernel(fn, grid, 1, 1, kern.threads_per_block, 1, 1, shared, stream, args.data(),
                            nullptr),
             "cuLaunchKernel");
   }
@@ -1793,6 +1817,9 @@ class Bundle {
     if (integer && *it == 3)
       throw Error(doc_.file + ": schema_version: 3 stops k at 1024 and has no options (sorted, index_dtype); rebuild "
                   "the bundle (topkgen build)");
+    if (integer && *it == 5)
+      throw Error(doc_.file + ": schema_version: 5 launches every radix kernel with all of its dynamic shared memory and "
+                  "has no shared_bytes parameter (its kernels size nothing to the row); rebuild the bundle (topkgen build)");
     if (integer && *it == 4)
       throw Error(doc_.file + ": schema_version: 4 has no output flags, ragged-batch parameters, split_rules or "
                   "load_order (its kernels always sort, write int64 indices and read dense rows; a split for the GPU's "
@@ -1832,6 +1859,9 @@ class Bundle {
         e.threads_per_block = static_cast<unsigned>(doc_.integer(launch, "threads_per_block", lf, 32, 1024));
         e.rows_per_block = static_cast<unsigned>(doc_.integer(launch, "rows_per_block", lf, 1, 32));
         e.dynamic_shared_bytes = static_cast<unsigned>(doc_.integer(launch, "dynamic_shared_bytes", lf, 0, DYNAMIC_SHARED_MAX));
+        e.shared_buffer_bytes = static_cast<unsigned>(doc_.integer(launch, "shared_buffer_bytes", lf, 0, DYNAMIC_SHARED_MAX));
+        if (doc_.str(launch, "shared_bytes", lf) != SHARED_BYTES_RULE)
+          doc_.fail(lf + ".shared_bytes", "unknown shared memory rule '" + doc_.str(launch, "shared_bytes", lf) + "'");
         if (!e.aot) e.nvrtc_options = doc_.strings(j, "nvrtc_options", e.field);
         if (auto ptx = j.find("ptx"); e.aot && ptx != j.end()) {  // schema 5: PTX beside the cubin
           e.ptx_path = doc_.str(*ptx, "path", e.field + ".ptx");
