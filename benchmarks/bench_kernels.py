@@ -25,7 +25,7 @@ import argparse
 import json
 import sys
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -233,9 +233,13 @@ def measure_split(kernels: Kernels, dtype: str, n: int, k: int, batches: tuple[i
     def floor_us(rows: int) -> float:
         return (rows * n * x.itemsize + rows * k * (x.itemsize + 8)) / HBM_BYTES_PER_S * 1e6
 
+    def issued(counts, ctas: int) -> float:  # warp instructions per CTA: the model's issue bound
+        return kernels.counter(spec).count(counts, spec.name).warp_instructions / ctas
+
     (whole,) = run(1)
     whole_per_key = per_key([whole])
-    one_cta = _facts(kernels, spec, whole, n, 1, x.nbytes, spec.shared.bytes_for(n))
+    one_cta = replace(_facts(kernels, spec, whole, n, 1, x.nbytes, spec.shared.bytes_for(n)),
+                      warp_instructions_per_row=issued(whole, 1))
     out = []
     for rows in batches:
         sel = policy.select(kernels.policy, ARCH, dtype, k, n, rows=rows)
@@ -246,9 +250,11 @@ def measure_split(kernels: Kernels, dtype: str, n: int, k: int, batches: tuple[i
             continue
         plan = sel.split
         first, second = run(plan.chunks)
-        stage1 = _facts(kernels, spec, first, n, plan.chunks, x.nbytes, spec.shared.bytes_for(plan.last_chunk))
+        stage1 = replace(_facts(kernels, spec, first, n, plan.chunks, x.nbytes, spec.shared.bytes_for(plan.last_chunk)),
+                         warp_instructions_per_row=issued(first, plan.chunks))
         merged = plan.candidates * x.itemsize
-        stage2 = _facts(kernels, spec, second, plan.candidates, 1, merged, spec.shared.bytes_for(plan.candidates))
+        stage2 = replace(_facts(kernels, spec, second, plan.candidates, 1, merged, spec.shared.bytes_for(plan.candidates)),
+                         warp_instructions_per_row=issued(second, 1))
         seconds = (estimate_seconds(rows * plan.chunks, plan.chunk, k, x.itemsize, stage1)[0]
                    + estimate_seconds(rows, plan.candidates, k, x.itemsize, stage2)[0])
         out.append(SplitRow(dtype, n, k, rows, spec.name, plan.chunks, plan.chunk, stage1.reads_per_element,

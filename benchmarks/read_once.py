@@ -59,19 +59,19 @@ def measure(kernels: Kernels, dtype: str, n: int, k: int, kind: str = "normal") 
             pointers["candidate_indices"] = space[:plan.candidates * 8].view(np.int64)
             pointers["candidate_values"] = space[plan.values_offset:plan.values_offset
                                                  + plan.candidates * x.itemsize].view(x.dtype)
+        launches = stages(1, n, k, True, plan, shared=spec.shared)
         counts = [module.launch(spec.name, s.grid_rows, spec.threads, arguments(params(spec), s, pointers, None),
-                                shared_bytes=spec.dynamic_shared_bytes, counters=True)
-                  for s in stages(1, n, k, True, plan)]
+                                shared_bytes=s.shared_bytes, counters=True) for s in launches]
         if not np.array_equal(reference.select_keys(values, True), reference.select_keys(expect, True)):
             raise SystemExit(f"read_once: {spec.name} in {c} chunks returned a wrong top-{k} of {n}")
         return counts
 
-    def facts(counts, elements, ctas, input_bytes):
-        f = _facts(kernels, spec, counts, elements, ctas, input_bytes)
+    def facts(counts, elements, ctas, input_bytes, part):
+        f = _facts(kernels, spec, counts, elements, ctas, input_bytes, spec.shared.bytes_for(part))
         return dataclasses.replace(f, warp_instructions_per_row=counter.count(counts, spec.name).warp_instructions / ctas)
 
     (whole,) = run(1)
-    one = facts(whole, n, 1, x.nbytes)
+    one = facts(whole, n, 1, x.nbytes, n)
     out, runs = [], {}
     for rows in BATCHES:
         chunks = tuning.chunks(rows, n, spec.k, resident) if split_capable(spec) else 1
@@ -90,8 +90,8 @@ def measure(kernels: Kernels, dtype: str, n: int, k: int, kind: str = "normal") 
         if split is not None:
             first, second = split
             plan = ChunkPlan(rows, n, k, chunks, x.itemsize)
-            s1 = facts(first, n, chunks, x.nbytes)
-            s2 = facts(second, plan.candidates, 1, plan.candidates * x.itemsize)
+            s1 = facts(first, n, chunks, x.nbytes, plan.last_chunk)
+            s2 = facts(second, plan.candidates, 1, plan.candidates * x.itemsize, plan.candidates)
             row.update(split_reads=(first.global_load_bytes + second.global_load_bytes) / x.nbytes,
                        split_instr=(counter.count(first, spec.name).warp_instructions
                                     + counter.count(second, spec.name).warp_instructions) / n,
