@@ -422,12 +422,15 @@ class Counter:
 
         return compile_source(self.inst.source, name=self.name)
 
-    def count(self, counters, kernel: str | None = None) -> Census:
+    def count(self, counters, kernel: str | None = None, opcode: str | None = None) -> Census:
         """The census of one counted launch of `module()` (Counters with warp_sites): the
-        SASS of `kernel` (its symbol; default: every function of the cubin)."""
+        SASS of `kernel` (its symbol; default: every function of the cubin), only the
+        instructions whose opcode starts with `opcode` when it is given (e.g. "SHFL")."""
         own = [i for i in self.instructions if kernel is None or i.function == kernel]
         if not own:
             raise ValueError(f"{self.name}: no function {kernel!r} in the SASS")
+        if opcode is not None:  # of what can issue (the padding after EXIT holds a BRA)
+            own = [i for i in _issued(own) if i.opcode.startswith(opcode)]
         return self.map.count(own, _fold(counters, self.inst, self.map.dropped))
 
 
