@@ -6,8 +6,9 @@ The method, in three steps (sass.py reads the SASS) (benchmarks/README.md words 
    every code block of the source the emulator compiles: function and lambda bodies, loop
    bodies (a loop without braces is given them), braced if/else branches. It adds no line,
    so line numbers stay those of the source NVRTC compiles. A loop under `#pragma unroll`
-   (fully unrolled: its SASS has one copy per iteration) and everything inside it gets no
-   site; so does a braced branch written on one line (the compiler predicates such code).
+   (fully unrolled: its SASS has one copy per iteration) gets a site of kind "unrolled",
+   which the count leaves out of paths (`_fold`); a braced branch written on one line gets
+   none (the compiler predicates such code).
    On the emulator a site counts a *warp* execution once per distinct instance among the
    warp's lanes (include/topkgen_sim.h, WarpSite): a warp issues a block when any lane runs it.
 2. `sass(source, name, arch)` compiles the very same source with NVRTC and `-lineinfo` (the
@@ -23,7 +24,9 @@ What it cannot see: stalls, replays (bank conflicts, uncoalesced accesses), dual
 scheduling; code the compiler moved across blocks (hoisted out of a loop it is still charged
 per trip), predicated code (charged as its block: a branch no lane takes costs nothing
 here, though a predicated one still issues). A loop whose body has no backward branch in
-SASS is taken as fully unrolled and charged as its enclosing block. A loop the compiler
+SASS is taken as fully unrolled and charged as its enclosing block: each SASS copy of its
+body once per execution of that block (tests: SHFL charged exactly the emulator's warp
+shuffles in loops NVRTC unrolls on its own). A loop the compiler
 unrolled partially (U copies in its back-edge ranges, R remainder copies outside them,
 told apart by their memory, barrier and collective instructions) is charged one copy per
 trip, and its guards and dispatch once per entry whether taken or not: few trips per entry
@@ -255,8 +258,9 @@ class SiteMap:
     SASS ranges (from the target of a backward branch the loop's lines own to that branch):
     the compiler attributes loop set-up (the first compare, hoisted invariants) to the loop's
     lines, and those run once per entry, as the enclosing block. A loop with no backward
-    branch is unrolled (as is one under `#pragma unroll`): it is left out of paths, and its
-    body's executions are spread over its copies (_fold)."""
+    branch is unrolled (as is one under `#pragma unroll`): it is left out of paths, each
+    copy of its body is charged as the enclosing block, and the blocks inside it are spread
+    over its copies (_fold)."""
 
     def __init__(self, inst: Instrumented, name: str, instructions: list["Instruction"],
                  labels: Mapping[str, int]) -> None:
@@ -422,12 +426,15 @@ class Counter:
 
         return compile_source(self.inst.source, name=self.name)
 
-    def count(self, counters, kernel: str | None = None) -> Census:
+    def count(self, counters, kernel: str | None = None, opcode: str | None = None) -> Census:
         """The census of one counted launch of `module()` (Counters with warp_sites): the
-        SASS of `kernel` (its symbol; default: every function of the cubin)."""
+        SASS of `kernel` (its symbol; default: every function of the cubin), only the
+        instructions whose opcode starts with `opcode` when it is given (e.g. "SHFL")."""
         own = [i for i in self.instructions if kernel is None or i.function == kernel]
         if not own:
             raise ValueError(f"{self.name}: no function {kernel!r} in the SASS")
+        if opcode is not None:  # of what can issue (the padding after EXIT holds a BRA)
+            own = [i for i in _issued(own) if i.opcode.startswith(opcode)]
         return self.map.count(own, _fold(counters, self.inst, self.map.dropped))
 
 
@@ -437,10 +444,19 @@ def _fold(counters, inst: Instrumented, dropped: set[int]) -> dict[tuple[int, ..
     inlined copies no line information tells apart) and once per iteration of an unrolled
     loop; each copy runs the mean share. So a path is charged its executions divided, for
     each function site and each unrolled loop on it, by a lane's mean entries of that site
-    under one instance of its parent; unrolled loops are then taken out of the path."""
+    under one instance of its parent; unrolled loops are then taken out of the path.
+
+    A path that ends at an unrolled loop is left out: its SASS copies are charged through the
+    path without it, the enclosing block's, which has executions of its own (a loop's site
+    is entered under its enclosing block's, a function body at the least), and each copy runs
+    once per execution of that block. Folding it in as well charged the whole enclosing block
+    twice per such loop. Deeper paths are folded: (A, B, C) with B unrolled is charged to
+    (A, C), divided by B's trips (C has one copy per iteration)."""
     out: dict[tuple[int, ...], float] = {}
     entries = counters.site_entries
     for path, n in counters.warp_sites.items():
+        if path and path[-1] in dropped:
+            continue
         weight = float(n)
         kept = []
         for i, site in enumerate(path):

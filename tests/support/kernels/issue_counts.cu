@@ -57,3 +57,17 @@ extern "C" __global__ void partial_unroll(const int* in, int* out, int trips) {
   __syncthreads();
   out[threadIdx.x] = s[(threadIdx.x * 7) & 255] + in[threadIdx.x];
 }
+
+// Shuffles in loops the compiler unrolls fully on its own (constant trip counts, no pragma):
+// a butterfly of 5 rounds in the kernel's body, and another one per trip of a kept loop of
+// `rounds` trips whose other work is a block barrier.
+extern "C" __global__ void unrolled_shuffles(const int* in, int* out, int rounds) {
+  int acc = in[threadIdx.x];
+  for (int d = 16; d > 0; d >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, d);
+#pragma unroll 1
+  for (int r = 0; r < rounds; ++r) {
+    __syncthreads();
+    for (int d = 1; d < 32; d <<= 1) acc ^= __shfl_xor_sync(0xffffffffu, acc, d) + r;
+  }
+  out[threadIdx.x] = acc;
+}
