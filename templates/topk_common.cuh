@@ -779,9 +779,11 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
       if (j < got && key == prefix) tie_bits |= 1u << j;
     }
     // Each lane appends its own candidates, one atomic for a piece's keys of each kind. Fast
-    // mode appends both kinds in one loop (two loops spill at 32 registers); deterministic
-    // mode appends the keys above, and the ties too unless ordered (the scan ranks those).
-    if constexpr (!DETERMINISTIC) {
+    // mode appends both kinds in one loop where a step holds one or two pieces (two loops
+    // spill at 32 registers there; with four pieces in flight the one loop does instead);
+    // deterministic mode appends the keys above, and the ties too unless ordered (the scan
+    // ranks those).
+    if constexpr (!DETERMINISTIC && UNROLL <= 2) {
       gather_append<Bits>(counters, above_bits, tie_bits, keys, first, cand, above, ties);
     } else {
       lane_append<Bits>(&counters[0], above_bits, keys, first, cand, 0x7fffffff);
