@@ -203,6 +203,24 @@ __device__ __forceinline__ void lane_append(int* counter, unsigned bits, const u
   }
 }
 
+// The gather's append of this lane's keys of a piece, both kinds in one loop (one copy of it
+// per piece, so that a kernel capped at 32 registers does not spill): the keys above the k-th
+// key's bucket (`above_bits`) at out[counters[0]++], its ties (`tie_bits`) at
+// out[above + counters[1]++] while that slot is below above + ties.
+template <typename Bits>
+__device__ __forceinline__ void gather_append(int* counters, unsigned above_bits, unsigned tie_bits,
+                                              const uint4& keys, int first, u64* out, int above, int ties) {
+  if ((above_bits | tie_bits) == 0u) return;
+  int a = above_bits != 0u ? atomicAdd(&counters[0], __popc(above_bits)) : 0;
+  int t = tie_bits != 0u ? above + atomicAdd(&counters[1], __popc(tie_bits)) : 0;
+  for (unsigned bits = above_bits | tie_bits; bits != 0u; bits &= bits - 1u) {
+    const int j = __ffs(int(bits)) - 1;
+    const bool is_above = (above_bits >> j) & 1u;
+    const int slot = is_above ? a++ : t++;
+    if (is_above || slot < above + ties) out[slot] = pack(piece_element<Bits>(keys, j), first + j);
+  }
+}
+
 // ----------------------------------------------------------------------------- radix digits
 
 // MSB-first digits of 11 bits (the last one narrower): 3 passes for 32-bit keys, 2 for 16-bit.
@@ -238,6 +256,38 @@ __device__ __forceinline__ void find_digit(const int* hist, int bins, int remain
     }
   }
   __syncthreads();
+}
+
+// Deterministic ties from the candidate buffer: of the `filled` entries whose key is `key`
+// (the k-th key, fully known), the `ties` of lowest index are those of largest low word
+// (~index). A radix select over the index's bits (every index is below n), 11 at a time from
+// the top, on those entries alone, as the passes select keys: it returns the floor and sets
+// floor_mask so that exactly those entries have (~index & floor_mask) >= floor (indices are
+// distinct, so the last digit's bucket is always taken whole). All threads call it.
+template <int THREADS>
+__device__ __forceinline__ unsigned tie_floor(const u64* buffer, int filled, unsigned key, int ties, int n, int* hist,
+                                              int* warp_sums, int* found, unsigned& floor_mask) {
+  unsigned floor = 0u, fmask = 0u;
+  int need = ties;
+  for (int top = 32 - __clz(max(n - 1, 1)); top > 0;) {
+    const int shift = max(top - kDigitBits, 0), bins = 1 << (top - shift);
+    for (int i = thread_index(); i < bins; i += THREADS) hist[i] = 0;
+    __syncthreads();
+    for (int i = thread_index(); i < filled; i += THREADS) {
+      const u64 entry = buffer[i];
+      const unsigned low = unsigned(entry);
+      if (unpack_key(entry) == key && (low & fmask) == floor) hist_add(hist, (low >> shift) & unsigned(bins - 1));
+    }
+    __syncthreads();
+    find_digit<THREADS>(hist, bins, need, warp_sums, found);
+    floor |= unsigned(found[0]) << shift;
+    fmask |= unsigned(bins - 1) << shift;
+    if (found[1] == found[2]) break;  // block-uniform: found is read after find_digit's barrier
+    need = found[1];
+    top = shift;
+  }
+  floor_mask = fmask;
+  return floor;
 }
 
 // ----------------------------------------------------------------------------- row access
@@ -638,7 +688,8 @@ struct RadixState {
 //   fits is filtered from the copy or the row in each pass (the fallback).
 // Passes take 11-bit digits MSB-first and stop early once the k-th key is resolved (its
 // bucket holds exactly the keys still to take, or a single key). Deterministic mode takes
-// the ties with the lowest indices (an ordered scan of the row); fast mode any of them.
+// the ties with the lowest indices (by index from the candidate buffer, or an ordered scan of
+// the row); fast mode any of them.
 // Row access goes through RowView alone, so a part of a row is served the same way: a CTA
 // takes a chunk of a row when `chunk` splits it (Part), and writes the chunk's top k at
 // blockIdx.x * k with indices in the row; with x_indices (a split's merge) the indices it
@@ -805,16 +856,16 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
   __syncthreads();
 
   // Gather: cand[0, k - ties) takes the keys above the k-th key's bucket, cand[k - ties, k)
-  // the ties needed. Deterministic mode takes the lowest-indexed ties, which needs the keys
-  // in index order: when only some ties are taken, a buffer (arrival order) is not used and
-  // the row is read in order instead.
+  // the ties needed. Deterministic mode takes the lowest-indexed ties: from the buffer, by a
+  // radix select over their indices (tie_floor); from the row or its copy, by reading it in
+  // index order, ranking the ties with a block-wide scan per piece (the fallback, when the
+  // buffer never held the candidates).
   counter_phase("gather");
   const unsigned prefix = state.prefix, mask = state.mask;
-  const int ties = state.remaining;
-  const int above = k - ties;
-  const bool ordered = DETERMINISTIC && ties < state.bucket;
-  const int source = state.source == kBuffer && ordered ? int(resident ? kSharedRow : kGlobalRow) : state.source;
-  int ties_before = 0;
+  const int ties = state.remaining, above = k - ties;
+  const bool ordered = DETERMINISTIC && state.remaining < state.bucket;  // ordered: the whole key is known
+  const int source = state.source;
+  int ties_before = 0;  // deterministic mode's ties ranked so far, in index order
   auto gather = [&](const uint4& keys, int first, int got) {
     unsigned above_bits = 0u, tie_bits = 0u;
 #pragma unroll
@@ -823,21 +874,34 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
       if (j < got && key > prefix) above_bits |= 1u << j;
       if (j < got && key == prefix) tie_bits |= 1u << j;
     }
-    // Each lane appends its own candidates, one atomic for a piece's keys of each kind.
-    lane_append<Bits>(&counters[0], above_bits, keys, first, cand, 0x7fffffff);
-    if (!ordered) lane_append<Bits>(&counters[1], tie_bits, keys, first, cand + above, ties);
-    if (ordered && ties_before < ties) {  // block-uniform; ordered implies the whole key is known
-      int total;
-      int rank = ties_before + block_exclusive_scan<THREADS>(__popc(tie_bits), warp_sums, total);
-      for (; tie_bits != 0u && rank < ties; ++rank) {
-        const int j = __ffs(int(tie_bits)) - 1;
-        tie_bits &= tie_bits - 1u;
-        cand[above + rank] = pack(prefix, first + j);
+    // Each lane appends its own candidates, one atomic for a piece's keys of each kind. Fast
+    // mode appends both kinds in one loop where a step holds one or two pieces (two loops
+    // spill at 32 registers there; with four pieces in flight the one loop does instead);
+    // deterministic mode appends the keys above, and the ties too unless ordered (the scan
+    // ranks those).
+    if constexpr (!DETERMINISTIC && UNROLL <= 2) {
+      gather_append<Bits>(counters, above_bits, tie_bits, keys, first, cand, above, ties);
+    } else {
+      lane_append<Bits>(&counters[0], above_bits, keys, first, cand, 0x7fffffff);
+      if (!ordered) lane_append<Bits>(&counters[1], tie_bits, keys, first, cand + above, ties);
+      if (ordered && ties_before < ties) {  // block-uniform
+        int total;
+        int rank = ties_before + block_exclusive_scan<THREADS>(__popc(tie_bits), warp_sums, total);
+        for (; tie_bits != 0u && rank < ties; ++rank) {
+          const int j = __ffs(int(tie_bits)) - 1;
+          tie_bits &= tie_bits - 1u;
+          cand[above + rank] = pack(prefix, first + j);
+        }
+        ties_before += total;
       }
-      ties_before += total;
     }
   };
   if (SMEM_BYTES > 0 && source == kBuffer) {
+    // A tie is taken when its low word (~index) is at or above the floor on the floor's bits:
+    // every tie in fast mode or when all are taken, the `ties` of lowest index otherwise.
+    unsigned floor = 0u, floor_mask = 0u;
+    if (ordered)
+      floor = tie_floor<THREADS>(buffer, counters[2], prefix, ties, n, hist, warp_sums, found, floor_mask);
     const int filled = counters[2], t = thread_index();
     for (int base = 0; base < filled; base += THREADS) {
       const bool valid = base + t < filled;
@@ -845,7 +909,8 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
       const unsigned key = unpack_key(entry) & mask;
       const int out = warp_append(&counters[0], valid && key > prefix);
       if (out >= 0) cand[out] = entry;
-      const int slot = warp_append(&counters[1], valid && key == prefix);
+      const bool tie = valid && key == prefix && (unsigned(entry) & floor_mask) >= floor;
+      const int slot = warp_append(&counters[1], tie);
       if (slot >= 0 && slot < ties) cand[above + slot] = entry;
     }
   } else if (SMEM_BYTES > 0 && source == kSharedRow) {

@@ -246,7 +246,7 @@ version: 1
 name: fuzz
 archs:
   sm_90: {capability: [9, 0], threads: 256, warps_per_block: 4, vector_tail: {policy: fixed, max_iterations: 4},
-          min_ctas_per_sm: {1024: 2}, shared_row_bytes: 65536}
+          min_ctas_per_sm: {1024: 2}}
   sm_100: {capability: [10, 0], threads: 256, warps_per_block: 4, vector_tail: {policy: runtime}}
 dtypes: {aot: [float32, bfloat16], jit: [float16]}
 families:

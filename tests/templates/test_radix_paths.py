@@ -18,6 +18,9 @@ from topkgen import policy as pol
 from topkgen.runtime import reference
 from topkgen.emulator import compile_source
 from topkgen.build.render import render
+from topkgen.manifest.params import params
+from topkgen.policy.split import ChunkPlan, stages
+from topkgen.runtime import arguments
 
 from ..support.topk_cases import PATTERNS, check_topk, launch_kernel, make_rows
 
@@ -160,15 +163,109 @@ def test_without_shared_memory_every_pass_reads_the_row():
     _run(("sm_100", "float32", "deterministic"), x)
 
 
-def test_deterministic_ties_split_by_index_read_the_row_in_order():
-    """Ties at the k-th key of which only some are taken: fast mode takes them from the
-    candidates; deterministic mode takes the lowest indices, reading the row in order."""
-    x = _normal("float32", 2, 3000, seed=4)
-    for r in range(2):
-        order = np.argsort(-x[r], kind="stable")
-        x[r, order[K - 4:K + 6]] = x[r, order[K - 4]]  # 10 equal keys at ranks 61..70
-    assert _reads(_run(("sm_90", "float32", "fast"), x), x) == 2.0
-    assert _reads(_run(("sm_90", "float32", "deterministic"), x), x) == 3.0
+def _tie_runs(dtype: str, rows: int, n: int, k: int, taken: int, ties: int, seed: int) -> np.ndarray:
+    """Normal rows whose key at rank k - taken is given to `ties` places below the top
+    k - taken, half of them adjacent (so that the ties the k-th key cuts also share the top
+    digits of their indices), the rest scattered: `taken` of them are in the top k."""
+    x = _normal(dtype, rows, n, seed=seed)
+    rng = np.random.default_rng(seed)
+    for r in range(rows):
+        order = np.argsort(-x[r].astype(np.float32), kind="stable")
+        free = np.setdiff1d(np.arange(n), order[:k - taken])  # sorted
+        start = int(rng.integers(0, len(free) - ties // 2))
+        run = free[start:start + ties // 2]
+        rest = rng.choice(np.setdiff1d(free, run), ties - ties // 2, replace=False)
+        x[r, np.concatenate([run, rest])] = x[r, order[k - taken]]
+    return x
+
+
+def _run_split(kernel: tuple[str, str, str], x: np.ndarray, k: int, chunks: int):
+    """The two stages of a split request (topkgen.policy.split) on the emulator, under two
+    schedules: the result is the unsplit reference's, bit for bit (stage 2's ties by
+    position are the row's by index). Returns each stage's counters."""
+    spec = _spec(*kernel)
+    rows, n = x.shape
+    plan = ChunkPlan(rows, n, k, chunks, x.dtype.itemsize)
+    results = []
+    for seed in (1, 2):
+        values, indices = np.zeros((rows, k), x.dtype), np.zeros((rows, k), np.int64)
+        workspace = np.zeros(plan.workspace_bytes, np.uint8)
+        count = rows * plan.candidates
+        pointers = {"x": x, "values": values, "indices": indices,
+                    "candidate_indices": workspace[:count * 8].view(np.int64),
+                    "candidate_values": workspace[plan.values_offset:plan.values_offset + count * x.dtype.itemsize]
+                    .view(x.dtype)}
+        counts = [_module().launch(spec.name, stage.grid_rows, spec.threads,
+                                   arguments(params(spec), stage, pointers, None), shared_bytes=spec.dynamic_shared_bytes,
+                                   schedule_seed=seed, workers=1, counters=True)
+                  for stage in stages(rows, n, k, True, plan)]
+        check_topk(x, values, indices, k, True, True, spec.dtype, what=f"{spec.name} split {chunks} n={n} seed={seed}")
+        results.append((values.tobytes(), indices.tobytes()))
+    assert results[0] == results[1], f"{spec.name}: split not bit-exact run to run"
+    return counts
+
+
+def _takes_ties_from_the_buffer(counters) -> bool:
+    """The gather read the candidate buffer alone: nothing from global memory, and its appends
+    are warp ballots (warp_append), which the scan of a row or of its copy has none of."""
+    gather = counters.phases["gather"]
+    return gather.global_load_bytes == 0 and gather.votes > 0
+
+
+def test_fast_mode_takes_split_ties_from_the_candidates():
+    x = _tie_runs("float32", 2, 3000, K, 4, 10, seed=4)
+    assert _takes_ties_from_the_buffer(_run(("sm_90", "float32", "fast"), x))
+
+
+@pytest.mark.parametrize("kernel,n,k,taken,ties", [
+    (("sm_90", "float32", "deterministic"), 3000, K, 4, 10),   # 128 candidates fit
+    (("sm_90", "float32", "deterministic"), 5000, 16, 7, 60),  # 13 index bits: two digits
+    (("sm_90", "bfloat16", "deterministic"), 4000, 16, 5, 40),
+    (("sm_80", "bfloat16", "deterministic"), 3000, K, 31, 301),  # 1024 threads, 512 candidates
+])
+def test_deterministic_ties_split_by_index_come_from_the_buffer(kernel, n, k, taken, ties):
+    """Ties at the k-th key of which only some are taken, on rows longer than shared memory
+    whose candidates fit the buffer: deterministic mode selects the lowest indices among the
+    buffer's ties, and its gather reads nothing from the row (it read it once more in order)."""
+    x = _tie_runs(kernel[1], 3, n, k, taken, ties, seed=n + ties)
+    assert _takes_ties_from_the_buffer(_run(kernel, x, k=k))
+    assert _takes_ties_from_the_buffer(_run(kernel, -x, k=k, largest=False))
+
+
+@pytest.mark.parametrize("kernel,n,k,taken,ties", [
+    (("sm_90", "float32", "deterministic"), 100, 16, 9, 31),  # its candidates fit past its copy
+    (("sm_90", "bfloat16", "deterministic"), 250, 8, 3, 21),
+    (("sm_80", "bfloat16", "deterministic"), 600, K, 21, 101),
+])
+def test_resident_rows_take_split_ties_from_the_buffer(kernel, n, k, taken, ties):
+    """A row resident in shared memory whose candidates fit past its copy: the ties come from
+    the buffer too, not from an ordered scan of the copy."""
+    x = _tie_runs(kernel[1], 3, n, k, taken, ties, seed=n + k)
+    counters = _run(kernel, x, k=k)
+    assert _reads(counters, x) == 1.0
+    assert _takes_ties_from_the_buffer(counters)
+
+
+@pytest.mark.parametrize("kernel,n,k,taken,ties,chunks", [
+    (("sm_90", "float32", "deterministic"), 400, 16, 9, 31, 4),   # resident chunks, a resident merge
+    (("sm_90", "float32", "deterministic"), 3000, K, 21, 41, 4),  # long chunks, a long merge
+    (("sm_80", "bfloat16", "deterministic"), 6000, K, 31, 151, 3),
+])
+def test_split_rows_take_split_ties_from_the_buffer_as_the_unsplit_kernel(kernel, n, k, taken, ties, chunks):
+    """Split rows (stage 1 over chunks, stage 2 over their candidates) with ties at the k-th
+    key that both stages cut: the unsplit reference's result, bit for bit; stage 2 selects its
+    ties by position from the buffer."""
+    x = _tie_runs(kernel[1], 2, n, k, taken, ties, seed=chunks + ties)
+    _, merge = _run_split(kernel, x, k, chunks)
+    assert _takes_ties_from_the_buffer(merge)
+
+
+def test_ties_that_never_fit_the_buffer_are_read_in_order():
+    """The fallback: more ties at the k-th key than the buffer holds, so deterministic mode's
+    gather reads the row once more, in order, and ranks them with a scan (no ballots)."""
+    x = _tie_runs("float32", 2, 3000, K, 10, 300, seed=7)
+    gather = _run(("sm_90", "float32", "deterministic"), x).phases["gather"]
+    assert gather.global_load_bytes == x.nbytes and gather.votes == 0
 
 
 # ----------------------------------------------------------------------------- degenerate rows
