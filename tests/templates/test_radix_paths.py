@@ -41,13 +41,13 @@ archs:
     warps_per_block: 4
     vector_tail: {policy: runtime}
     shared_row_bytes: 0
-  sm_80:   # 4 KB of shared memory, 1024 threads; a resident row gets 1 candidate per K of buffer
+  sm_80:   # 4 KB of shared memory, 1024 threads; a resident row gets 4 candidates per K of buffer
     capability: [8, 0]
     threads: 1024
     warps_per_block: 4
     vector_tail: {policy: runtime}
     shared_row_bytes: 4096
-    shared_buffer_per_k: 1
+    shared_buffer_per_k: 4
     loads_in_flight: 2
 dtypes: {aot: [float32, bfloat16]}
 families:
@@ -196,9 +196,9 @@ def _run_split(kernel: tuple[str, str, str], x: np.ndarray, k: int, chunks: int)
                     "candidate_values": workspace[plan.values_offset:plan.values_offset + count * x.dtype.itemsize]
                     .view(x.dtype)}
         counts = [_module().launch(spec.name, stage.grid_rows, spec.threads,
-                                   arguments(params(spec), stage, pointers, None), shared_bytes=spec.dynamic_shared_bytes,
+                                   arguments(params(spec), stage, pointers, None), shared_bytes=stage.shared_bytes,
                                    schedule_seed=seed, workers=1, counters=True)
-                  for stage in stages(rows, n, k, True, plan)]
+                  for stage in stages(rows, n, k, True, plan, shared=spec.shared)]
         check_topk(x, values, indices, k, True, True, spec.dtype, what=f"{spec.name} split {chunks} n={n} seed={seed}")
         results.append((values.tobytes(), indices.tobytes()))
     assert results[0] == results[1], f"{spec.name}: split not bit-exact run to run"
