@@ -203,14 +203,13 @@ def test_partially_unrolled_loop(counter, trips):
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
-def test_the_resident_kernel_issues_under_three_quarters_of_its_issue_27_count(dtype):
+def test_the_resident_kernel_issues_under_half_its_issue_27_count(dtype):
     """Issue 27, 2(b) held the counter on topk_radix_dyn_k256_fast at 16384, K=256, N(0,1)
-    (the rows bench-kernels runs) within 20% of the review's census of that kernel (5.79 and
-    6.73 against 5.2 and 6.5). Issue 28 rewrote its histogram passes, appends and gather; the
-    count now stays below 3/4 of the figure benchmarks/results/bench_kernels_28_before.json
-    recorded for the kernel of issue 27. That figure was counted before _fold stopped
-    charging a block twice per fully unrolled loop in it (about a quarter of today's radix
-    kernels' counts), so the bound is looser than it reads until the file is re-recorded."""
+    (the rows bench-kernels runs) within 20% of the review's census of that kernel. Issue 28
+    rewrote its histogram passes, appends, gather and sort; the count now stays below half of
+    the figure benchmarks/results/bench_kernels_28_before_recounted.json records for the kernel
+    of issue 27, counted by today's counter (which no longer charges a block twice per fully
+    unrolled loop in it)."""
     import json
 
     import ml_dtypes
@@ -230,10 +229,10 @@ def test_the_resident_kernel_issues_under_three_quarters_of_its_issue_27_count(d
                                 launch_arguments(spec, x, values, indices, rows, n, k, True),
                                 shared_bytes=launch_shared_bytes(spec, n), counters=True)
     per_key = counter.count(c, spec.name).warp_instructions / (rows * n)
-    before = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "bench_kernels_28_before.json").read_text())
+    before = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "bench_kernels_28_before_recounted.json").read_text())
     (was,) = [r["warp_instructions_per_key"] for r in before["rows"]
               if (r["set"], r["dtype"], r["n"], r["k"], r["data"]) == ("seed grid", dtype, n, k, "normal")]
-    assert per_key < 0.75 * was
+    assert per_key < 0.5 * was
 
 
 @pytest.mark.parametrize("rounds", [1, 6])
