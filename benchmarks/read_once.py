@@ -46,7 +46,7 @@ def measure(kernels: Kernels, dtype: str, n: int, k: int, kind: str = "normal") 
     expect, _ = reference.topk(x, k, largest=True)
     spec = kernels.select(dtype, k, n)
     # The arch's split section with no batch or length limit: the chunks it would give every batch.
-    tuning = dataclasses.replace(kernels.policy.archs[ARCH].split, rows_below=2**31 - 1, min_n=1)
+    tuning = dataclasses.replace(kernels.policy.archs[ARCH].split, rows_below=2**31 - 1, rows_below_by_k={}, min_n=1)
     resident = resident_elements(spec)
     module, counter = kernels.module(spec), kernels.counter(spec)
 
