@@ -193,15 +193,38 @@ def _facts(kernels: Kernels, spec, counts, elements: int, ctas: int, input_bytes
                        barriers_per_row=counts.barriers / ctas)
 
 
+def run_split_row(module, spec, x: np.ndarray, k: int, chunks: int, expect: np.ndarray, who: str) -> list:
+    """The launches of one row of x (1 x n) in `chunks` chunks (1: one CTA), as
+    topkgen.policy.split.stages plans them and the runtime binds them, with counters; stops
+    with `who`'s message when the top k's keys differ from `expect`'s."""
+    from topkgen.manifest.params import params
+    from topkgen.policy.split import ChunkPlan, stages
+    from topkgen.runtime import arguments, reference
+
+    n = x.shape[1]
+    values, indices = np.zeros((1, k), x.dtype), np.zeros((1, k), np.int64)
+    plan = ChunkPlan(1, n, k, chunks, x.itemsize) if chunks > 1 else None
+    pointers = {"x": x, "values": values, "indices": indices}
+    if plan is not None:
+        workspace = np.zeros(plan.workspace_bytes, np.uint8)
+        count = plan.candidates
+        pointers["candidate_indices"] = workspace[:count * 8].view(np.int64)
+        pointers["candidate_values"] = workspace[plan.values_offset:plan.values_offset + count * x.itemsize].view(x.dtype)
+    counts = [module.launch(spec.name, stage.grid_rows, spec.threads, arguments(params(spec), stage, pointers, None),
+                            shared_bytes=stage.shared_bytes, counters=True)
+              for stage in stages(1, n, k, True, plan, shared=spec.shared)]
+    if not np.array_equal(reference.select_keys(values, True), reference.select_keys(expect, True)):
+        raise SystemExit(f"{who}: {spec.name} in {chunks} chunks returned a wrong top-{k} of {n}")
+    return counts
+
+
 def measure_split(kernels: Kernels, dtype: str, n: int, k: int, batches: tuple[int, ...],
                   kind: str = "normal") -> list[SplitRow]:
     """One emulated row of (dtype, n, k) once with one CTA and once as each batch's plan
     splits it (the launches of topkgen.policy.split.stages, bound as the runtime binds them)."""
     from topkgen import policy
+    from topkgen.policy.split import ChunkPlan
     from topkgen.runtime import reference
-    from topkgen.manifest.params import params
-    from topkgen.runtime import arguments
-    from topkgen.policy.split import ChunkPlan, stages
 
     import ml_dtypes
 
@@ -212,20 +235,7 @@ def measure_split(kernels: Kernels, dtype: str, n: int, k: int, batches: tuple[i
     module = kernels.module(spec)
 
     def run(chunks: int):
-        values, indices = np.zeros((1, k), x.dtype), np.zeros((1, k), np.int64)
-        plan = ChunkPlan(1, n, k, chunks, x.itemsize) if chunks > 1 else None
-        pointers = {"x": x, "values": values, "indices": indices}
-        if plan is not None:
-            workspace = np.zeros(plan.workspace_bytes, np.uint8)
-            count = plan.candidates
-            pointers["candidate_indices"] = workspace[:count * 8].view(np.int64)
-            pointers["candidate_values"] = workspace[plan.values_offset:plan.values_offset + count * x.itemsize].view(x.dtype)
-        counts = [module.launch(spec.name, stage.grid_rows, spec.threads, arguments(params(spec), stage, pointers, None),
-                                shared_bytes=stage.shared_bytes, counters=True)
-                  for stage in stages(1, n, k, True, plan, shared=spec.shared)]
-        if not np.array_equal(reference.select_keys(values, True), reference.select_keys(expect, True)):
-            raise SystemExit(f"bench-kernels: {spec.name} in {chunks} chunks returned a wrong top-{k} of {n}")
-        return counts
+        return run_split_row(module, spec, x, k, chunks, expect, "bench-kernels")
 
     def per_key(counts) -> float:
         return sum(kernels.counter(spec).count(c, spec.name).warp_instructions for c in counts) / n

@@ -23,7 +23,7 @@ import numpy as np
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench_kernels import ARCH, Kernels, _facts  # noqa: E402
+from bench_kernels import ARCH, Kernels, _facts, run_split_row  # noqa: E402
 from h200_model import HBM_BYTES_PER_S, estimate_seconds  # noqa: E402
 from shapes import DATA_KINDS, make_rows  # noqa: E402
 
@@ -36,10 +36,9 @@ def measure(kernels: Kernels, dtype: str, n: int, k: int, kind: str = "normal") 
     """One emulated row unsplit and in the chunks that fit the kernel's shared memory."""
     import ml_dtypes
 
-    from topkgen.manifest.params import params
     from topkgen.policy.selection import resident_elements, split_capable
-    from topkgen.policy.split import ChunkPlan, stages
-    from topkgen.runtime import arguments, reference
+    from topkgen.policy.split import ChunkPlan
+    from topkgen.runtime import reference
 
     x = make_rows(kind, 1, n, seed=n + k + DATA_KINDS.index(kind)).astype(
         np.float32 if dtype == "float32" else ml_dtypes.bfloat16)
@@ -51,20 +50,7 @@ def measure(kernels: Kernels, dtype: str, n: int, k: int, kind: str = "normal") 
     module, counter = kernels.module(spec), kernels.counter(spec)
 
     def run(c: int):
-        values, indices = np.zeros((1, k), x.dtype), np.zeros((1, k), np.int64)
-        plan = ChunkPlan(1, n, k, c, x.itemsize) if c > 1 else None
-        pointers = {"x": x, "values": values, "indices": indices}
-        if plan is not None:
-            space = np.zeros(plan.workspace_bytes, np.uint8)
-            pointers["candidate_indices"] = space[:plan.candidates * 8].view(np.int64)
-            pointers["candidate_values"] = space[plan.values_offset:plan.values_offset
-                                                 + plan.candidates * x.itemsize].view(x.dtype)
-        launches = stages(1, n, k, True, plan, shared=spec.shared)
-        counts = [module.launch(spec.name, s.grid_rows, spec.threads, arguments(params(spec), s, pointers, None),
-                                shared_bytes=s.shared_bytes, counters=True) for s in launches]
-        if not np.array_equal(reference.select_keys(values, True), reference.select_keys(expect, True)):
-            raise SystemExit(f"read_once: {spec.name} in {c} chunks returned a wrong top-{k} of {n}")
-        return counts
+        return run_split_row(module, spec, x, k, c, expect, "read_once")
 
     def facts(counts, elements, ctas, input_bytes, part):
         f = _facts(kernels, spec, counts, elements, ctas, input_bytes, spec.shared.bytes_for(part))
