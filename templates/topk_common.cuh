@@ -80,6 +80,32 @@ __device__ __forceinline__ typename KeyTraits<T>::Bits key_bits(unsigned key, bo
   return typename Tr::Bits((up & Tr::kSign) ? (up & ~Tr::kSign) : (~up & Tr::kAll));
 }
 
+// The value of a key's input bits, as a float (exact for every dtype).
+template <typename T>
+__device__ __forceinline__ float bits_value(typename KeyTraits<T>::Bits raw) {
+  if constexpr (KeyTraits<T>::kBits == 32) {
+    return __uint_as_float(raw);
+  } else if constexpr (sizeof(T) == 2 && KeyTraits<T>::kExp == 0x7f80u) {
+    return __uint_as_float(unsigned(raw) << 16);  // bfloat16: the top half of a float32
+  } else {
+    return __half2float(__ushort_as_half(raw));
+  }
+}
+
+// A bound b such that every key >= `floor` (of either direction) is kept by keep_value:
+// !(x * s < b) with s = 1 for largest, -1 for smallest. The floor is clamped to the keys of
+// the infinities first (no number has a key outside them, and NaN, the top key for largest,
+// passes every such test), so b is a number; a key above it or -0 beside +0 may pass too.
+template <typename T>
+__device__ __forceinline__ float keep_bound(unsigned floor, bool largest) {
+  typedef KeyTraits<T> Tr;
+  constexpr unsigned kTop = Tr::kExp | Tr::kSign, kBottom = ~kTop & Tr::kAll;  // +inf, -inf
+  const unsigned up = min(max(largest ? floor : (~floor & Tr::kAll), kBottom), kTop);
+  bool is_nan;
+  const float v = bits_value<T>(key_bits<T>(up, true, is_nan));
+  return largest ? v : -v;
+}
+
 // One comparison orders by key, then by lower index: (key << 32) | ~index.
 __device__ __forceinline__ u64 pack(unsigned key, int index) {
   return (u64(key) << 32) | u64(~unsigned(index));
@@ -258,14 +284,15 @@ __device__ __forceinline__ void find_digit(const int* hist, int bins, int remain
   __syncthreads();
 }
 
-// Deterministic ties from the candidate buffer: of the `filled` entries whose key is `key`
+// Deterministic ties from the candidate buffer: of the entries whose key is `key`
 // (the k-th key, fully known), the `ties` of lowest index are those of largest low word
 // (~index). A radix select over the index's bits (every index is below n), 11 at a time from
 // the top, on those entries alone, as the passes select keys: it returns the floor and sets
 // floor_mask so that exactly those entries have (~index & floor_mask) >= floor (indices are
-// distinct, so the last digit's bucket is always taken whole). All threads call it.
+// distinct, so the last digit's bucket is always taken whole). All threads call it, each with
+// the `held` entries it holds (buffer[s * THREADS + thread], s < held; see radix_topk).
 template <int THREADS>
-__device__ __forceinline__ unsigned tie_floor(const u64* buffer, int filled, unsigned key, int ties, int n, int* hist,
+__device__ __forceinline__ unsigned tie_floor(const u64* buffer, int held, unsigned key, int ties, int n, int* hist,
                                               int* warp_sums, int* found, unsigned& floor_mask) {
   unsigned floor = 0u, fmask = 0u;
   int need = ties;
@@ -273,8 +300,8 @@ __device__ __forceinline__ unsigned tie_floor(const u64* buffer, int filled, uns
     const int shift = max(top - kDigitBits, 0), bins = 1 << (top - shift);
     for (int i = thread_index(); i < bins; i += THREADS) hist[i] = 0;
     __syncthreads();
-    for (int i = thread_index(); i < filled; i += THREADS) {
-      const u64 entry = buffer[i];
+    for (int s = 0; s < held; ++s) {
+      const u64 entry = buffer[s * THREADS + thread_index()];
       const unsigned low = unsigned(entry);
       if (unpack_key(entry) == key && (low & fmask) == floor) hist_add(hist, (low >> shift) & unsigned(bins - 1));
     }
@@ -291,6 +318,11 @@ __device__ __forceinline__ unsigned tie_floor(const u64* buffer, int filled, uns
 }
 
 // ----------------------------------------------------------------------------- row access
+
+// RowView::for_each's default: walk every step asked for.
+struct NeverStop {
+  __device__ __forceinline__ bool operator()() const { return false; }
+};
 
 // A row seen as a scalar head up to the first 16-byte boundary, a body of 128-bit vectors
 // and a scalar tail; the same view reads the row in global memory or its copy in shared
@@ -339,8 +371,11 @@ struct RowView {
   // see piece_element) at consecutive indices from `first`. Every thread makes the same
   // number of calls, in index order of the block's pieces, so f may use warp collectives and
   // barriers. Indices are formed only inside the row, so no int overflows for any n.
-  template <bool SHARED, typename F>
-  __device__ __forceinline__ void for_each(F&& f, int first_step = 0, int end_step = 0x7fffffff) const {
+  // stop() is called after each step, by every thread: true ends the walk there, and the
+  // step after it is returned (end_step, or the last step's end, otherwise).
+  template <bool SHARED, typename F, typename Stop = NeverStop>
+  __device__ __forceinline__ int for_each(F&& f, int first_step = 0, int end_step = 0x7fffffff,
+                                          Stop&& stop = Stop()) const {
     const int t = thread_index();  // read here: nothing per-thread is hoisted across calls
     const int h = head();
     if (first_step <= 0 && end_step > 0) {
@@ -349,6 +384,7 @@ struct RowView {
       const bool on = t < h;
       if (on) q.x = read<SHARED>(p + t);
       f(q, t, on ? 1 : 0);
+      if (stop()) return 1;
     }
     const int nvec = (n - h) / V;
     const int body = body_steps(nvec);
@@ -367,6 +403,7 @@ struct RowView {
         const int v = (s * UNROLL + u) * THREADS + t;
         f(q[u], v < nvec ? h + v * V : 0, v < nvec ? V : 0);
       }
+      if (stop()) return s + 2;
     }
     const int tail_start = h + nvec * V;
     const int tail = tail_steps(n - tail_start);
@@ -376,7 +413,9 @@ struct RowView {
       const bool on = i < n - tail_start;
       if (on) q.x = read<SHARED>(p + tail_start + i);
       f(q, on ? tail_start + i : 0, on ? 1 : 0);
+      if (stop()) return 2 + body + s;
     }
+    return min(end_step, 1 + body + tail);
   }
 };
 
@@ -715,6 +754,9 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
   __shared__ unsigned span[2];  // smallest and largest key a pass counted
   __shared__ int counters[3];   // output candidates, tie slots, collected candidates
   __shared__ RadixState state;
+  __shared__ float stream_bound;      // the stream keeps values x with !(x * s < bound) (keep_bound)
+  __shared__ bool stream_steps_done;  // the stream's top k can take no later key
+  __shared__ int buffer_rounds;       // the longest of the buffer's lists (see held)
 {% if large %}
   // The large-k path (KR = 0): the k candidates are gathered into this row's slots of the
   // indices output (8 bytes each, what a packed candidate takes) and sorted there; int32
@@ -747,10 +789,56 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
   u64* buffer = reinterpret_cast<u64*>(dynamic_shared + buffer_offset);
   const int buffer_capacity = (smem - buffer_offset) / int(sizeof(u64));  // collected candidates
 
+  // The buffer is THREADS lists: thread t's entries are buffer[s * THREADS + t], s < held, so
+  // that the stream below appends with no atomic (a compact fill, the slots of one counter, is
+  // the same layout). `buffer_rounds` is the longest list.
+  const int list_capacity = buffer_capacity / THREADS;
+  int held = 0;
+
+  // A row longer than shared memory is read once (`stream`): each thread appends its keys at
+  // or above a floor to its list while the row is read, the floor starting below every key.
+  // When a list may not take another step's keys, the passes select the top k of the buffer,
+  // those k replace it, and the floor rises to their smallest key (past it where that key is
+  // exact: a later equal key has a higher index, so it ranks below all k); the rest of the row
+  // is read on from there. Every key it drops is below k kept keys, so the buffer holds the top
+  // k when the row ends, and the passes select them from it. The stream compares values, not
+  // keys (keep_bound), and makes a key of what it keeps only. Where a list cannot hold its
+  // share of k and a step's keys, the row is read again in the passes instead; so is it in the
+  // blocks of 1024 threads (K=1024 at two CTAs per SM: 32 registers), whose lists hold 12
+  // entries: there the refills cost about what the second read saves (float32 1.81 against
+  // 1.84 warp instructions per key at 131072, bfloat16 2.90 against 1.44, counted), and the
+  // deterministic kernels spill at 32 registers.
+  constexpr int kStepKeys = UNROLL * V;  // the most keys one step of for_each gives a thread
+  constexpr bool kStreams = KR > 0 && SMEM_BYTES > 0 && THREADS < 1024;
+  const bool stream = kStreams && !resident && list_capacity - kStepKeys >= (k + THREADS - 1) / THREADS;
+  int step = 0;  // the stream's next step of for_each
   if (thread_index() == 0) {
     counters[0] = counters[1] = counters[2] = 0;
-    state = RadixState{0u, 0u, k, n, kGlobalRow};
+    buffer_rounds = 0;
+    state = RadixState{0u, 0u, k, n, stream ? int(kBuffer) : int(kGlobalRow)};
+    stream_bound = -__int_as_float(0x7f800000);  // -inf: every value passes
   }
+  for (;;) {  // one round, or a round per refill of the buffer (stream)
+  if (stream) {
+    counter_phase("stream");
+    __syncthreads();  // stream_bound and the buffer are the last round's
+    const float bound = stream_bound;
+    auto collect_above = [&](const uint4& q, int first, int got) {
+      unsigned keep = 0u;
+#pragma unroll
+      for (int j = 0; j < V; ++j)
+        keep |= (j < got && !((largest ? bits_value<T>(piece_element<Bits>(q, j)) : -bits_value<T>(piece_element<Bits>(q, j))) < bound) ? 1u : 0u) << j;
+      for (; keep != 0u; keep &= keep - 1u) {
+        const int j = __ffs(int(keep)) - 1;
+        buffer[held++ * THREADS + thread_index()] = pack(select_key<T>(piece_element<Bits>(q, j), largest), first + j);
+      }
+    };
+    step = global_row.template for_each<false>(collect_above, step, 0x7fffffff,
+                                               [&] { return __syncthreads_or(held > list_capacity - kStepKeys); });
+    atomicMax(&buffer_rounds, held);
+  }
+  const bool refill = stream && step < global_row.steps();
+  bool refilled = false;
   for (int pass = 0; pass < PASSES; ++pass) {
     counter_phase(pass == 0 ? "histogram, first pass" : "histogram, later passes");
     const int shift = digit_shift(KEY_BITS, pass);
@@ -782,6 +870,8 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
       }
       source = kBuffer;
       __syncthreads();
+      held = (counters[2] - thread_index() + THREADS - 1) / THREADS;  // the compact fill's lists
+      if (thread_index() == 0) buffer_rounds = (counters[2] + THREADS - 1) / THREADS;
     }
     unsigned lo = ~0u, hi = 0u;
     // Counts the keys of a piece (see piece_keys) that match the prefix (bits j < got); the
@@ -814,7 +904,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
         add(piece_element<Bits>(keys, 0));
       }
     };
-    if (pass == 0) {
+    if (pass == 0 && source == kGlobalRow) {
       global_row.template for_each<false>(as_keys<T>(first_pass, largest));
     } else if (source == kGlobalRow) {
       global_row.template for_each<false>(as_keys<T>(later_pass, largest));
@@ -822,15 +912,22 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
       const View shared_row(copy, n);
       shared_row.template for_each<true>(later_pass);
     } else if (SMEM_BYTES > 0) {
-      const int filled = counters[2];
-      for (int i = thread_index(); i < filled; i += THREADS) {
-        const unsigned key = unpack_key(buffer[i]);
-        if ((key & mask) == prefix) {
-          lo = min(lo, key);
-          hi = max(hi, key);
-          hist_add(hist, (key >> shift) & unsigned(bins - 1));
+      // Each thread also drops the keys of its list below the prefix's bucket (never one of the
+      // top k; the prefix has no bits below the mask, so key >= prefix is key & mask >= prefix).
+      int kept = 0;
+      for (int s = 0; s < held; ++s) {
+        const u64 entry = buffer[s * THREADS + thread_index()];
+        const unsigned key = unpack_key(entry);
+        if (key >= prefix) {
+          buffer[kept++ * THREADS + thread_index()] = entry;
+          if ((key & mask) == prefix) {
+            lo = min(lo, key);
+            hi = max(hi, key);
+            hist_add(hist, (key >> shift) & unsigned(bins - 1));
+          }
         }
       }
+      held = kept;
     }
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) {
@@ -841,7 +938,14 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
       atomicMin(&span[0], lo);
       atomicMax(&span[1], hi);
     }
-    __syncthreads();
+    // A refill (the stream has more of the row to read) needs room, not the k-th key: once
+    // the drop above leaves every list room for a step, the stream reads on from the floor of
+    // the bucket found so far.
+    const bool crowded = kStreams ? __syncthreads_or(held > list_capacity - kStepKeys) : (__syncthreads(), true);
+    if (refill && pass > 0 && !crowded) {  // block-uniform
+      refilled = true;
+      break;
+    }
     const bool single_key = span[0] == span[1];  // every key the pass counted is one value
     find_digit<THREADS>(hist, bins, state.remaining, warp_sums, found);
     if (thread_index() == 0) {
@@ -852,6 +956,14 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
       state.source = pass == 0 && resident ? int(kSharedRow) : source;
     }
     if (single_key || found[1] == found[2]) break;  // the k-th key is known, or its bucket is taken whole
+  }
+  if (refilled) {  // block-uniform: the stream reads on from the bucket's floor
+    if (thread_index() == 0) {
+      stream_bound = keep_bound<T>(state.prefix, largest);
+      state = RadixState{0u, 0u, k, n, kBuffer};
+      buffer_rounds = 0;
+    }
+    continue;
   }
   __syncthreads();
 
@@ -901,11 +1013,11 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     // every tie in fast mode or when all are taken, the `ties` of lowest index otherwise.
     unsigned floor = 0u, floor_mask = 0u;
     if (ordered)
-      floor = tie_floor<THREADS>(buffer, counters[2], prefix, ties, n, hist, warp_sums, found, floor_mask);
-    const int filled = counters[2], t = thread_index();
-    for (int base = 0; base < filled; base += THREADS) {
-      const bool valid = base + t < filled;
-      const u64 entry = valid ? buffer[base + t] : 0ull;
+      floor = tie_floor<THREADS>(buffer, held, prefix, ties, n, hist, warp_sums, found, floor_mask);
+    const int rounds = buffer_rounds, t = thread_index();
+    for (int r = 0; r < rounds; ++r) {
+      const bool valid = r < held;
+      const u64 entry = valid ? buffer[r * THREADS + t] : 0ull;
       const unsigned key = unpack_key(entry) & mask;
       const int out = warp_append(&counters[0], valid && key > prefix);
       if (out >= 0) cand[out] = entry;
@@ -920,6 +1032,22 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     global_row.template for_each<false>(as_keys<T>(gather, largest));
   }
   __syncthreads();
+  if (!stream || step == global_row.steps()) break;  // block-uniform
+  // The buffer is full: its top k become the buffer, and the floor rises to their smallest
+  // key. When that key is exact and the top one (NaN), no later key can be in the top k.
+  for (int i = thread_index(); i < k; i += THREADS) buffer[i] = cand[i];
+  held = (k - thread_index() + THREADS - 1) / THREADS;  // buffer[i] is list i % THREADS's
+  if (thread_index() == 0) {
+    const bool exact = state.mask == KeyTraits<T>::kAll;
+    stream_bound = keep_bound<T>(exact ? state.prefix + 1u : state.prefix, largest);
+    stream_steps_done = exact && state.prefix == KeyTraits<T>::kAll;
+    state = RadixState{0u, 0u, k, n, kBuffer};
+    counters[0] = counters[1] = 0;
+    buffer_rounds = 0;
+  }
+  __syncthreads();
+  if (stream_steps_done) step = global_row.steps();  // block-uniform
+  }  // the stream's rounds
 
   // Sort and write. Values are rebuilt from the keys; only NaNs (one key for every payload)
   // are read again, from the row in global memory (the copy holds keys).

@@ -201,3 +201,54 @@ def test_bench_emulator_launches_kernels_with_their_dynamic_shared_memory(capsys
     bench.counter_costs((("float32", 256, 8192, 1),), repeat=1)  # a dynamic-work radix kernel, 96 KiB of it
     rows = [line.split()[:2] for line in capsys.readouterr().out.splitlines()[2:]]
     assert rows == [["topk_radix_dyn_k256_fast_f32_sm_90", "1"]]
+
+
+def _streaming_kernels():
+    """A radix kernel of the default policy for each (dtype, K rung, mode) of sm_90 at a row
+    just longer than its shared memory holds, with what selection.streams says of it."""
+    from topkgen.policy.selection import resident_elements
+
+    policy = pol.load()
+    for dtype in ("float32", "bfloat16"):
+        for k in (64, 256, 512, 1024):
+            for mode in ("fast", "deterministic"):
+                spec = pol.select(policy, "sm_90", dtype, k, 1 << 16, deterministic=mode == "deterministic").kernel
+                n = resident_elements(spec) + 3 * spec.threads + 5  # past the copy's capacity, a tail too
+                yield pytest.param(spec, n, k, id=f"{dtype}-k{k}-{mode}")
+
+
+@pytest.mark.parametrize("spec,n,k", list(_streaming_kernels()))
+def test_a_row_longer_than_shared_memory_is_read_once_where_the_kernel_streams(spec, n, k):
+    """Issue 28, point 4: a radix kernel that streams (selection.streams, the kernel's own
+    test) reads a row longer than its shared memory once at any batch, and one element more
+    per NaN output, on random, tied, all-equal, special, ascending (every key above the
+    floor: a refill per step pair) and -inf/NaN rows, in both directions, with results
+    bit-exact in deterministic mode; less where k NaNs top a row (largest: no later key can
+    enter). One that does not stream reads such a row at least twice. explain says which."""
+    from topkgen.policy.selection import resident_elements, streams
+    from topkgen.runtime import reference
+    from ..support.topk_cases import check_topk, make_rows
+
+    assert n > resident_elements(spec)
+    module = compile_source(render(spec), name=spec.name)
+    x = make_rows(spec.dtype, 6, n, seed=k + n)
+    reason = pol.select(pol.load(), "sm_90", spec.dtype, k, n, deterministic=spec.mode == "deterministic").reason
+    for largest in (True, False):
+        values, indices, c = launch_kernel(module, spec, x, k, largest, counters=True)
+        check_topk(x, values, indices, k, largest, spec.mode == "deterministic", spec.dtype, spec.name)
+        nan_outputs = int(np.isnan(reference.topk(x, k, largest=largest)[0].astype(np.float32)).sum())
+        once = (x.size + nan_outputs) * x.itemsize
+        if streams(spec, k):
+            assert c.global_load_bytes <= once, (spec.name, largest)
+            assert "the row is read once" in reason
+            nan_topped = np.isnan(x.astype(np.float32)).sum(axis=1) >= k if largest else np.zeros(len(x), bool)
+            assert nan_topped.sum() == (2 if largest else 0)  # the special and the -inf/NaN rows
+            read = x[~nan_topped]
+            _, _, c = launch_kernel(module, spec, read, k, largest, counters=True)
+            nan_outputs = int(np.isnan(reference.topk(read, k, largest=largest)[0].astype(np.float32)).sum())
+            assert c.global_load_bytes == (read.size + nan_outputs) * x.itemsize, (spec.name, largest)
+        else:
+            assert c.global_load_bytes >= 2 * x.size * x.itemsize, (spec.name, largest)
+            assert "read more than once" in reason
+    # The kernels that stream are those below 1024 threads whose lists hold a step's keys.
+    assert streams(spec, k) == (spec.threads < 1024 and (spec.dtype == "float32" or k < 512))

@@ -62,7 +62,7 @@ def select(policy: Policy, arch: str, dtype: str, k: int, n: int, deterministic:
         def why(rule: Rule = rule, spec: KernelSpec = spec) -> str:
             reason = _reason(policy, rule, spec, dtype, k, n, mode, skipped)
             if split is None:
-                reason += _shared_words(policy, spec, n)
+                reason += _shared_words(policy, spec, n, k)
             if rows is None:
                 return reason
             return f"{reason}; {_split_reason(policy.archs[arch].split, spec, rows, n, split)}"
@@ -122,6 +122,22 @@ def resident_elements(spec: KernelSpec) -> int:
     return max(0, spec.dynamic_shared_bytes // size - (VECTOR_BYTES // size - 1))
 
 
+STREAM_THREADS_BELOW = 1024  # the kernel's kStreams: blocks of 1024 threads re-read instead
+CANDIDATE_BYTES = 8          # a packed candidate: key and index
+
+
+def streams(spec: KernelSpec, k: int) -> bool:
+    """Whether a radix kernel reads a row longer than its shared memory once, keeping the keys
+    above a rising floor in per-thread lists there (templates/topk_common.cuh, `stream`: each
+    list must hold its share of k and one step's keys); otherwise it reads such a row in each
+    pass. The same test as the kernel's, on the launch's whole dynamic shared memory."""
+    if spec.family != "radix" or spec.work == "large" or spec.dynamic_shared_bytes == 0 or spec.threads >= STREAM_THREADS_BELOW:
+        return False
+    lists = spec.dynamic_shared_bytes // CANDIDATE_BYTES // spec.threads
+    step_keys = spec.loads_in_flight * (VECTOR_BYTES // DTYPE_SIZES[spec.dtype])
+    return lists - step_keys >= -(-min(k, spec.k) // spec.threads)
+
+
 def split_capable(spec: KernelSpec) -> bool:
     """Whether a kernel can run on chunks and merge candidates (it takes chunk, row_stride
     and x_indices: the radix family)."""
@@ -143,7 +159,7 @@ def _split(policy: Policy, arch: str, spec: KernelSpec, rows: int | None, n: int
     return plan
 
 
-def _shared_words(policy: Policy, spec: KernelSpec, n: int) -> str:
+def _shared_words(policy: Policy, spec: KernelSpec, n: int, k: int) -> str:
     """What a radix kernel's shared memory does with a row of n, when the row does not fit:
     the arch's shared_row_bytes, bounded by its documented shared memory per block, decides
     how long a row is read once (a 99 KB part holds less than a 227 KB one)."""
@@ -151,10 +167,11 @@ def _shared_words(policy: Policy, spec: KernelSpec, n: int) -> str:
     if spec.family != "radix" or resident == 0 or n <= resident:
         return ""
     arch = policy.archs[spec.arch]
+    how = ("the row is read once, the keys above a floor that rises as it is read kept there"
+           if streams(spec, k) else "the row is read more than once (twice on random rows), its candidates kept there")
     return (f"; n={n} is longer than the {resident} elements its {spec.dynamic_shared_bytes} bytes of dynamic "
             f"shared memory hold ({spec.arch}'s shared_row_bytes {arch.shared_row_bytes}, within the "
-            f"{SHARED_BYTES_PER_BLOCK[spec.arch]} bytes a block may have there): the row is read more than once "
-            f"(twice on random rows), its candidates kept there")
+            f"{SHARED_BYTES_PER_BLOCK[spec.arch]} bytes a block may have there): {how}")
 
 
 def _split_reason(tuning: SplitTuning | None, spec: KernelSpec, rows: int, n: int, split: ChunkPlan | None) -> str:
