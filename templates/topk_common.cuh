@@ -92,8 +92,8 @@ __device__ __forceinline__ float bits_value(typename KeyTraits<T>::Bits raw) {
   }
 }
 
-// A bound b such that every key >= `floor` (of either direction) is kept by keep_value:
-// !(x * s < b) with s = 1 for largest, -1 for smallest. The floor is clamped to the keys of
+// A bound b such that every value x whose key is >= `floor` (of either direction) passes
+// !(s x < b), with s = 1 for largest and -1 for smallest. The floor is clamped to the keys of
 // the infinities first (no number has a key outside them, and NaN, the top key for largest,
 // passes every such test), so b is a number; a key above it or -0 beside +0 may pass too.
 template <typename T>
@@ -754,7 +754,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
   __shared__ unsigned span[2];  // smallest and largest key a pass counted
   __shared__ int counters[3];   // output candidates, tie slots, collected candidates
   __shared__ RadixState state;
-  __shared__ float stream_bound;      // the stream keeps values x with !(x * s < bound) (keep_bound)
+  __shared__ float stream_bound;      // the stream keeps values x with !(s x < bound) (keep_bound)
   __shared__ bool stream_steps_done;  // the stream's top k can take no later key
   __shared__ int buffer_rounds;       // the longest of the buffer's lists (see held)
 {% if large %}
@@ -797,11 +797,13 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
 
   // A row longer than shared memory is read once (`stream`): each thread appends its keys at
   // or above a floor to its list while the row is read, the floor starting below every key.
-  // When a list may not take another step's keys, the passes select the top k of the buffer,
-  // those k replace it, and the floor rises to their smallest key (past it where that key is
-  // exact: a later equal key has a higher index, so it ranks below all k); the rest of the row
-  // is read on from there. Every key it drops is below k kept keys, so the buffer holds the top
-  // k when the row ends, and the passes select them from it. The stream compares values, not
+  // When a list may not take another step's keys, the passes refill the buffer: each pass over
+  // it drops the keys below the bucket found so far, and once every list has room the floor
+  // rises to that bucket's; where no pass leaves room, the top k of the buffer replace it and
+  // the floor rises to their smallest key (past it where that key is exact: a later equal key
+  // has a higher index, so it ranks below all k). The rest of the row is read on from there.
+  // Every key dropped is below k kept keys, so the buffer holds the top k when the row ends,
+  // and the passes select them from it. The stream compares values, not
   // keys (keep_bound), and makes a key of what it keeps only. Where a list cannot hold its
   // share of k and a step's keys, the row is read again in the passes instead; so is it in the
   // blocks of 1024 threads (K=1024 at two CTAs per SM: 32 registers), whose lists hold 12
