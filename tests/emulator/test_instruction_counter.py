@@ -267,3 +267,36 @@ def test_fully_unrolled_loops_are_charged_once_per_trip(counter, rounds):
 def _kernel_site(counter: Counter) -> int:
     return next(s.id for s in counter.inst.sites if s.kind == "function"
                 and s.first_line == _line_of(counter, "void unrolled_shuffles("))
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_the_stream_rounds_are_charged_per_round(dtype):
+    """The radix kernel reads a row longer than its shared memory once, in rounds of an
+    endless loop (`for (;;)`, a round per refill of its buffer). NVRTC has named a line of a
+    fully unrolled loop inside it for that loop's backward branch, so the counter found no
+    back-edge of its own, took it as unrolled in full and divided everything in it by its
+    rounds (the float32 kernel: 512 warp loads charged for 1024, 0.39 warp instructions per
+    key for 0.74). Every element is loaded once, in 16-byte vectors: the LDG charge is the
+    emulator's bytes over 16 bytes a lane and 32 lanes a warp instruction."""
+    import ml_dtypes
+
+    from topkgen import policy
+    from topkgen.build.render import render
+    from topkgen.policy.selection import streams
+    from topkgen.runtime import launch_arguments, launch_shared_bytes
+
+    rows, n, k = 1, 131072, 256
+    spec = policy.select(policy.load(), "sm_90", dtype, k, n).kernel
+    assert spec.name.startswith("topk_radix_dyn_k256_fast_") and streams(spec, k)
+    counter = Counter(render(spec), spec.name)
+    x = np.random.default_rng(n + k).standard_normal((rows, n)).astype(
+        np.float32 if dtype == "float32" else ml_dtypes.bfloat16)
+    values, indices = np.zeros((rows, k), x.dtype), np.zeros((rows, k), np.int64)
+    c = counter.module().launch(spec.name, rows, spec.threads,
+                                launch_arguments(spec, x, values, indices, rows, n, k, True),
+                                shared_bytes=launch_shared_bytes(spec, n), counters=True)
+    assert c.global_load_bytes == x.nbytes  # read once, no NaN to read again
+    loop = [s.id for s in counter.inst.sites if s.kind == "loop"
+            and "for (;;)" in counter.inst.source.splitlines()[s.first_line - 1]]
+    assert len(loop) == 1 and loop[0] not in counter.map.dropped
+    assert counter.count(c, spec.name, "LDG").warp_instructions == x.nbytes // 16 // 32

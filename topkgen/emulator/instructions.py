@@ -26,7 +26,9 @@ per trip), predicated code (charged as its block: a branch no lane takes costs n
 here, though a predicated one still issues). A loop whose body has no backward branch in
 SASS is taken as fully unrolled and charged as its enclosing block: each SASS copy of its
 body once per execution of that block (tests: SHFL charged exactly the emulator's warp
-shuffles in loops NVRTC unrolls on its own). A loop the compiler
+shuffles in loops NVRTC unrolls on its own); a loop with no condition (`for (;;)`) never
+is, since NVRTC may name another line for its backward branch (tests: the radix stream's
+rounds, whose loads were charged once per row, not per round). A loop the compiler
 unrolled partially (U copies in its back-edge ranges, R remainder copies outside them,
 told apart by their memory, barrier and collective instructions) is charged one copy per
 trip, and its guards and dispatch once per entry whether taken or not: few trips per entry
@@ -251,6 +253,9 @@ def instrument(source: str) -> Instrumented:
 # ----------------------------------------------------------------------------- mapping
 
 
+_ENDLESS = re.compile(r"\b(?:for\s*\(\s*;\s*;\s*\)|while\s*\(\s*(?:true|1)\s*\))")
+
+
 class SiteMap:
     """SASS instructions to site paths, for one instrumented source compiled as `name`.cu.
 
@@ -277,8 +282,13 @@ class SiteMap:
                      and self.inst.by_id[sid].kind in ("loop", "unrolled")] if ins.chain and self._own(ins.chain[0][0]) else []
             if loops:
                 self.ranges.setdefault(loops[-1], []).append((target, ins.address))
+        # A loop with no condition cannot be unrolled in full, whichever line its back-edge's
+        # line information names (NVRTC has named a line of an unrolled loop inside it): every
+        # instruction of its lines is its body's.
+        source_lines = inst.source.splitlines()
         self.dropped = {s.id for s in inst.sites
-                        if s.kind == "unrolled" or (s.kind == "loop" and s.id not in self.ranges)}
+                        if s.kind == "unrolled" or (s.kind == "loop" and s.id not in self.ranges
+                                                    and not _ENDLESS.search(source_lines[s.first_line - 1]))}
         self.block = _basic_blocks(instructions, labels)
         self.copy_blocks: dict[int, set[int]] = {}
         self.copies = self._copies(instructions)
