@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import fcntl
 import hashlib
 import hmac
 import os
@@ -151,7 +152,8 @@ def compile_source(source: str, *, name: str = "kernel", defines: Sequence[str] 
                    announce: Callable[[str], None] | None = None) -> "Module":
     """Compile CUDA C++ source for the emulator. The shared object is cached on disk by the
     hash of the translation unit, compiler and header; concurrent processes are safe (each
-    compiles to a private file and renames it into place). defines: NAME=INTEGER macros set
+    compiles to a private file and renames it into place; one compiles a unit while the others
+    wait for it, _compile_lock). defines: NAME=INTEGER macros set
     before the SIMT header (TK_COUNTERS=0 compiles the counting hooks out). announce: called
     with `name` just before g++ runs (a cache miss, 20-30 s), never for a cached one."""
     if not re.fullmatch(r"[A-Za-z_][\w.-]{0,99}", name):
@@ -172,30 +174,64 @@ def compile_source(source: str, *, name: str = "kernel", defines: Sequence[str] 
     require_directories((cache,), what="the emulator cache", writable=False, link=False)  # never through a link
     image = _intact(so_path, key)
     if image is None:
-        require_directories((cache_root(), cache), what="the emulator cache")
-        tmp_dir = cache / f".build-{os.getpid()}-{os.urandom(4).hex()}"
-        src, out = tmp_dir / f"{name}.cpp", tmp_dir / "module.so"
-        if announce is not None:
-            announce(name)
-        try:
-            with _cache_writes(cache):
-                tmp_dir.mkdir()
-                src.write_text(unit)
-            cmd = [cxx, *CXX_FLAGS, f"-I{INCLUDE_DIR}", *(f"-I{d}" for d in _cuda_header_dirs()), str(src), "-o",
-                   str(out)]
-            proc = subprocess.run(cmd, capture_output=True, text=True)
-            if proc.returncode != 0:
-                _no_room(proc.stderr, cache)
-                raise EmulationError(f"host compilation of '{name}' failed:\n{proc.stderr.strip()}")
-            with _cache_writes(cache):
-                image = out.read_bytes()
-                atomic_write(so_path, image)
-                atomic_write(so_path.with_suffix(".sha256"), _record(key, image).encode())
-        finally:
-            shutil.rmtree(tmp_dir, ignore_errors=True)
+        with _compile_lock(key):
+            image = _intact(so_path, key)  # another process may have compiled it while this one waited
+            if image is None:
+                image = _compile(unit, name, cxx, cache, so_path, key, announce)
     module = Module(so_path, name, image)
     _loaded[key] = module
     return module
+
+
+def _compile(unit: str, name: str, cxx: str, cache: Path, so_path: Path, key: str,
+             announce: Callable[[str], None] | None) -> bytes:
+    """g++ on the translation unit into the cache entry (a private file renamed into place)."""
+    from topkgen.build.cache import require_directories
+
+    require_directories((cache_root(), cache), what="the emulator cache")
+    tmp_dir = cache / f".build-{os.getpid()}-{os.urandom(4).hex()}"
+    src, out = tmp_dir / f"{name}.cpp", tmp_dir / "module.so"
+    if announce is not None:
+        announce(name)
+    try:
+        with _cache_writes(cache):
+            tmp_dir.mkdir()
+            src.write_text(unit)
+        cmd = [cxx, *CXX_FLAGS, f"-I{INCLUDE_DIR}", *(f"-I{d}" for d in _cuda_header_dirs()), str(src), "-o",
+               str(out)]
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if proc.returncode != 0:
+            _no_room(proc.stderr, cache)
+            raise EmulationError(f"host compilation of '{name}' failed:\n{proc.stderr.strip()}")
+        with _cache_writes(cache):
+            image = out.read_bytes()
+            atomic_write(so_path, image)
+            atomic_write(so_path.with_suffix(".sha256"), _record(key, image).encode())
+    finally:
+        shutil.rmtree(tmp_dir, ignore_errors=True)
+    return image
+
+
+@contextlib.contextmanager
+def _compile_lock(key: str) -> Iterator[None]:
+    """One process at a time compiles a translation unit; the others wait for it and load its
+    entry (pytest-xdist workers, a fleet's processes on one cache), so that no module is
+    compiled twice at once. Best effort: where the lock cannot be had (a read-only cache, a
+    link where its folder belongs), each process compiles, as safely as before."""
+    folder = cache_root() / "locks"
+    try:
+        if folder.is_symlink():
+            raise OSError("a link where the lock folder belongs")
+        folder.mkdir(exist_ok=True)
+        fd = os.open(folder / f"emulator-{key}", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
+    except OSError:
+        yield
+        return
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX)
+        yield
+    finally:
+        os.close(fd)
 
 
 @contextlib.contextmanager
