@@ -414,13 +414,17 @@ def test_a_fault_after_an_overlapping_launch_of_another_module_ended_is_reported
 
 def _compile_in_child(cache: str, source: str, queue) -> None:
     os.environ["TOPKGEN_CACHE_DIR"] = cache
-    module = compile_source(source, name="concurrent")
+    compiled = []
+    module = compile_source(source, name="concurrent", announce=compiled.append)
     out = np.zeros(32, np.float32)
     module.launch("fill", 1, 32, [out])
-    queue.put(float(out.sum()))
+    queue.put((float(out.sum()), len(compiled)))
 
 
 def test_concurrent_compiles_leave_one_good_cache_entry(tmp_path):
+    """Three processes asking for one new module at once: one runs g++ (announce is called
+    just before it), the others wait for its entry (all three did compile it, each for
+    itself, before the lock)."""
     source = 'extern "C" __global__ void fill(float* y) { y[threadIdx.x] = 2.f; }\n'
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
@@ -429,7 +433,9 @@ def test_concurrent_compiles_leave_one_good_cache_entry(tmp_path):
         p.start()
     for p in procs:
         p.join(120)
-    assert [queue.get(timeout=5) for _ in procs] == [64.0] * 3
+    results = [queue.get(timeout=5) for _ in procs]
+    assert [total for total, _ in results] == [64.0] * 3
+    assert sum(compiles for _, compiles in results) == 1
     entries = sorted(p.suffix for p in (tmp_path / "emulator").iterdir())
     assert entries == [".sha256", ".so"]
 
