@@ -459,3 +459,19 @@ def test_host_compile_errors_name_the_source(tmp_path, monkeypatch):
     monkeypatch.setenv("TOPKGEN_CACHE_DIR", str(tmp_path))
     with pytest.raises(EmulationError, match=r"host compilation of 'broken' failed:\n(.|\n)*broken\.cu:1:49: error"):
         compile_source('extern "C" __global__ void k(float* y) { y[0] = undefined_name; }', name="broken")
+
+
+def test_a_link_where_the_lock_folder_belongs_is_not_followed(tmp_path, monkeypatch):
+    """The compile lock's folder (cache/locks) planted as a link elsewhere: the module still
+    compiles and runs, unlocked, and nothing is created where the link points."""
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    (cache / "locks").symlink_to(elsewhere)
+    monkeypatch.setenv("TOPKGEN_CACHE_DIR", str(cache))
+    source = 'extern "C" __global__ void third(float* y) { y[threadIdx.x] = 3.f; }\n'
+    y = np.zeros(4, np.float32)
+    compile_source(source, name="lock_link").launch("third", 1, 4, [y])
+    assert y.tolist() == [3.0] * 4
+    assert list(elsewhere.iterdir()) == []
