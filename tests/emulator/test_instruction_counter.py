@@ -212,22 +212,8 @@ def test_the_resident_kernel_issues_under_half_its_issue_27_count(dtype):
     unrolled loop in it)."""
     import json
 
-    import ml_dtypes
-
-    from topkgen import policy
-    from topkgen.build.render import render
-    from topkgen.runtime import launch_arguments, launch_shared_bytes
-
-    spec = policy.select(policy.load(), "sm_90", dtype, 256, 16384).kernel
-    assert spec.name.startswith("topk_radix_dyn_k256_fast_")
-    counter = Counter(render(spec), spec.name)
     rows, n, k = 4, 16384, 256
-    x = np.random.default_rng(n + k).standard_normal((rows, n)).astype(
-        np.float32 if dtype == "float32" else ml_dtypes.bfloat16)
-    values, indices = np.zeros((rows, k), x.dtype), np.zeros((rows, k), np.int64)
-    c = counter.module().launch(spec.name, rows, spec.threads,
-                                launch_arguments(spec, x, values, indices, rows, n, k, True),
-                                shared_bytes=launch_shared_bytes(spec, n), counters=True)
+    spec, counter, x, c = _count_k256_fast(dtype, rows, n)
     per_key = counter.count(c, spec.name).warp_instructions / (rows * n)
     before = json.loads((Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "bench_kernels_28_before_recounted.json").read_text())
     (was,) = [r["warp_instructions_per_key"] for r in before["rows"]
@@ -278,16 +264,29 @@ def test_the_stream_rounds_are_charged_per_round(dtype):
     rounds (the float32 kernel: 512 warp loads charged for 1024, 0.39 warp instructions per
     key for 0.74). Every element is loaded once, in 16-byte vectors: the LDG charge is the
     emulator's bytes over 16 bytes a lane and 32 lanes a warp instruction."""
+    from topkgen.policy.selection import streams
+
+    spec, counter, x, c = _count_k256_fast(dtype, 1, 131072)
+    assert streams(spec, 256)
+    assert c.global_load_bytes == x.nbytes  # read once, no NaN to read again
+    loop = [s.id for s in counter.inst.sites if s.kind == "loop"
+            and "for (;;)" in counter.inst.source.splitlines()[s.first_line - 1]]
+    assert len(loop) == 1 and loop[0] not in counter.map.dropped
+    assert counter.count(c, spec.name, "LDG").warp_instructions == x.nbytes // 16 // 32
+
+
+def _count_k256_fast(dtype: str, rows: int, n: int):
+    """The default policy's sm_90 kernel for K=256 fast at n, its counter, N(0,1) rows and
+    the counted launch of its instrumented module on them."""
     import ml_dtypes
 
     from topkgen import policy
     from topkgen.build.render import render
-    from topkgen.policy.selection import streams
     from topkgen.runtime import launch_arguments, launch_shared_bytes
 
-    rows, n, k = 1, 131072, 256
+    k = 256
     spec = policy.select(policy.load(), "sm_90", dtype, k, n).kernel
-    assert spec.name.startswith("topk_radix_dyn_k256_fast_") and streams(spec, k)
+    assert spec.name.startswith("topk_radix_dyn_k256_fast_")
     counter = Counter(render(spec), spec.name)
     x = np.random.default_rng(n + k).standard_normal((rows, n)).astype(
         np.float32 if dtype == "float32" else ml_dtypes.bfloat16)
@@ -295,8 +294,4 @@ def test_the_stream_rounds_are_charged_per_round(dtype):
     c = counter.module().launch(spec.name, rows, spec.threads,
                                 launch_arguments(spec, x, values, indices, rows, n, k, True),
                                 shared_bytes=launch_shared_bytes(spec, n), counters=True)
-    assert c.global_load_bytes == x.nbytes  # read once, no NaN to read again
-    loop = [s.id for s in counter.inst.sites if s.kind == "loop"
-            and "for (;;)" in counter.inst.source.splitlines()[s.first_line - 1]]
-    assert len(loop) == 1 and loop[0] not in counter.map.dropped
-    assert counter.count(c, spec.name, "LDG").warp_instructions == x.nbytes // 16 // 32
+    return spec, counter, x, c

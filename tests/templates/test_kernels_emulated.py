@@ -51,7 +51,6 @@ KERNELS = [(group, spec) for group, specs in GROUPS.items() for spec in specs]
 _lock = threading.Lock()
 
 
-@lru_cache(maxsize=None)
 def _module(group: str, spec: pol.KernelSpec):
     """The default policy's kernels one by one, as the runtime compiles them (the emulator
     cache then serves both, and pytest-xdist workers share the compiles out); the legacy
