@@ -805,11 +805,11 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
   // Every key dropped is below k kept keys, so the buffer holds the top k when the row ends,
   // and the passes select them from it. The stream compares values, not
   // keys (keep_bound), and makes a key of what it keeps only. Where a list cannot hold its
-  // share of k and a step's keys, the row is read again in the passes instead; so is it in the
-  // blocks of 1024 threads (K=1024 at two CTAs per SM: 32 registers), whose lists hold 12
-  // entries: there the refills cost about what the second read saves (float32 1.81 against
-  // 1.84 warp instructions per key at 131072, bfloat16 2.90 against 1.44, counted), and the
-  // deterministic kernels spill at 32 registers.
+  // share of k and a step's keys, the row is read again in the passes instead; so is it in
+  // blocks of 1024 threads, whose lists hold 12 entries: there the refills cost about what the
+  // second read saves (K=1024 at 131072, float32 1.81 against 1.84 warp instructions per key,
+  // bfloat16 2.90 against 1.44, counted), so the default policy runs K=512 and 1024 on 256
+  // threads (threads_by_k), whose lists of 48 stream at 0.97 and 1.04.
   constexpr int kStepKeys = UNROLL * V;  // the most keys one step of for_each gives a thread
   constexpr bool kStreams = KR > 0 && SMEM_BYTES > 0 && THREADS < 1024;
   const bool stream = kStreams && !resident && list_capacity - kStepKeys >= (k + THREADS - 1) / THREADS;

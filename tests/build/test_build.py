@@ -77,7 +77,8 @@ def test_default_bundle_has_58_cubins_for_sm90_and_sm100(default_bundle):
             assert dynamic == min(98304, -(-(rows + 16 // size - 1) * size // 16) * 16), entry["name"]
             assert dynamic + entry["resources"]["static_shared_bytes"] <= 232448
             vectors = int(entry["work_rung"].split("=")[1]) if entry["work"] == "fixed_vec" else 4
-            assert entry["loads_in_flight"] == (1 if entry["k"] == 1024 else min(4, vectors))
+            assert entry["loads_in_flight"] == min(4, vectors)
+            assert entry["launch"]["threads_per_block"] == 256  # K=512, 1024: threads_by_k
     assert {t["rule"] for t in manifest["jit_only"]} == {"reg_exact_k16_n2048", "reg_exact_k32_n256",
                                                         "reg_exact_k16_n1024_sm100", "radix_k2048_k4096"}
     text = (out / "manifest.json").read_text()
@@ -179,22 +180,24 @@ def test_over_budget_fails_and_leaves_the_previous_bundle(default_bundle, tmp_pa
 
 
 @pytest.mark.parametrize("mode", ["fast", "deterministic"])
-def test_k1024_rung_with_one_cta_per_sm_keeps_four_loads_in_flight_within_budget(mode):
-    """The K=1024 rung's headroom knob: one 1024-thread CTA per SM (64 registers) with four
-    16-byte loads in flight, instead of the default two CTAs (32 registers) with one."""
+def test_k1024_block_size_is_policy_data_and_both_build_within_budget(mode):
+    """threads_by_k sets the K=1024 rung's block: the default's 256 threads at 2 CTAs per SM
+    with four 16-byte loads in flight; without the entry, max(K, threads) = 1024 threads, here
+    at one CTA per SM (64 registers), also with four. Both compile within the family's budget."""
     from topkgen import policy as pol
     from topkgen.build.render import render
 
-    text = DEFAULT_POLICY.read_text().replace("      1024: 2                 #", "      1024: 1                 #", 1)
-    text = text.replace("loads_in_flight_by_k:     # rungs whose launch bounds leave fewer registers\n      1024: 1",
-                        "loads_in_flight_by_k:\n      1024: 4", 1)
-    policy = pol.loads(text)
-    spec = pol.select(policy, "sm_90", "float32", 1024, 200_000, deterministic=mode == "deterministic").kernel
-    assert (spec.min_ctas_per_sm, spec.loads_in_flight) == (1, 4)
-    source = render(spec)
-    assert "__launch_bounds__(1024, 1)" in source
-    compiled = compile_kernel(source, spec.name, spec.arch)
-    assert bundle.over_budget(spec, compiled) is None
+    default = DEFAULT_POLICY.read_text()
+    without = default.replace("      1024: 256               #", "                              #", 1)
+    without = without.replace("      1024: 2                 #", "      1024: 1                 #", 1)
+    assert without.count("threads_by_k: {512: 256, 1024: 256}") == 1  # sm_100's, left as it is
+    for text, threads, ctas in ((default, 256, 2), (without, 1024, 1)):
+        spec = pol.select(pol.loads(text), "sm_90", "float32", 1024, 200_000,
+                          deterministic=mode == "deterministic").kernel
+        assert (spec.threads, spec.min_ctas_per_sm, spec.loads_in_flight) == (threads, ctas, 4)
+        source = render(spec)
+        assert f"__launch_bounds__({threads}, {ctas})" in source
+        assert bundle.over_budget(spec, compile_kernel(source, spec.name, spec.arch)) is None
 
 
 def test_killed_build_leaves_the_previous_bundle(default_bundle, tmp_path):

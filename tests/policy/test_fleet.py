@@ -96,15 +96,16 @@ def test_the_default_96_kb_does_not_fit_a_99_kb_part():
 
 
 def test_two_1024_thread_ctas_do_not_fit_1536_threads_per_sm():
-    text = _edited("min_ctas_per_sm: {1024: 1}  # MODEL ESTIMATE: 2 x 1024 threads exceed 1536",
-                   "min_ctas_per_sm: {1024: 2}  # MODEL ESTIMATE: 2 x 1024 threads exceed 1536")
-    with pytest.raises(pol.PolicyError, match=r"min_ctas_per_sm\.1024: 2 CTAs of 1024 threads .* exceed sm_86's "
-                                              r"1536 threads per SM"):
-        pol.loads(text, source="fleet.yaml")
-    text = _edited("min_ctas_per_sm: {1024: 1}  # MODEL ESTIMATE: 2 x 1024 threads exceed 1024",
-                   "min_ctas_per_sm: {1024: 2}  # MODEL ESTIMATE: 2 x 1024 threads exceed 1024")
-    with pytest.raises(pol.PolicyError, match=r"exceed sm_75's 1024 threads per SM"):
-        pol.loads(text, source="fleet.yaml")
+    # sm_86 (the first 1536-thread arch) and sm_75 (1024) without threads_by_k: K=1024 runs
+    # max(K, threads) = 1024 threads, and the fleet's two CTAs of it no longer fit.
+    for arch, most in (("sm_86", 1536), ("sm_75", 1024)):
+        text = FLEET_POLICY.read_text()
+        start = text.index(f"  {arch}:")
+        at = text.index("    threads_by_k: {512: 256, 1024: 256}", start)
+        text = text[:at] + "    threads_by_k: {512: 256}" + text[at + len("    threads_by_k: {512: 256, 1024: 256}"):]
+        with pytest.raises(pol.PolicyError, match=rf"archs\.{arch}\.min_ctas_per_sm\.1024: 2 CTAs of 1024 threads "
+                                                  rf".* exceed {arch}'s {most} threads per SM"):
+            pol.loads(text, source="fleet.yaml")
 
 
 def test_explain_says_a_row_longer_than_the_arch_holds_is_read_twice(fleet):

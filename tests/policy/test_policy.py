@@ -37,7 +37,7 @@ def test_default_plan_matches_the_kernel_table(default_policy):
                     expected[("radix", "dynamic", k, mode, dt)] += 1
             for k in (64, 128, 256):
                 expected[("radix", "fixed_vec=1", k, "deterministic", dt)] += 1
-        expected[("radix", "fixed_vec=2", 512, "deterministic", "float32")] += 1
+        expected[("radix", "fixed_vec=4", 512, "deterministic", "float32")] += 1
         assert table == expected
 
 
@@ -47,7 +47,7 @@ def test_launch_bounds_and_tail_policy_come_from_the_arch(default_policy):
             assert spec.min_ctas_per_sm == (2 if spec.k == 1024 else 1)
             assert (spec.tail_policy, spec.tail_max_iterations) == tail
             if spec.family == "radix":
-                assert spec.threads == max(spec.k, 256)
+                assert spec.threads == 256  # max(K, 256) up to K=256, threads_by_k for 512 and 1024
 
 
 def test_legacy_plan_is_the_old_48_point_grid(legacy_policy):

@@ -152,6 +152,32 @@ def test_a_128_thread_radix_block_finds_the_top_k(tmp_path):
     check_topk(x, values, indices, k, True, False, "float32", what="128 threads")
 
 
+@pytest.mark.parametrize("mode", ["fast", "deterministic"])
+def test_threads_by_k_runs_k1024_on_128_threads_each_sorting_8(mode):
+    """threads_by_k's fewest threads for K=1024 (K / threads = 8 candidates a thread in the
+    sort): a resident row and a streamed one (longer than 96 KB) give the reference's top k."""
+    text = _variant("      1024: 256               #", "      1024: 128               #")
+    spec = pol.select(pol.loads(text, source="p.yaml"), "sm_90", "float32", 1000, 40_000,
+                      deterministic=mode == "deterministic").kernel
+    assert (spec.k, spec.threads) == (1024, 128)
+    module = compile_source(render(spec), name=f"radix_k1024_128_threads_{mode}")
+    for n in (3000, 40_000):
+        x = make_rows("float32", 3, n, seed=n)
+        for largest in (True, False):
+            values, indices, _ = launch_kernel(module, spec, x, 1000, largest)
+            check_topk(x, values, indices, 1000, largest, mode == "deterministic", "float32", f"n={n}")
+
+
+def test_threads_by_k_past_8_candidates_a_thread_is_refused():
+    text = _variant("      512: 256                #", "      2048: 128               #")
+    with pytest.raises(pol.PolicyError, match=r"archs\.sm_90\.threads_by_k\.2048: 128 threads would each sort 16 "
+                                              r"of K=2048's candidates in registers; at most 8 \(give K=2048 at "
+                                              r"least 256 threads\)"):
+        pol.loads(text, source="p.yaml")
+    assert pol.loads(_variant("      512: 256                #", "      2048: 256               #"),
+                     source="p.yaml").archs["sm_90"].threads_by_k == {2048: 256, 1024: 256}
+
+
 def test_a_family_template_other_than_its_kernels_is_refused(cli, tmp_path):
     path = tmp_path / "p.yaml"
     path.write_text(_variant("template: register_select.cu.j2", "template: radix_select.cu.j2"))
@@ -170,9 +196,9 @@ def test_occupancy_is_checked_at_each_familys_own_block_size(tmp_path):
     with pytest.raises(pol.PolicyError, match=r"archs\.sm_90\.min_ctas_per_sm\.16: 4 CTAs of 1024 threads "
                                               r"\(the register kernels of rule '[a-z0-9_]+', K=16\) exceed sm_90's 2048 threads per SM"):
         pol.loads(text)
-    # and a radix K rung is checked at max(K, threads), not at the register block
+    # and a radix K rung is checked at its own block (max(K, threads) here), not at the register block
     ok = _variant("    warps_per_block: 4        #", "    warps_per_block: 1        #")
-    ok = ok.replace("      1024: 2", "      64: 8\n      1024: 2", 1)
+    ok = ok.replace("      1024: 2                 #", "      64: 8\n      1024: 2                 #", 1)
     assert pol.loads(ok).archs["sm_90"].min_ctas_per_sm[64] == 8
 
 

@@ -14,7 +14,7 @@ from topkgen.common import reader
 from topkgen.common.schema import SchemaViolation, load_schema, validate
 from topkgen.policy.coverage import _check_dispatch_grid, _check_total_dispatch
 from topkgen.policy.model import (
-    FAMILY_ARCH_KEYS, FAMILY_TEMPLATES, MAX_KERNELS, MAX_POLICY_BYTES, MODES, RADIX_STATIC_SHARED_BYTES,
+    FAMILY_ARCH_KEYS, FAMILY_TEMPLATES, MAX_KERNELS, MAX_SORT_CANDIDATES_PER_THREAD, MAX_POLICY_BYTES, MODES, RADIX_STATIC_SHARED_BYTES,
     radix_static_shared_bytes, REGISTER_MAX_K, REGISTER_MAX_N, SHARED_BYTES_PER_BLOCK, THREADS_PER_SM_BY_ARCH,
     VECTOR_BYTES, WORK_BY_FAMILY, ARCH_SPECIFIC_FROM,
     ArchTuning, Family, Policy, PolicyError, Rule, SplitTuning, _Locator, default_policy_path)
@@ -113,6 +113,13 @@ def _build(doc: dict, loc: _Locator, source: str, sha: str, text: str) -> Policy
                             f"of static shared memory within {name}'s {SHARED_BYTES_PER_BLOCK[name]} per block "
                             f"(at most {room})")
         loads_by_k = {int(k): v for k, v in t.get("loads_in_flight_by_k", {}).items()}
+        threads_by_k = {int(k): v for k, v in t.get("threads_by_k", {}).items()}
+        for k, threads in threads_by_k.items():
+            if k > threads * MAX_SORT_CANDIDATES_PER_THREAD:
+                raise loc.error(("archs", name, "threads_by_k", str(k)),
+                                f"{threads} threads would each sort {k // threads} of K={k}'s candidates in "
+                                f"registers; at most {MAX_SORT_CANDIDATES_PER_THREAD} (give K={k} at least "
+                                f"{k // MAX_SORT_CANDIDATES_PER_THREAD} threads)")
         split = None
         if "split" in t:
             if "radix" not in families:
@@ -132,7 +139,7 @@ def _build(doc: dict, loc: _Locator, source: str, sha: str, text: str) -> Policy
                                  tail["policy"], tail.get("max_iterations"), ctas, shared,
                                  t.get("loads_in_flight", 1), loads_by_k, split,
                                  bool(t.get("ship_ptx", False)), bool(t.get("arch_specific", False)),
-                                 t.get("shared_buffer_per_k"))
+                                 t.get("shared_buffer_per_k"), threads_by_k)
 
     aot = tuple(doc["dtypes"]["aot"])
     jit = tuple(doc["dtypes"].get("jit", []))

@@ -29,6 +29,9 @@ K_COVERED = 1024
 # The large-k path's name, as select, explain and the dispatch table give it (not a rule).
 LARGE_K_PATH = "large_k"
 MAX_THREADS_PER_BLOCK = 1024
+# A radix kernel's final sort holds K / threads candidates per thread in registers
+# (templates/topk_common.cuh, register_sort); more would spill.
+MAX_SORT_CANDIDATES_PER_THREAD = 8
 VECTOR_BYTES = 16
 THREADS_PER_SM = 2048  # the most of any arch (THREADS_PER_SM_BY_ARCH holds each one's)
 # Documented hardware limits per arch, from NVIDIA's documentation (the CUDA C++ Programming
@@ -156,6 +159,7 @@ class ArchTuning:
     ship_ptx: bool = False       # ship PTX (compute_XY) beside the cubins: forward compatibility
     arch_specific: bool = False  # compile for sm_XYa: runs on exactly this arch
     shared_buffer_per_k: int | None = None  # radix: a resident row's candidate buffer, in candidates per K (None: all)
+    threads_by_k: dict[int, int] = field(default_factory=dict)  # radix: block size per K rung, over max(K, threads)
 
     @property
     def target(self) -> str:

@@ -18,9 +18,12 @@ def arch_capability(arch: str) -> tuple[int, int]:
 
 def block_shape(family: str, tuning: ArchTuning, k: int) -> tuple[int, int]:
     """(threads per block, rows per block) of a family's kernels with K rung k: a warp per
-    row for register kernels, max(K, threads) threads on one row for radix kernels."""
+    row for register kernels; for radix kernels, one row on threads_by_k[k] threads where the
+    policy names k, else on max(K, threads) (each thread sorts K / threads candidates)."""
     if family == "register":
         return 32 * tuning.warps_per_block, tuning.warps_per_block
+    if k in tuning.threads_by_k:
+        return tuning.threads_by_k[k], 1
     return min(max(k, tuning.threads), MAX_THREADS_PER_BLOCK), 1  # K=2048, 4096: 1024 threads
 
 
