@@ -28,7 +28,7 @@ from h200_model import HBM_BYTES_PER_S, estimate_seconds  # noqa: E402
 from shapes import DATA_KINDS, make_rows  # noqa: E402
 
 SHAPES = [(dtype, n, k) for dtype in ("float32", "bfloat16") for n in (16384, 32768, 65536, 131072, 262144)
-          for k in (64, 256, 1024)]
+          for k in (64, 256, 1024, 2048)]
 BATCHES = (1, 4, 16, 64, 256, 1024, 4096)  # the batches the model takes (the emulator counts one row)
 
 

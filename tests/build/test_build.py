@@ -190,7 +190,7 @@ def test_k1024_block_size_is_policy_data_and_both_build_within_budget(mode):
     default = DEFAULT_POLICY.read_text()
     without = default.replace("      1024: 256               #", "                              #", 1)
     without = without.replace("      1024: 2                 #", "      1024: 1                 #", 1)
-    assert without.count("threads_by_k: {512: 256, 1024: 256}") == 1  # sm_100's, left as it is
+    assert without.count("threads_by_k: {512: 256, 1024: 256, 2048: 256}") == 1  # sm_100's, left as it is
     for text, threads, ctas in ((default, 256, 2), (without, 1024, 1)):
         spec = pol.select(pol.loads(text), "sm_90", "float32", 1024, 200_000,
                           deterministic=mode == "deterministic").kernel

@@ -58,9 +58,11 @@ def test_a_policy_ships_k2048_and_k4096_aot_with_no_spill(tmp_path):
     assert len(rungs) == 2 * 2 * 2 * 2  # archs x dtypes x rungs x modes
     for entry in rungs:
         res = entry["resources"]
-        assert entry["launch"]["threads_per_block"] == 1024
+        # K=2048 on 256 threads (threads_by_k, 8 candidates a thread), K=4096 on 1024
+        assert entry["launch"]["threads_per_block"] == {2048: 256, 4096: 1024}[entry["k"]]
         assert res["spill_stores"] == 0 and res["spill_loads"] == 0, entry["name"]
-        assert res["registers"] <= 64, entry["name"]  # 1 CTA of 1024 threads per SM: 64 registers
+        # 1 CTA of 1024 threads per SM: 64 registers; the family's budget of 96 for 256
+        assert res["registers"] <= {2048: 96, 4096: 64}[entry["k"]], entry["name"]
         assert res["static_shared_bytes"] + entry["launch"]["dynamic_shared_bytes"] <= pol.SHARED_BYTES_PER_BLOCK[
             entry["arch"]]
     # the large-k path is shipped as JIT source, and k above 4096 is dispatched to it

@@ -169,13 +169,13 @@ def test_threads_by_k_runs_k1024_on_128_threads_each_sorting_8(mode):
 
 
 def test_threads_by_k_past_8_candidates_a_thread_is_refused():
-    text = _variant("      512: 256                #", "      2048: 128               #")
+    text = _variant("      2048: 256               #", "      2048: 128               #")
     with pytest.raises(pol.PolicyError, match=r"archs\.sm_90\.threads_by_k\.2048: 128 threads would each sort 16 "
                                               r"of K=2048's candidates in registers; at most 8 \(give K=2048 at "
                                               r"least 256 threads\)"):
         pol.loads(text, source="p.yaml")
-    assert pol.loads(_variant("      512: 256                #", "      2048: 256               #"),
-                     source="p.yaml").archs["sm_90"].threads_by_k == {2048: 256, 1024: 256}
+    assert pol.loads(_variant("      2048: 256               #", "      4096: 512               #"),
+                     source="p.yaml").archs["sm_90"].threads_by_k == {512: 256, 1024: 256, 4096: 512}
 
 
 def test_a_family_template_other_than_its_kernels_is_refused(cli, tmp_path):
