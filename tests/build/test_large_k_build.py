@@ -18,8 +18,10 @@ POLICY = """
 version: 1
 name: large_rungs
 archs:
-  sm_90: {threads: 256, vector_tail: {policy: fixed, max_iterations: 4}, shared_row_bytes: 98304, loads_in_flight: 4}
-  sm_100: {threads: 256, vector_tail: {policy: runtime}, shared_row_bytes: 98304, loads_in_flight: 4}
+  sm_90: {threads: 256, threads_by_k: {1024: 256, 2048: 256}, vector_tail: {policy: fixed, max_iterations: 4},
+          shared_row_bytes: 98304, loads_in_flight: 4}
+  sm_100: {threads: 256, threads_by_k: {1024: 256, 2048: 256}, vector_tail: {policy: runtime},
+           shared_row_bytes: 98304, loads_in_flight: 4}
 dtypes:
   aot: [float32, bfloat16]
 families:
@@ -58,7 +60,7 @@ def test_a_policy_ships_k2048_and_k4096_aot_with_no_spill(tmp_path):
     assert len(rungs) == 2 * 2 * 2 * 2  # archs x dtypes x rungs x modes
     for entry in rungs:
         res = entry["resources"]
-        # K=2048 on 256 threads (threads_by_k, 8 candidates a thread), K=4096 on 1024
+        # K=2048 on 256 threads (threads_by_k, as the default policy's), K=4096 on 1024
         assert entry["launch"]["threads_per_block"] == {2048: 256, 4096: 1024}[entry["k"]]
         assert res["spill_stores"] == 0 and res["spill_loads"] == 0, entry["name"]
         # 1 CTA of 1024 threads per SM: 64 registers; the family's budget of 96 for 256
