@@ -44,7 +44,7 @@ def arch_tuning(draw, name: str) -> dict[str, Any]:
         tuning["loads_in_flight"] = draw(st.integers(1, 8))
     if draw(st.integers(0, 3)) == 0:
         tuning["loads_in_flight_by_k"] = {k: draw(st.integers(1, 8)) for k in draw(_sorted_subset(K_RUNGS, 1, 2))}
-    if draw(st.integers(0, 3)) == 0:  # K rungs past 8 x threads are refused (8 candidates a thread)
+    if draw(st.integers(0, 3)) == 0:  # K <= 1024 on >= 128 threads: within 8 candidates a thread
         tuning["threads_by_k"] = {k: draw(st.sampled_from([128, 256, 512, 1024])) for k in draw(_sorted_subset(K_RUNGS, 1, 2))}
     if draw(st.booleans()):
         tuning["min_ctas_per_sm"] = {k: draw(st.integers(1, 4)) for k in draw(_sorted_subset(K_RUNGS, 1, 2))}

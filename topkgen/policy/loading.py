@@ -14,7 +14,8 @@ from topkgen.common import reader
 from topkgen.common.schema import SchemaViolation, load_schema, validate
 from topkgen.policy.coverage import _check_dispatch_grid, _check_total_dispatch
 from topkgen.policy.model import (
-    FAMILY_ARCH_KEYS, FAMILY_TEMPLATES, MAX_KERNELS, MAX_SORT_CANDIDATES_PER_THREAD, MAX_POLICY_BYTES, MODES, RADIX_STATIC_SHARED_BYTES,
+    FAMILY_ARCH_KEYS, FAMILY_TEMPLATES, MAX_KERNELS, MAX_POLICY_BYTES, MAX_SORT_CANDIDATES_PER_THREAD, MODES,
+    RADIX_STATIC_SHARED_BYTES,
     radix_static_shared_bytes, REGISTER_MAX_K, REGISTER_MAX_N, SHARED_BYTES_PER_BLOCK, THREADS_PER_SM_BY_ARCH,
     VECTOR_BYTES, WORK_BY_FAMILY, ARCH_SPECIFIC_FROM,
     ArchTuning, Family, Policy, PolicyError, Rule, SplitTuning, _Locator, default_policy_path)
