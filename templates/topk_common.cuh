@@ -59,7 +59,8 @@ __device__ __forceinline__ unsigned word_select_keys(unsigned w, unsigned invert
   typedef KeyTraits<T> Tr;
   if constexpr (Tr::kBits == 32) {
     const unsigned flip = unsigned(int(w) >> 31) | Tr::kSign;  // negatives: every bit; others: the sign
-    return ((w & ~Tr::kSign) > Tr::kExp ? Tr::kAll : w ^ flip) ^ invert;
+    const float f = __uint_as_float(w);
+    return (f != f ? Tr::kAll : w ^ flip) ^ invert;  // NaN: one float compare, not a mask and an integer one
   } else {
     constexpr unsigned kLow = 0x00010001u, kSigns = Tr::kSign * kLow;
     const unsigned negative = (w >> 15) & kLow;                  // 1 in each half whose sign is set
@@ -210,6 +211,58 @@ __device__ __forceinline__ int warp_append(int* counter, bool take) {
   return take ? base + __popc(ballot & ((1u << lane_id()) - 1u)) : -1;
 }
 
+// A lane's marks on its keys of one step of RowView::for_each over a resident row's copy, kept
+// until the step ends (its stop callback) and appended then: one atomic a step, not a piece,
+// and the marked keys read again from the copy by index, with no selection among a piece's
+// elements. Bit b is element b % V of the step's piece b / V, which starts at
+// first + (b / V) x THREADS x V (the body's pieces of a step are THREADS vectors apart; the
+// head's and the tail's steps have one piece). 32 bits where UNROLL x V fit, else 64.
+template <bool WIDE>
+struct MaskOf {
+  typedef unsigned T;
+};
+template <>
+struct MaskOf<true> {
+  typedef u64 T;
+};
+__device__ __forceinline__ int bit_count(unsigned m) { return __popc(m); }
+__device__ __forceinline__ int bit_count(u64 m) { return __popcll((unsigned long long)m); }
+__device__ __forceinline__ int lowest_bit(unsigned m) { return __ffs(int(m)) - 1; }
+__device__ __forceinline__ int lowest_bit(u64 m) { return __ffsll((long long)m) - 1; }
+
+template <int THREADS, int V, int UNROLL>
+struct StepMarks {
+  typedef typename MaskOf<(UNROLL * V > 32)>::T Mask;
+  Mask bits[2];  // two kinds (the gather: keys above the k-th key's bucket, and its ties)
+  int pieces, first;
+
+  __device__ __forceinline__ StepMarks() : bits{0u, 0u}, pieces(0), first(0) {}
+
+  // Called for each piece of the step in order (see RowView::for_each).
+  __device__ __forceinline__ void mark(unsigned keep0, unsigned keep1, int piece_first) {
+    if (pieces == 0) first = piece_first;
+    bits[0] |= Mask(keep0) << (pieces * V);
+    bits[1] |= Mask(keep1) << (pieces * V);
+    ++pieces;
+  }
+
+  // Appends the keys of kind `kind` to out[slot] for the slots `counter` hands out below
+  // `limit`, packed with their index in the row, and clears that kind's marks.
+  template <typename Bits>
+  __device__ __forceinline__ void append(int kind, int* counter, const Bits* copy, u64* out, int limit) {
+    Mask m = bits[kind];
+    if (m != 0u) {
+      int slot = atomicAdd(counter, bit_count(m));
+      for (; m != 0u && slot < limit; m &= m - 1u) {
+        const int b = lowest_bit(m);
+        const int index = first + (b / V) * (THREADS * V) + b % V;
+        out[slot++] = pack(copy[index], index);
+      }
+    }
+    bits[kind] = 0u;
+  }
+};
+
 // hist[digit] += 1: a no-return increment by one, which sm_70 and later compile to
 // ATOMS.POPC.INC. The shared-memory unit merges a warp's same-address increments itself, so
 // ties (all-equal rows) need no software aggregation, and no lane waits for another.
@@ -330,7 +383,9 @@ struct NeverStop {
 // tests/test_index_arithmetic.py drives it at the end of rows of 2^31 - 1 elements.
 //   BODY_VECTORS: 0 = as many vectors as the row needs (runtime N); > 0 = at most this many
 //                 vectors per thread.
-//   TAIL_STEPS:   0 = runtime tail loop; > 0 = a fixed number of guarded scalar iterations.
+//   TAIL_STEPS:   0 = runtime tail loop; > 0 = at most this many guarded scalar iterations
+//                 (the tail holds fewer than V elements: one step, or none where the body
+//                 ends the row).
 //   UNROLL:       vectors each thread loads before it uses any (loads in flight).
 // Index arithmetic stays below n, so it holds for every n up to 2^31 - 1.
 template <typename Bits, int THREADS, int BODY_VECTORS, int TAIL_STEPS, int UNROLL>
@@ -357,7 +412,7 @@ struct RowView {
     return BODY_VECTORS > 0 ? (BODY_VECTORS + UNROLL - 1) / UNROLL : (nvec + THREADS * UNROLL - 1) / (THREADS * UNROLL);
   }
   __device__ __forceinline__ int tail_steps(int tail) const {
-    return TAIL_STEPS > 0 ? TAIL_STEPS : (tail + THREADS - 1) / THREADS;
+    return TAIL_STEPS > 0 ? min(TAIL_STEPS, (tail + THREADS - 1) / THREADS) : (tail + THREADS - 1) / THREADS;
   }
 
   // Steps of for_each: the head (step 0), the body (UNROLL vectors per thread a step), the tail.
@@ -371,19 +426,26 @@ struct RowView {
   // see piece_element) at consecutive indices from `first`. Every thread makes the same
   // number of calls, in index order of the block's pieces, so f may use warp collectives and
   // barriers. Indices are formed only inside the row, so no int overflows for any n.
-  // stop() is called after each step, by every thread: true ends the walk there, and the
-  // step after it is returned (end_step, or the last step's end, otherwise).
-  template <bool SHARED, typename F, typename Stop = NeverStop>
+  // stop() is called after each step, by every thread (also the end of a step for f's
+  // caller: StepMarks appends there): true ends the walk there, and the step after it is
+  // returned (end_step, or the last step's end, otherwise). A step with nothing to read (the
+  // head of an aligned row, a tail past the body's end) calls no f, only stop(). WHOLE: a
+  // step whose pieces are all vectors takes no per-piece guard (f sees got == V), at the cost
+  // of a second copy of f; the first pass takes it (16384 K=256 float32 1.30 -> 1.25 warp
+  // instructions per key), the other walks gain nothing and it would cost registers.
+  template <bool SHARED, bool WHOLE = false, typename F, typename Stop = NeverStop>
   __device__ __forceinline__ int for_each(F&& f, int first_step = 0, int end_step = 0x7fffffff,
                                           Stop&& stop = Stop()) const {
     const int t = thread_index();  // read here: nothing per-thread is hoisted across calls
     const int h = head();
     if (first_step <= 0 && end_step > 0) {
-      // Defined even where nothing is read, so that no stale value stays alive in a register.
-      uint4 q = make_uint4(0u, 0u, 0u, 0u);
-      const bool on = t < h;
-      if (on) q.x = read<SHARED>(p + t);
-      f(q, t, on ? 1 : 0);
+      if (h > 0) {  // block-uniform: an aligned row has no head, and its step calls no f
+        // Defined even where nothing is read, so that no stale value stays alive in a register.
+        uint4 q = make_uint4(0u, 0u, 0u, 0u);
+        const bool on = t < h;
+        if (on) q.x = read<SHARED>(p + t);
+        f(q, t, on ? 1 : 0);
+      }
       if (stop()) return 1;
     }
     const int nvec = (n - h) / V;
@@ -392,28 +454,37 @@ struct RowView {
 #pragma unroll 1  // UNROLL sets the loads in flight; a copy of the body per step is enough
     for (int s = max(first_step - 1, 0); s < min(end_step - 1, body); ++s) {
       uint4 q[UNROLL];
-#pragma unroll
-      for (int u = 0; u < UNROLL; ++u) {
-        const int v = (s * UNROLL + u) * THREADS + t;  // < nvec + THREADS * UNROLL
-        q[u] = v < nvec ? read<SHARED>(vectors + v) : make_uint4(0u, 0u, 0u, 0u);
-      }
       // A copy of f for each of the step's pieces: no register moves between them.
+      if (WHOLE && (s + 1) * UNROLL * THREADS <= nvec) {  // block-uniform: every piece a vector
 #pragma unroll
-      for (int u = 0; u < UNROLL; ++u) {
-        const int v = (s * UNROLL + u) * THREADS + t;
-        f(q[u], v < nvec ? h + v * V : 0, v < nvec ? V : 0);
+        for (int u = 0; u < UNROLL; ++u) q[u] = read<SHARED>(vectors + (s * UNROLL + u) * THREADS + t);
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) f(q[u], h + ((s * UNROLL + u) * THREADS + t) * V, V);
+      } else {
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+          const int v = (s * UNROLL + u) * THREADS + t;  // < nvec + THREADS * UNROLL
+          q[u] = v < nvec ? read<SHARED>(vectors + v) : make_uint4(0u, 0u, 0u, 0u);
+        }
+#pragma unroll
+        for (int u = 0; u < UNROLL; ++u) {
+          const int v = (s * UNROLL + u) * THREADS + t;
+          f(q[u], v < nvec ? h + v * V : 0, v < nvec ? V : 0);
+        }
       }
       if (stop()) return s + 2;
     }
     const int tail_start = h + nvec * V;
     const int tail = tail_steps(n - tail_start);
-    for (int s = max(first_step - 1 - body, 0); s < min(end_step - 1 - body, tail); ++s) {
-      uint4 q = make_uint4(0u, 0u, 0u, 0u);
-      const int i = s * THREADS + t;  // position in the tail
-      const bool on = i < n - tail_start;
-      if (on) q.x = read<SHARED>(p + tail_start + i);
-      f(q, on ? tail_start + i : 0, on ? 1 : 0);
-      if (stop()) return 2 + body + s;
+    if (tail > 0) {  // block-uniform: a row whose body ends it has no tail step
+      for (int s = max(first_step - 1 - body, 0); s < min(end_step - 1 - body, tail); ++s) {
+        uint4 q = make_uint4(0u, 0u, 0u, 0u);
+        const int i = s * THREADS + t;  // position in the tail
+        const bool on = i < n - tail_start;
+        if (on) q.x = read<SHARED>(p + tail_start + i);
+        f(q, on ? tail_start + i : 0, on ? 1 : 0);
+        if (stop()) return 2 + body + s;
+      }
     }
     return min(end_step, 1 + body + tail);
   }
@@ -628,9 +699,11 @@ struct Part {
 };
 
 __device__ __forceinline__ Part part_of_row(int n, int chunk, long long row_stride) {
-  const int chunks = chunk > 0 && chunk < n ? n / chunk : 1;
+  if (!(chunk > 0 && chunk < n))  // one CTA a row: no division
+    return Part{int(blockIdx.x), 0, n, (unsigned long long)blockIdx.x * (unsigned long long)row_stride};
+  const int chunks = n / chunk;
   const int row = int(blockIdx.x) / chunks, c = int(blockIdx.x) - row * chunks;
-  const int first = c * chunk;  // 0 for one chunk per row
+  const int first = c * chunk;
   const int count = c == chunks - 1 ? n - first : chunk;
   return Part{row, first, count, (unsigned long long)row * (unsigned long long)row_stride + (unsigned long long)first};
 }
@@ -854,7 +927,8 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     const unsigned prefix = state.prefix, mask = state.mask;
     int source = state.source;
     // Once the k-th key's bucket and the keys above it fit the buffer, one scan of the row (or
-    // of its copy) collects them, each lane its own keys with one atomic, and this pass, the
+    // of its copy) collects them, each lane its own keys with one atomic a piece (a step, from
+    // the copy: StepMarks), and this pass, the
     // later ones and the gather read the buffer alone. A key is at or above the prefix when
     // key >= prefix: the prefix has no bits below the mask.
     if (SMEM_BYTES > 0 && pass > 0 && source != kBuffer && state.bucket <= buffer_capacity - (k - state.remaining)) {
@@ -865,8 +939,21 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
         lane_append<Bits>(&counters[2], keep, keys, first, buffer, 0x7fffffff);
       };
       if (source == kSharedRow) {
+        // From the copy, each step's keys are marked and appended at its end (StepMarks).
+        StepMarks<THREADS, V, UNROLL> marks;
+        auto mark = [&](const uint4& keys, int first, int got) {
+          unsigned keep = 0u;
+#pragma unroll
+          for (int j = 0; j < V; ++j) keep |= (j < got && piece_element<Bits>(keys, j) >= prefix ? 1u : 0u) << j;
+          marks.mark(keep, 0u, first);
+        };
+        auto append_marked = [&] {
+          marks.template append<Bits>(0, &counters[2], copy, buffer, 0x7fffffff);
+          marks.pieces = 0;
+          return false;  // every step is walked
+        };
         const View shared_row(copy, n);
-        shared_row.template for_each<true>(collect);
+        shared_row.template for_each<true>(mark, 0, 0x7fffffff, append_marked);
       } else {
         global_row.template for_each<false>(as_keys<T>(collect, largest));
       }
@@ -907,7 +994,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
       }
     };
     if (pass == 0 && source == kGlobalRow) {
-      global_row.template for_each<false>(as_keys<T>(first_pass, largest));
+      global_row.template for_each<false, true>(as_keys<T>(first_pass, largest));
     } else if (source == kGlobalRow) {
       global_row.template for_each<false>(as_keys<T>(later_pass, largest));
     } else if (SMEM_BYTES > 0 && source == kSharedRow) {
@@ -980,14 +1067,19 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
   const bool ordered = DETERMINISTIC && state.remaining < state.bucket;  // ordered: the whole key is known
   const int source = state.source;
   int ties_before = 0;  // deterministic mode's ties ranked so far, in index order
-  auto gather = [&](const uint4& keys, int first, int got) {
-    unsigned above_bits = 0u, tie_bits = 0u;
+  // The keys of a piece above the k-th key's bucket and in it (bits j < got).
+  auto classify = [&](const uint4& keys, int got, unsigned& above_bits, unsigned& tie_bits) {
+    above_bits = tie_bits = 0u;
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       const unsigned key = piece_element<Bits>(keys, j) & mask;
       if (j < got && key > prefix) above_bits |= 1u << j;
       if (j < got && key == prefix) tie_bits |= 1u << j;
     }
+  };
+  auto gather = [&](const uint4& keys, int first, int got) {
+    unsigned above_bits, tie_bits;
+    classify(keys, got, above_bits, tie_bits);
     // Each lane appends its own candidates, one atomic for a piece's keys of each kind. Fast
     // mode appends both kinds in one loop where a step holds one or two pieces (two loops
     // spill at 32 registers there; with four pieces in flight the one loop does instead);
@@ -1027,6 +1119,22 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
       const int slot = warp_append(&counters[1], tie);
       if (slot >= 0 && slot < ties) cand[above + slot] = entry;
     }
+  } else if (SMEM_BYTES > 0 && source == kSharedRow && !ordered) {
+    // From the copy, each step's keys of both kinds are marked and appended at its end.
+    StepMarks<THREADS, V, UNROLL> marks;
+    auto mark = [&](const uint4& keys, int first, int got) {
+      unsigned above_bits, tie_bits;
+      classify(keys, got, above_bits, tie_bits);
+      marks.mark(above_bits, tie_bits, first);
+    };
+    auto append_marked = [&] {
+      marks.template append<Bits>(0, &counters[0], copy, cand, 0x7fffffff);
+      marks.template append<Bits>(1, &counters[1], copy, cand + above, ties);
+      marks.pieces = 0;
+      return false;  // every step is walked
+    };
+    const View shared_row(copy, n);
+    shared_row.template for_each<true>(mark, 0, 0x7fffffff, append_marked);
   } else if (SMEM_BYTES > 0 && source == kSharedRow) {
     const View shared_row(copy, n);
     shared_row.template for_each<true>(gather);

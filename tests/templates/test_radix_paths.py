@@ -342,3 +342,44 @@ def test_any_shared_bytes_up_to_the_compiled_maximum_is_served(kernel):
                 assert reads >= 2.0, (n, shared)
             if shared >= rule and n <= fits:
                 assert reads == 1.0, (n, shared)
+
+
+# ----------------------------------------------------------------------------- appends a step at a time
+
+WIDE_POLICY = POLICY.replace("name: radix_paths", "name: radix_wide_steps").replace(
+    "shared_row_bytes: 1024\n    loads_in_flight: 4", "shared_row_bytes: 16384\n    loads_in_flight: 8")
+WIDE_KERNELS = [("float32", "fast"), ("bfloat16", "fast"), ("bfloat16", "deterministic")]
+
+
+@lru_cache(maxsize=None)
+def _wide():
+    policy = pol.loads(WIDE_POLICY, source="radix_wide_steps")
+    specs = {kernel: pol.select(policy, "sm_90", kernel[0], K, 100_000, deterministic=kernel[1] == "deterministic").kernel
+             for kernel in WIDE_KERNELS}
+    return specs, compile_source("".join(render(spec) for spec in specs.values()), name="radix_wide_steps")
+
+
+@pytest.mark.parametrize("kernel", WIDE_KERNELS, ids=["-".join(k) for k in WIDE_KERNELS])
+def test_step_marks_of_eight_loads_in_flight(kernel):
+    """The passes over a resident row's copy mark a lane's keys of a step and append them at its
+    end (StepMarks), re-reading them from the copy by index. With 8 loads in flight a step holds
+    32 float32 keys a lane (a 32-bit mask, full) and 64 bfloat16 ones (the 64-bit mask); rows
+    longer than 4 x 128 vectors fill a step's later pieces (the mask's upper half). Rows of
+    odd length (each row after the first starts off a 16-byte boundary: a head step; and ends
+    in a tail step) and aligned ones, of every pattern (ties, NaN, +-0, all equal: the gather
+    from the copy when the bucket never fits the buffer) and of normal keys (the collect), up to
+    what fits, both directions; each must be the reference's answer, and read once."""
+    specs, module = _wide()
+    spec = specs[kernel]
+    dtype, mode = kernel
+    assert spec.loads_in_flight * spec.vector_width in ((32, 64) if dtype == "float32" else (64,))
+    for n in (K, 1001, 2053, 3001) if dtype == "float32" else (K, 1001, 4099, 6997):
+        for x in (make_rows(dtype, len(PATTERNS), n, seed=n), _normal(dtype, 3, n, seed=n)):
+            for largest in (True, False):
+                for seed in (1, 2) if mode == "deterministic" else (1,):
+                    values, indices, counters = launch_kernel(module, spec, x, K, largest, schedule_seed=seed,
+                                                              workers=1, counters=True)
+                    check_topk(x, values, indices, K, largest, mode == "deterministic", dtype,
+                               what=f"{spec.name} n={n} largest={largest} seed={seed}")
+                nan_outputs = int(np.isnan(reference.topk(x, K, largest=largest)[0].astype(np.float32)).sum())
+                assert _reads(counters, x) == 1.0 + nan_outputs / x.size, (n, largest)
