@@ -3,6 +3,7 @@ what it wrote: the helpers every folder of tests uses."""
 
 from __future__ import annotations
 
+import hashlib
 import os
 import pty
 import subprocess
@@ -29,9 +30,12 @@ def run_topkgen(*args, env: dict | None = None, **kwargs) -> subprocess.Complete
                           env=env or ENV, **kwargs)
 
 
-def tree(root: Path) -> dict[str, bytes]:
-    """Every file under root, by relative path, with its bytes."""
-    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+def tree(root: Path) -> dict[str, str]:
+    """Every file under root, by relative path, with the sha256 of its bytes: two trees compare
+    as their bytes do, and a failed comparison names the files that differ in a few lines
+    (the bytes themselves filled megabytes of CI log with no test name in its tail)."""
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
 
 
 def one_line_error(result, *fragments: str) -> None:

@@ -30,7 +30,7 @@ def tiny_shards(tmp_path_factory, tiny_policy) -> Path:  # noqa: F811
     return parts
 
 
-def _precious(directory: Path) -> dict[str, bytes]:
+def _precious(directory: Path) -> dict[str, str]:
     """A directory of the user's, with something in it that must survive."""
     directory.mkdir(parents=True, exist_ok=True)
     (directory / "precious.txt").write_text("mine\n")
