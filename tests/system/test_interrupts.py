@@ -135,8 +135,23 @@ import os, signal, sys, threading, time
 from topkgen.build.compile import compile_kernel
 compile_kernel('extern "C" __global__ void topk_probe() {}', "topk_probe", "sm_90", use_cache=False)
 read_end, write_end = os.pipe()
-threading.Timer(0.2, os.kill, (os.getpid(), signal.SIGINT)).start()
-threading.Timer(5.0, os.write, (write_end, b"x")).start()  # ends the wait if the Ctrl-C did not
+main = threading.get_native_id()
+
+
+def ctrl_c_once_the_read_blocks():
+    # A Ctrl-C that came before the read began (a fixed 0.2 s, on a loaded machine) was taken
+    # by the main thread outside the call and left the read to block: wait until it blocks.
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        with open(f"/proc/self/task/{main}/syscall") as f:
+            if f.read().split()[1:2] == [hex(read_end)]:  # in a system call on the pipe
+                break
+        time.sleep(0.01)
+    os.kill(os.getpid(), signal.SIGINT)
+
+
+threading.Thread(target=ctrl_c_once_the_read_blocks, daemon=True).start()
+threading.Timer(30.0, os.write, (write_end, b"x")).start()  # ends the wait if the Ctrl-C did not
 start = time.monotonic()
 try:
     os.read(read_end, 1)
