@@ -150,3 +150,21 @@ def test_the_flag_bits_are_the_templates():
     found = re.search(r"constexpr int kUnsorted = (\d+), kInt32Indices = (\d+);", text)
     assert found is not None
     assert OUTPUT_FLAGS == {"unsorted": int(found[1]), "int32_indices": int(found[2])}
+
+
+@pytest.mark.parametrize("dtype,k,n", [("float32", 128, 3000), ("bfloat16", 256, 5000), ("float32", 512, 6000),
+                                       ("bfloat16", 1024, 9000)])
+def test_the_block_sort_holds_8_candidates_a_thread(dtype, k, n):
+    """A holding thread takes 8 candidates: K <= 256 sorts on one warp, whose only barrier is
+    the one after the sort; above, warps hold runs of 256, and each merge of runs costs a
+    barrier to share them and one per stage across warps (one candidate a thread took 10
+    barriers at K = 256)."""
+    spec = _spec(dtype, k, n, False)
+    assert spec.k == k, spec.name
+    rows = 2
+    x = make_rows(dtype, rows, n, seed=k + 3)
+    values, indices, counts = _launch(spec, x, k)
+    _same_set(x, values, indices, k, dtype, spec.name)
+    assert (np.diff(reference.select_keys(values, True).astype(np.int64), axis=-1) <= 0).all(), spec.name
+    merges = range(1, (k // 256).bit_length())  # runs of 256 merged into 512, 1024: s stages each
+    assert counts.phases[SORT].barriers == rows * (1 + sum(1 + s for s in merges)), spec.name
