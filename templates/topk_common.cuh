@@ -261,6 +261,9 @@ struct StepMarks {
     }
     bits[kind] = 0u;
   }
+
+  // After the step's appends: the next piece marked starts the next step.
+  __device__ __forceinline__ void next_step() { pieces = 0; }
 };
 
 // hist[digit] += 1: a no-return increment by one, which sm_70 and later compile to
@@ -949,7 +952,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
         };
         auto append_marked = [&] {
           marks.template append<Bits>(0, &counters[2], copy, buffer, 0x7fffffff);
-          marks.pieces = 0;
+          marks.next_step();
           return false;  // every step is walked
         };
         const View shared_row(copy, n);
@@ -1130,7 +1133,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     auto append_marked = [&] {
       marks.template append<Bits>(0, &counters[0], copy, cand, 0x7fffffff);
       marks.template append<Bits>(1, &counters[1], copy, cand + above, ties);
-      marks.pieces = 0;
+      marks.next_step();
       return false;  // every step is walked
     };
     const View shared_row(copy, n);
