@@ -313,16 +313,37 @@ __device__ __forceinline__ int digit_shift(int key_bits, int pass) {
   return max(key_bits - (pass + 1) * kDigitBits, 0);
 }
 
+// hist[0, bins) = 0: 16-byte stores (hist is 16-byte aligned) where bins is a multiple of
+// 4 x THREADS, as a full digit's 2048 are on 256 threads.
+template <int THREADS>
+__device__ __forceinline__ void clear_bins(int* hist, int bins) {
+  if (bins % (4 * THREADS) == 0) {
+    for (int i = 4 * thread_index(); i < bins; i += 4 * THREADS)
+      *reinterpret_cast<int4*>(hist + i) = make_int4(0, 0, 0, 0);
+  } else {
+    for (int i = thread_index(); i < bins; i += THREADS) hist[i] = 0;
+  }
+}
+
 // The digit d such that fewer than `remaining` keys have a larger digit and at least
 // `remaining` have a digit >= d, for any block size: each thread owns a run of bins counted
 // from the top. found = {d, keys still to take inside d's bin, keys in d's bin}.
 template <int THREADS>
 __device__ __forceinline__ void find_digit(const int* hist, int bins, int remaining, int* warp_sums, int* found) {
+  constexpr int kPer = (kMaxBins + THREADS - 1) / THREADS;  // a full digit's run
   const int per = (bins + THREADS - 1) / THREADS;
   const int top = bins - int(threadIdx.x) * per;  // this thread owns bins [top - per, top)
   int count = 0;
-  for (int i = 1; i <= per; ++i)
-    if (top - i >= 0) count += hist[top - i];
+  if (kPer * THREADS == kMaxBins && kPer % 4 == 0 && per == kPer) {  // a full digit: 16-byte runs
+#pragma unroll
+    for (int i = 0; i < kPer; i += 4) {
+      const int4 q = *reinterpret_cast<const int4*>(hist + top - kPer + i);
+      count += (q.x + q.y) + (q.z + q.w);
+    }
+  } else {
+    for (int i = 1; i <= per; ++i)
+      if (top - i >= 0) count += hist[top - i];
+  }
   int total;
   int above = block_exclusive_scan<THREADS>(count, warp_sums, total);
   if (above < remaining && remaining <= above + count) {
@@ -354,7 +375,7 @@ __device__ __forceinline__ unsigned tie_floor(const u64* buffer, int held, unsig
   int need = ties;
   for (int top = 32 - __clz(max(n - 1, 1)); top > 0;) {
     const int shift = max(top - kDigitBits, 0), bins = 1 << (top - shift);
-    for (int i = thread_index(); i < bins; i += THREADS) hist[i] = 0;
+    clear_bins<THREADS>(hist, bins);
     __syncthreads();
     for (int s = 0; s < held; ++s) {
       const u64 entry = buffer[s * THREADS + thread_index()];
@@ -824,7 +845,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
   // The launch's dynamic shared memory, whole 16-byte units within the compiled maximum.
   const int smem = SMEM_BYTES > 0 ? min(max(shared_bytes, 0), SMEM_BYTES) & ~15 : 0;
   const int row_capacity = smem / int(sizeof(Bits));  // keys of a resident row
-  __shared__ int hist[kMaxBins];
+  __shared__ __align__(16) int hist[kMaxBins];  // find_digit reads 16-byte runs
   __shared__ int warp_sums[33];
   __shared__ int found[3];
   __shared__ unsigned span[2];  // smallest and largest key a pass counted
@@ -921,7 +942,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     counter_phase(pass == 0 ? "histogram, first pass" : "histogram, later passes");
     const int shift = digit_shift(KEY_BITS, pass);
     const int bins = 1 << (KEY_BITS - pass * kDigitBits - shift);
-    for (int i = thread_index(); i < bins; i += THREADS) hist[i] = 0;
+    clear_bins<THREADS>(hist, bins);
     if (thread_index() == 0) {
       span[0] = ~0u;
       span[1] = 0u;
