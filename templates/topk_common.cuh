@@ -831,7 +831,7 @@ struct RadixState {
 // blockIdx.x * k with indices in the row; with x_indices (a split's merge) the indices it
 // writes are those x_indices holds for the elements it took.
 template <typename T, int KR, int THREADS, bool DETERMINISTIC, int BODY_VECTORS, int TAIL_STEPS, int EXACT_N,
-          int SMEM_BYTES, int UNROLL>
+          int SMEM_BYTES, int UNROLL, int MIN_CTAS>
 __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long long* __restrict__ x_indices,
                                            T* __restrict__ values, long long* __restrict__ indices, int rows, int n_arg,
                                            int k_out, bool largest, int chunk, long long row_stride,
@@ -1222,13 +1222,16 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
         if (e * 32 + t < k) emit(e * 32 + t, v[e]);
     }
   } else {
-    // Each holding thread takes 8 candidates (more where KR / THREADS is more), so K <= 256
-    // sorts on one warp with no block barrier but the last, and K = 1024 on 4 warps: strides
-    // below 8 swap in registers, where one candidate a thread (K = 256 on 256 threads) made
-    // every stage a shuffle on 8 warps and each merge across warps a barrier a stage.
-    // Counted on the emulator (16384 K=256 float32): 1.25 -> 1.14 warp instructions per key,
-    // and the sort's barriers 10 -> 1; registers stay within the family's 96.
-    constexpr int SORT_E = KR / THREADS > 8 ? KR / THREADS : (KR / 32 < 8 ? KR / 32 : 8);
+    // Where the launch bounds leave a thread 64 registers or more, each holding thread takes
+    // 8 candidates (more where KR / THREADS is more), so K <= 256 sorts on one warp with no
+    // block barrier but the last, and K = 1024 on 4 warps: strides below 8 swap in registers,
+    // where one candidate a thread (K = 256 on 256 threads) made every stage a shuffle on 8
+    // warps and each merge across warps a barrier a stage. Counted on the emulator (16384
+    // K=256 float32): 1.25 -> 1.14 warp instructions per key, the sort's barriers 10 -> 1.
+    // Under 64 (1024 threads at 2 CTAs per SM: 32) the 8 candidates spill: KR / THREADS.
+    constexpr int kRegisters = 65536 / (THREADS * MIN_CTAS);  // sm_90's register file over the bound
+    constexpr int kSpread = KR / THREADS > 1 ? KR / THREADS : 1;
+    constexpr int SORT_E = kRegisters < 64 || kSpread > 8 ? kSpread : (KR / 32 < 8 ? KR / 32 : 8);
     if (sort) register_sort<KR, THREADS, SORT_E>(cand, k);
 #pragma unroll
     for (int j = 0; j < (KR + THREADS - 1) / THREADS; ++j) {  // a fixed trip count: no loop in SASS
