@@ -853,7 +853,6 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
   __shared__ RadixState state;
   __shared__ float stream_bound;      // the stream keeps values x with !(s x < bound) (keep_bound)
   __shared__ bool stream_steps_done;  // the stream's top k can take no later key
-  __shared__ int buffer_rounds;       // the longest of the buffer's lists (see held)
 {% if large %}
   // The large-k path (KR = 0): the k candidates are gathered into this row's slots of the
   // indices output (8 bytes each, what a packed candidate takes) and sorted there; int32
@@ -888,7 +887,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
 
   // The buffer is THREADS lists: thread t's entries are buffer[s * THREADS + t], s < held, so
   // that the stream below appends with no atomic (a compact fill, the slots of one counter, is
-  // the same layout). `buffer_rounds` is the longest list.
+  // the same layout).
   const int list_capacity = buffer_capacity / THREADS;
   int held = 0;
 
@@ -913,7 +912,6 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
   int step = 0;  // the stream's next step of for_each
   if (thread_index() == 0) {
     counters[0] = counters[1] = counters[2] = 0;
-    buffer_rounds = 0;
     state = RadixState{0u, 0u, k, n, stream ? int(kBuffer) : int(kGlobalRow)};
     stream_bound = -__int_as_float(0x7f800000);  // -inf: every value passes
   }
@@ -934,7 +932,6 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     };
     step = global_row.template for_each<false>(collect_above, step, 0x7fffffff,
                                                [&] { return __syncthreads_or(held > list_capacity - kStepKeys); });
-    atomicMax(&buffer_rounds, held);
   }
   const bool refill = stream && step < global_row.steps();
   bool refilled = false;
@@ -984,7 +981,6 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
       source = kBuffer;
       __syncthreads();
       held = (counters[2] - thread_index() + THREADS - 1) / THREADS;  // the compact fill's lists
-      if (thread_index() == 0) buffer_rounds = (counters[2] + THREADS - 1) / THREADS;
     }
     unsigned lo = ~0u, hi = 0u;
     // Counts the keys of a piece (see piece_keys) that match the prefix (bits j < got); the
@@ -1002,19 +998,35 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     };
     // The first pass counts every key of the row (no prefix yet) by its top digit; a
     // resident row is copied to shared memory on the way. A whole vector takes no branch.
+    // Its span needs only to tell one key from many. 16-bit keys: a vector's first key joins
+    // lo and hi, and `differ` gathers the vector's words XORed with that key in both halves
+    // (an instruction a word, where a min and a max a key cost 2: 16384 K=256 bfloat16 0.995
+    // -> 0.980 warp instructions per key), so any other key widens the span to every key
+    // below. float32 keeps a min and a max a key: the XOR there counted 1.055 -> 1.069.
+    unsigned differ = 0u;
     auto first_pass = [&](const uint4& keys, int first, int got) {
-      auto add = [&](unsigned key) {
-        hist_add(hist, key >> (KEY_BITS - kDigitBits));
-        lo = min(lo, key);
-        hi = max(hi, key);
-      };
+      if (got == 0) return;
+      const unsigned key0 = piece_element<Bits>(keys, 0);
+      hist_add(hist, key0 >> (KEY_BITS - kDigitBits));
+      lo = min(lo, key0);
+      hi = max(hi, key0);
       if (got == V) {
         if (resident) *reinterpret_cast<uint4*>(copy + first) = keys;
 #pragma unroll
-        for (int j = 0; j < V; ++j) add(piece_element<Bits>(keys, j));
-      } else if (got == 1) {
-        if (resident) copy[first] = piece_element<Bits>(keys, 0);
-        add(piece_element<Bits>(keys, 0));
+        for (int j = 1; j < V; ++j) {
+          const unsigned key = piece_element<Bits>(keys, j);
+          hist_add(hist, key >> (KEY_BITS - kDigitBits));
+          if constexpr (sizeof(Bits) == 4) {
+            lo = min(lo, key);
+            hi = max(hi, key);
+          }
+        }
+        if constexpr (sizeof(Bits) == 2) {
+          const unsigned lanes = key0 * 0x10001u;
+          differ |= (keys.x ^ lanes) | (keys.y ^ lanes) | (keys.z ^ lanes) | (keys.w ^ lanes);
+        }
+      } else if (resident) {  // got == 1
+        copy[first] = Bits(key0);
       }
     };
     if (pass == 0 && source == kGlobalRow) {
@@ -1041,6 +1053,10 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
         }
       }
       held = kept;
+    }
+    if (differ != 0u) {  // the first pass saw two keys: no single key
+      lo = 0u;
+      hi = KeyTraits<T>::kAll;
     }
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) {
@@ -1074,7 +1090,6 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     if (thread_index() == 0) {
       stream_bound = keep_bound<T>(state.prefix, largest);
       state = RadixState{0u, 0u, k, n, kBuffer};
-      buffer_rounds = 0;
     }
     continue;
   }
@@ -1127,21 +1142,41 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     }
   };
   if (SMEM_BYTES > 0 && source == kBuffer) {
+    counter_phase("gather, from the candidates");
     // A tie is taken when its low word (~index) is at or above the floor on the floor's bits:
     // every tie in fast mode or when all are taken, the `ties` of lowest index otherwise.
     unsigned floor = 0u, floor_mask = 0u;
     if (ordered)
       floor = tie_floor<THREADS>(buffer, held, prefix, ties, n, hist, warp_sums, found, floor_mask);
-    const int rounds = buffer_rounds, t = thread_index();
-    for (int r = 0; r < rounds; ++r) {
-      const bool valid = r < held;
-      const u64 entry = valid ? buffer[r * THREADS + t] : 0ull;
+    // Each thread first moves the entries it takes to the front of its list and counts both
+    // kinds, then one scan a warp gives each lane its slots (the counts packed as above +
+    // (ties << 16): each count is at most the buffer's entries, below 232448 / 8 < 32768), and
+    // the lane writes what it took. A bucket collected whole and narrowed by later passes
+    // costs a read of each entry and a write of those taken, not a warp-wide append a round
+    // (16384 K=256 uniform float32: 2048 entries collected, 256 taken).
+    const int t = thread_index();
+    int taken = 0, counts = 0;
+    for (int s = 0; s < held; ++s) {
+      const u64 entry = buffer[s * THREADS + t];
       const unsigned key = unpack_key(entry) & mask;
-      const int out = warp_append(&counters[0], valid && key > prefix);
-      if (out >= 0) cand[out] = entry;
-      const bool tie = valid && key == prefix && (unsigned(entry) & floor_mask) >= floor;
-      const int slot = warp_append(&counters[1], tie);
-      if (slot >= 0 && slot < ties) cand[above + slot] = entry;
+      const bool is_above = key > prefix;
+      const bool tie = key == prefix && (unsigned(entry) & floor_mask) >= floor;
+      if (is_above || tie) buffer[taken++ * THREADS + t] = entry;
+      counts += is_above ? 1 : tie ? 0x10000 : 0;
+    }
+    const int inclusive = warp_inclusive_scan(counts);
+    int base = 0;
+    if (lane_id() == 31 && inclusive != 0)
+      base = atomicAdd(&counters[0], inclusive & 0xffff) | (atomicAdd(&counters[1], inclusive >> 16) << 16);
+    base = __shfl_sync(kFullMask, base, 31) + inclusive - counts;
+    int out = base & 0xffff, slot = base >> 16;
+    for (int s = 0; s < taken; ++s) {
+      const u64 entry = buffer[s * THREADS + t];
+      if ((unpack_key(entry) & mask) > prefix) {
+        cand[out++] = entry;
+      } else if (slot < ties) {
+        cand[above + slot++] = entry;
+      }
     }
   } else if (SMEM_BYTES > 0 && source == kSharedRow && !ordered) {
     // From the copy, each step's keys of both kinds are marked and appended at its end.
@@ -1177,7 +1212,6 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     stream_steps_done = exact && state.prefix == KeyTraits<T>::kAll;
     state = RadixState{0u, 0u, k, n, kBuffer};
     counters[0] = counters[1] = 0;
-    buffer_rounds = 0;
   }
   __syncthreads();
   if (stream_steps_done) step = global_row.steps();  // block-uniform
