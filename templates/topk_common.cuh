@@ -199,18 +199,6 @@ __device__ __forceinline__ int block_exclusive_scan(int value, int* warp_sums, i
   return warp_sums[warp] + inclusive - value;
 }
 
-// A slot in an array filled through `counter`, for the lanes that `take`; -1 for the others.
-// One atomic per warp: the lanes of a warp never pile onto the counter. All lanes call it.
-__device__ __forceinline__ int warp_append(int* counter, bool take) {
-  const unsigned ballot = __ballot_sync(kFullMask, take);
-  if (ballot == 0u) return -1;
-  const int leader = __ffs(int(ballot)) - 1;
-  int base = 0;
-  if (lane_id() == leader) base = atomicAdd(counter, __popc(ballot));
-  base = __shfl_sync(kFullMask, base, leader);
-  return take ? base + __popc(ballot & ((1u << lane_id()) - 1u)) : -1;
-}
-
 // A lane's marks on its keys of one step of RowView::for_each over a resident row's copy, kept
 // until the step ends (its stop callback) and appended then: one atomic a step, not a piece,
 // and the marked keys read again from the copy by index, with no selection among a piece's
