@@ -76,9 +76,11 @@ def test_default_bundle_has_58_cubins_for_sm90_and_sm100(default_bundle):
             size = {"float32": 4, "bfloat16": 2}[entry["dtype"]]
             assert dynamic == min(98304, -(-(rows + 16 // size - 1) * size // 16) * 16), entry["name"]
             assert dynamic + entry["resources"]["static_shared_bytes"] <= 232448
-            vectors = int(entry["work_rung"].split("=")[1]) if entry["work"] == "fixed_vec" else 4
-            assert entry["loads_in_flight"] == min(4, vectors)
-            assert entry["launch"]["threads_per_block"] == 256  # K=512, 1024: threads_by_k
+            # threads_by_k: K=64 to 256 on 128 threads with 8 loads in flight, 512 and 1024 on 256 with 4
+            small = entry["k"] <= 256
+            vectors = int(entry["work_rung"].split("=")[1]) if entry["work"] == "fixed_vec" else 8
+            assert entry["loads_in_flight"] == min(8 if small else 4, vectors)
+            assert entry["launch"]["threads_per_block"] == (128 if small else 256)
     assert {t["rule"] for t in manifest["jit_only"]} == {"reg_exact_k16_n2048", "reg_exact_k32_n256",
                                                         "reg_exact_k16_n1024_sm100", "radix_k2048_k4096"}
     text = (out / "manifest.json").read_text()
@@ -190,7 +192,8 @@ def test_k1024_block_size_is_policy_data_and_both_build_within_budget(mode):
     default = DEFAULT_POLICY.read_text()
     without = default.replace("      1024: 256               #", "                              #", 1)
     without = without.replace("      1024: 2                 #", "      1024: 1                 #", 1)
-    assert without.count("threads_by_k: {512: 256, 1024: 256, 2048: 256}") == 1  # sm_100's, left as it is
+    sm_100 = "threads_by_k: {64: 128, 128: 128, 256: 128, 512: 256, 1024: 256, 2048: 256}"
+    assert without.count(sm_100) == 1  # sm_100's, left as it is
     for text, threads, ctas in ((default, 256, 2), (without, 1024, 1)):
         spec = pol.select(pol.loads(text), "sm_90", "float32", 1024, 200_000,
                           deterministic=mode == "deterministic").kernel

@@ -62,9 +62,8 @@ CHANGED = (DEFAULT_TEXT
            .replace("  - reg_exact_k32_n256\n", "")
            .replace(DEFAULT_TEXT[DEFAULT_TEXT.index("  - name: reg_exact_k32_n256"):
                                  DEFAULT_TEXT.index("  - name: reg_exact_k16_n1024_sm100")], "")
-           .replace("    min_ctas_per_sm:          # launch bounds by K rung\n      1024: 2",
-                    "    min_ctas_per_sm:          # launch bounds by K rung\n      1024: 1", 1))
-assert "K rung\n      1024: 1" in CHANGED
+           .replace("      1024: 2                 # 2 CTAs", "      1024: 1                 # 2 CTAs", 1))
+assert "      1024: 1                 # 2 CTAs" in CHANGED
 
 
 @pytest.fixture
@@ -391,9 +390,10 @@ def test_manifests_of_unsupported_schema_versions(bundles, tmp_path):
 # ----------------------------------------------------------------------------- --build
 
 def test_build_reports_the_resource_deltas_of_exactly_the_affected_kernels(repo, tmp_path):
-    raised = DEFAULT_TEXT.replace("threads: 256", "threads: 512", 1)  # sm_90's radix block size
+    raised = DEFAULT_TEXT.replace("      512: 256                #", "      512: 512                #", 1)  # sm_90's K=512
+    assert raised != DEFAULT_TEXT
     (repo / "policies" / "topk.yaml").write_text(raised)
-    git(repo, "commit", "-q", "-am", "sm_90: radix blocks of 512 threads")
+    git(repo, "commit", "-q", "-am", "sm_90: K=512 radix blocks of 512 threads")
     code, doc = diff_json("v1", "HEAD", "--build", "-j", "2", cwd=repo)
     assert code == 1 and doc["old"]["built"] and doc["new"]["built"]
 
@@ -423,10 +423,10 @@ def test_build_reports_the_resource_deltas_of_exactly_the_affected_kernels(repo,
     assert any("resources.registers" in c for c in changed.values())
 
     text = topkgen("diff", "v1", "HEAD", "--build", cwd=repo).stdout
-    line = next(line for line in text.splitlines() if line.startswith("  ~ topk_radix_dyn_k64_det_f32_sm_90:"))
-    r_old = built["old"]["topk_radix_dyn_k64_det_f32_sm_90"]["resources"]["registers"]
-    r_new = built["new"]["topk_radix_dyn_k64_det_f32_sm_90"]["resources"]["registers"]
-    assert line.startswith("  ~ topk_radix_dyn_k64_det_f32_sm_90: threads 256 -> 512, ")
+    line = next(line for line in text.splitlines() if line.startswith("  ~ topk_radix_dyn_k512_det_f32_sm_90:"))
+    r_old = built["old"]["topk_radix_dyn_k512_det_f32_sm_90"]["resources"]["registers"]
+    r_new = built["new"]["topk_radix_dyn_k512_det_f32_sm_90"]["resources"]["registers"]
+    assert line.startswith("  ~ topk_radix_dyn_k512_det_f32_sm_90: threads 256 -> 512, ")
     if r_old != r_new:
         assert f", registers {r_old} -> {r_new} ({r_new - r_old:+d})" in line
     else:
@@ -601,7 +601,7 @@ def test_workload_file(repo, suffix):
     assert proc.returncode == 1
     assert "dispatch: 2 of 3 shapes change: 2 jit -> aot" in proc.stdout
     assert ("sm_90 float32 fast: topk_register_n256_k32_det_f32_sm_90 (jit) -> "
-            "topk_radix_fv1_k64_det_f32_sm_90 (aot)  [jit -> aot]  1 shape(s): k=32 n=256") in proc.stdout
+            "topk_radix_fv2_k64_det_f32_sm_90 (aot)  [jit -> aot]  1 shape(s): k=32 n=256") in proc.stdout
 
 
 @pytest.mark.parametrize("entry,message", [

@@ -49,4 +49,4 @@ def test_register_kernels_are_not_said_to_run_one_cta_per_row(default_policy):
 
 def test_the_radix_grid_without_a_batch_size(default_policy):
     text = str(explain(default_policy, "sm_100", "bfloat16", 256, 131072))
-    assert _line(text, "grid:") == "rows CTAs x 256 threads, 1 row per CTA (no batch size given)"
+    assert _line(text, "grid:") == "rows CTAs x 128 threads, 1 row per CTA (no batch size given)"

@@ -26,7 +26,8 @@ CASES = {
     "unknown_key": (_variant("    threads: 256              #", "    thread: 256              #"),
                     r":10:5: archs\.sm_90\.thread: unknown key 'thread'"),
     "wrong_type": (_variant("    warps_per_block: 4        #", "    warps_per_block: four     #"),
-                   r":19:22: archs\.sm_90\.warps_per_block: expected integer, got 'four'"),
+                   rf":{_line_of('    warps_per_block: 4        #')}:22: archs\.sm_90\.warps_per_block: expected integer, "
+                   r"got 'four'"),
     "bad_identifier": (_variant("- name: reg_ladder", "- name: Reg-Ladder"),
                        r"rules\[3\]\.name: 'Reg-Ladder' does not match the pattern"),
     "number_out_of_range": (_variant("n: {min: 1, max: 2147483647}", "n: {min: 1, max: 4294967296}"),
@@ -53,7 +54,7 @@ CASES = {
     "capability_mismatch": (_variant("capability: [10, 0]", "capability: [9, 0]"),
                             r"archs\.sm_100\.capability: sm_100 has capability \[10, 0\], not \[9, 0\]"),
     "duplicate_yaml_key": (_variant("    warps_per_block: 4        #", "    threads: 128\n    warps_per_block: 4        #"),
-                           r":19:5: archs\.sm_90\.threads: duplicate key 'threads'"),
+                           rf":{_line_of('    warps_per_block: 4        #')}:5: archs\.sm_90\.threads: duplicate key 'threads'"),
     "jit_rule_without_reason": (_variant('    reason: "on B200 the shared K=16 ladder is 10.91% slower than an exact '
                                          'N=1024 register kernel"\n', ""),
                                 r"rules\[2\]: a JIT-only rule \(aot: false\) needs a 'reason'"),

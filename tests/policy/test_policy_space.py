@@ -175,7 +175,8 @@ def test_threads_by_k_past_8_candidates_a_thread_is_refused():
                                               r"least 256 threads\)"):
         pol.loads(text, source="p.yaml")
     assert pol.loads(_variant("      2048: 256               #", "      4096: 512               #"),
-                     source="p.yaml").archs["sm_90"].threads_by_k == {512: 256, 1024: 256, 4096: 512}
+                     source="p.yaml").archs["sm_90"].threads_by_k == {64: 128, 128: 128, 256: 128, 512: 256,
+                                                                        1024: 256, 4096: 512}
 
 
 def test_a_family_template_other_than_its_kernels_is_refused(cli, tmp_path):
@@ -191,14 +192,13 @@ def test_occupancy_is_checked_at_each_familys_own_block_size(tmp_path):
     # 32 warps per block: register kernels run 1024 threads; 4 CTAs of them cannot fit in
     # 2048 threads per SM, though 4 CTAs of the radix block (256 threads) would.
     text = _variant("    warps_per_block: 4        #", "    warps_per_block: 32       #")
-    text = text.replace("    min_ctas_per_sm:          # launch bounds by K rung\n      1024: 2",
-                        "    min_ctas_per_sm:          # launch bounds by K rung\n      16: 4\n      1024: 2", 1)
+    text = text.replace("      1024: 2                 #", "      16: 4\n      1024: 2                 #", 1)
     with pytest.raises(pol.PolicyError, match=r"archs\.sm_90\.min_ctas_per_sm\.16: 4 CTAs of 1024 threads "
                                               r"\(the register kernels of rule '[a-z0-9_]+', K=16\) exceed sm_90's 2048 threads per SM"):
         pol.loads(text)
-    # and a radix K rung is checked at its own block (max(K, threads) here), not at the register block
+    # and a radix K rung is checked at its own block (threads_by_k's 128 here), not at the register block
     ok = _variant("    warps_per_block: 4        #", "    warps_per_block: 1        #")
-    ok = ok.replace("      1024: 2                 #", "      64: 8\n      1024: 2                 #", 1)
+    ok = ok.replace("      64: 5                   #", "      64: 8                   #", 1)
     assert pol.loads(ok).archs["sm_90"].min_ctas_per_sm[64] == 8
 
 
