@@ -76,11 +76,10 @@ def test_default_bundle_has_58_cubins_for_sm90_and_sm100(default_bundle):
             size = {"float32": 4, "bfloat16": 2}[entry["dtype"]]
             assert dynamic == min(98304, -(-(rows + 16 // size - 1) * size // 16) * 16), entry["name"]
             assert dynamic + entry["resources"]["static_shared_bytes"] <= 232448
-            # threads_by_k: K=64 to 256 on 128 threads with 8 loads in flight, 512 and 1024 on 256 with 4
-            small = entry["k"] <= 256
+            # threads_by_k: every radix rung on 128 threads with 8 loads in flight
             vectors = int(entry["work_rung"].split("=")[1]) if entry["work"] == "fixed_vec" else 8
-            assert entry["loads_in_flight"] == min(8 if small else 4, vectors)
-            assert entry["launch"]["threads_per_block"] == (128 if small else 256)
+            assert entry["loads_in_flight"] == min(8, vectors)
+            assert entry["launch"]["threads_per_block"] == 128
     assert {t["rule"] for t in manifest["jit_only"]} == {"reg_exact_k16_n2048", "reg_exact_k32_n256",
                                                         "reg_exact_k16_n1024_sm100", "radix_k2048_k4096"}
     text = (out / "manifest.json").read_text()
@@ -183,21 +182,22 @@ def test_over_budget_fails_and_leaves_the_previous_bundle(default_bundle, tmp_pa
 
 @pytest.mark.parametrize("mode", ["fast", "deterministic"])
 def test_k1024_block_size_is_policy_data_and_both_build_within_budget(mode):
-    """threads_by_k sets the K=1024 rung's block: the default's 256 threads at 2 CTAs per SM
-    with four 16-byte loads in flight; without the entry, max(K, threads) = 1024 threads, here
-    at one CTA per SM (64 registers), also with four. Both compile within the family's budget."""
+    """threads_by_k sets the K=1024 rung's block: the default's 128 threads at 5 CTAs per SM
+    with eight 16-byte loads in flight; without the entry, max(K, threads) = 1024 threads, here
+    at one CTA per SM (64 registers) with four. Both compile within the family's budget."""
     from topkgen import policy as pol
     from topkgen.build.render import render
 
     default = DEFAULT_POLICY.read_text()
-    without = default.replace("      1024: 256               #", "                              #", 1)
-    without = without.replace("      1024: 2                 #", "      1024: 1                 #", 1)
-    sm_100 = "threads_by_k: {64: 128, 128: 128, 256: 128, 512: 256, 1024: 256, 2048: 256}"
+    without = default.replace("      1024: 128               #", "                              #", 1)
+    without = without.replace("      1024: 5\n", "      1024: 1\n", 1)
+    without = without.replace("512: 8, 1024: 8}  #", "512: 8}  #", 1)
+    sm_100 = "threads_by_k: {64: 128, 128: 128, 256: 128, 512: 128, 1024: 128, 2048: 256}"
     assert without.count(sm_100) == 1  # sm_100's, left as it is
-    for text, threads, ctas in ((default, 256, 2), (without, 1024, 1)):
+    for text, threads, ctas, loads in ((default, 128, 5, 8), (without, 1024, 1, 4)):
         spec = pol.select(pol.loads(text), "sm_90", "float32", 1024, 200_000,
                           deterministic=mode == "deterministic").kernel
-        assert (spec.threads, spec.min_ctas_per_sm, spec.loads_in_flight) == (threads, ctas, 4)
+        assert (spec.threads, spec.min_ctas_per_sm, spec.loads_in_flight) == (threads, ctas, loads)
         source = render(spec)
         assert f"__launch_bounds__({threads}, {ctas})" in source
         assert bundle.over_budget(spec, compile_kernel(source, spec.name, spec.arch)) is None

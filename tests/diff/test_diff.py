@@ -55,15 +55,15 @@ def jit_names(policy: pol.Policy) -> list[str]:
     return [s.name for arch in policy.archs for s in pol.all_kernels(policy, arch) if s.name not in aot]
 
 
-# The second commit drops the K=32/N=256 JIT tier and narrows the dynamic K ladder's launch
-# bound for K=1024 from 2 CTAs per SM to 1.
+# The second commit drops the K=32/N=256 JIT tier and tightens the dynamic K ladder's launch
+# bound for K=1024 from 5 CTAs per SM to 6.
 DEFAULT_TEXT = DEFAULT_POLICY.read_text()
 CHANGED = (DEFAULT_TEXT
            .replace("  - reg_exact_k32_n256\n", "")
            .replace(DEFAULT_TEXT[DEFAULT_TEXT.index("  - name: reg_exact_k32_n256"):
                                  DEFAULT_TEXT.index("  - name: reg_exact_k16_n1024_sm100")], "")
-           .replace("      1024: 2                 # 2 CTAs", "      1024: 1                 # 2 CTAs", 1))
-assert "      1024: 1                 # 2 CTAs" in CHANGED
+           .replace("      1024: 5\n", "      1024: 6\n", 1))
+assert "      1024: 6\n" in CHANGED
 
 
 @pytest.fixture
@@ -138,13 +138,13 @@ def test_two_revisions_with_a_policy_change(repo):
     entry = changed["topk_radix_dyn_k1024_det_f32_sm_90"]
     # Only what changed: the launch bound, and the source it is rendered into; no template did.
     assert set(entry["changes"]) == {"launch.min_ctas_per_sm", "source_sha256"}
-    assert entry["changes"]["launch.min_ctas_per_sm"] == {"old": 2, "new": 1}
+    assert entry["changes"]["launch.min_ctas_per_sm"] == {"old": 5, "new": 6}
     assert entry["aspects"] == ["launch", "source"] and entry["templates"] == []
     moves = [d for d in doc["dispatch"]["changed"] if d["shape"]["k"] == 32 and d["shape"]["n"] == 256]
     assert moves and all(d["moves"] == "jit -> aot" for d in moves if d["shape"]["dtype"] != "float16")
     assert all(d["old"]["rule"] == "reg_exact_k32_n256" for d in moves)
     text = topkgen("diff", "v1", "HEAD", cwd=repo).stdout
-    assert "~ topk_radix_dyn_k1024_det_f32_sm_90: min CTAs/SM 2 -> 1, source (templates unchanged)" in text
+    assert "~ topk_radix_dyn_k1024_det_f32_sm_90: min CTAs/SM 5 -> 6, source (templates unchanged)" in text
 
 
 def test_revisions_are_read_through_git_not_the_work_tree(repo):
@@ -390,10 +390,12 @@ def test_manifests_of_unsupported_schema_versions(bundles, tmp_path):
 # ----------------------------------------------------------------------------- --build
 
 def test_build_reports_the_resource_deltas_of_exactly_the_affected_kernels(repo, tmp_path):
-    raised = DEFAULT_TEXT.replace("      512: 256                #", "      512: 512                #", 1)  # sm_90's K=512
-    assert raised != DEFAULT_TEXT
+    # sm_90's K=512 rung as it was: 256 threads, 4 loads in flight, no launch bound
+    raised = (DEFAULT_TEXT.replace("      512: 128                #", "      512: 256                #", 1)
+              .replace("      512: 5\n", "", 1).replace("256: 8, 512: 8, 1024: 8}", "256: 8, 1024: 8}", 1))
+    assert raised.count("512: ") == DEFAULT_TEXT.count("512: ") - 2  # the bound and the loads entry
     (repo / "policies" / "topk.yaml").write_text(raised)
-    git(repo, "commit", "-q", "-am", "sm_90: K=512 radix blocks of 512 threads")
+    git(repo, "commit", "-q", "-am", "sm_90: K=512 radix blocks of 256 threads")
     code, doc = diff_json("v1", "HEAD", "--build", "-j", "2", cwd=repo)
     assert code == 1 and doc["old"]["built"] and doc["new"]["built"]
 
@@ -414,7 +416,7 @@ def test_build_reports_the_resource_deltas_of_exactly_the_affected_kernels(repo,
         built[label] = {k["name"]: k for k in json.loads((tmp_path / label / "manifest.json").read_text())["kernels"]}
     fields = ("registers", "spill_stores", "spill_loads", "stack_bytes", "static_shared_bytes")
     for name in affected:
-        assert changed[name]["launch.threads_per_block"] == {"old": 256, "new": 512}
+        assert changed[name]["launch.threads_per_block"] == {"old": 128, "new": 256}
         for f in fields:
             before, after = built["old"][name]["resources"][f], built["new"][name]["resources"][f]
             assert changed[name].get(f"resources.{f}") == ({"old": before, "new": after} if before != after else None)
@@ -426,7 +428,7 @@ def test_build_reports_the_resource_deltas_of_exactly_the_affected_kernels(repo,
     line = next(line for line in text.splitlines() if line.startswith("  ~ topk_radix_dyn_k512_det_f32_sm_90:"))
     r_old = built["old"]["topk_radix_dyn_k512_det_f32_sm_90"]["resources"]["registers"]
     r_new = built["new"]["topk_radix_dyn_k512_det_f32_sm_90"]["resources"]["registers"]
-    assert line.startswith("  ~ topk_radix_dyn_k512_det_f32_sm_90: threads 256 -> 512, ")
+    assert line.startswith("  ~ topk_radix_dyn_k512_det_f32_sm_90: threads 128 -> 256, ")
     if r_old != r_new:
         assert f", registers {r_old} -> {r_new} ({r_new - r_old:+d})" in line
     else:

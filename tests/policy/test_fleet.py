@@ -101,8 +101,8 @@ def test_two_1024_thread_ctas_do_not_fit_1536_threads_per_sm():
     for arch, most in (("sm_86", 1536), ("sm_75", 1024)):
         text = FLEET_POLICY.read_text()
         start = text.index(f"  {arch}:")
-        text = text[:start] + text[start:].replace("512: 256, 1024: 256, 2048: 256}", "512: 256, 2048: 256}", 1)
-        with pytest.raises(pol.PolicyError, match=rf"archs\.{arch}\.min_ctas_per_sm\.1024: 2 CTAs of 1024 threads "
+        text = text[:start] + text[start:].replace("512: 128, 1024: 128, 2048: 256}", "512: 128, 2048: 256}", 1)
+        with pytest.raises(pol.PolicyError, match=rf"archs\.{arch}\.min_ctas_per_sm\.1024: 5 CTAs of 1024 threads "
                                                   rf".* exceed {arch}'s {most} threads per SM"):
             pol.loads(text, source="fleet.yaml")
 

@@ -37,20 +37,20 @@ def test_default_plan_matches_the_kernel_table(default_policy):
                     expected[("radix", "dynamic", k, mode, dt)] += 1
             for k in (64, 128, 256):
                 expected[("radix", "fixed_vec=2", k, "deterministic", dt)] += 1
-        expected[("radix", "fixed_vec=4", 512, "deterministic", "float32")] += 1
+        expected[("radix", "fixed_vec=8", 512, "deterministic", "float32")] += 1
         assert table == expected
 
 
 def test_launch_bounds_and_tail_policy_come_from_the_arch(default_policy):
     for arch, tail in (("sm_90", ("fixed", 4)), ("sm_100", ("runtime", None))):
         for spec in pol.plan(default_policy, arch):
-            # K=64 to 256 run 128 threads, bounded to 5 CTAs an SM (at most 102 registers); the
-            # rest max(K, 256) threads up to K=256, threads_by_k's 256 for 512 and 1024
-            small = spec.family == "radix" and spec.k <= 256
-            assert spec.min_ctas_per_sm == (2 if spec.k == 1024 else 5 if small else 1)
+            # every radix rung (K=64 to 1024) runs 128 threads (threads_by_k), bounded to 5 CTAs
+            # an SM (at most 102 registers); the register kernels have no bound
+            radix = spec.family == "radix"
+            assert spec.min_ctas_per_sm == (5 if radix else 1)
             assert (spec.tail_policy, spec.tail_max_iterations) == tail
-            if spec.family == "radix":
-                assert spec.threads == (128 if small else 256)
+            if radix:
+                assert spec.threads == 128
 
 
 def test_legacy_plan_is_the_old_48_point_grid(legacy_policy):

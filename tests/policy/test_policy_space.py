@@ -154,10 +154,10 @@ def test_a_128_thread_radix_block_finds_the_top_k(tmp_path):
 
 @pytest.mark.parametrize("mode", ["fast", "deterministic"])
 def test_threads_by_k_runs_k1024_on_128_threads_each_sorting_8(mode):
-    """threads_by_k's fewest threads for K=1024 (K / threads = 8 candidates a thread in the
-    sort): a resident row and a streamed one (longer than 96 KB) give the reference's top k."""
-    text = _variant("      1024: 256               #", "      1024: 128               #")
-    spec = pol.select(pol.loads(text, source="p.yaml"), "sm_90", "float32", 1000, 40_000,
+    """threads_by_k's fewest threads for K=1024, the default's (K / threads = 8 candidates a
+    thread in the sort): a resident row and a streamed one (longer than 96 KB) give the
+    reference's top k."""
+    spec = pol.select(pol.loads(BASE, source="p.yaml"), "sm_90", "float32", 1000, 40_000,
                       deterministic=mode == "deterministic").kernel
     assert (spec.k, spec.threads) == (1024, 128)
     module = compile_source(render(spec), name=f"radix_k1024_128_threads_{mode}")
@@ -175,8 +175,8 @@ def test_threads_by_k_past_8_candidates_a_thread_is_refused():
                                               r"least 256 threads\)"):
         pol.loads(text, source="p.yaml")
     assert pol.loads(_variant("      2048: 256               #", "      4096: 512               #"),
-                     source="p.yaml").archs["sm_90"].threads_by_k == {64: 128, 128: 128, 256: 128, 512: 256,
-                                                                        1024: 256, 4096: 512}
+                     source="p.yaml").archs["sm_90"].threads_by_k == {64: 128, 128: 128, 256: 128, 512: 128,
+                                                                        1024: 128, 4096: 512}
 
 
 def test_a_family_template_other_than_its_kernels_is_refused(cli, tmp_path):
@@ -192,7 +192,7 @@ def test_occupancy_is_checked_at_each_familys_own_block_size(tmp_path):
     # 32 warps per block: register kernels run 1024 threads; 4 CTAs of them cannot fit in
     # 2048 threads per SM, though 4 CTAs of the radix block (256 threads) would.
     text = _variant("    warps_per_block: 4        #", "    warps_per_block: 32       #")
-    text = text.replace("      1024: 2                 #", "      16: 4\n      1024: 2                 #", 1)
+    text = text.replace("      1024: 5\n", "      16: 4\n      1024: 5\n", 1)
     with pytest.raises(pol.PolicyError, match=r"archs\.sm_90\.min_ctas_per_sm\.16: 4 CTAs of 1024 threads "
                                               r"\(the register kernels of rule '[a-z0-9_]+', K=16\) exceed sm_90's 2048 threads per SM"):
         pol.loads(text)
