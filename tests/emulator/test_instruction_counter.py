@@ -295,3 +295,42 @@ def _count_k256_fast(dtype: str, rows: int, n: int):
                                 launch_arguments(spec, x, values, indices, rows, n, k, True),
                                 shared_bytes=launch_shared_bytes(spec, n), counters=True)
     return spec, counter, x, c
+
+
+@pytest.mark.parametrize("seed", [3, 4])
+def test_a_loop_copied_by_a_full_unroll_is_charged_every_trip(counter, seed):
+    """pieces_walk: a bit walk (a data-dependent trip count) inside a loop unrolled fully,
+    4 copies of the walk in SASS, each with its own back-edge. Each warp trip of a walk
+    issues one STS, so the STS charge is the sum over warps and pieces of the busiest lane's
+    bits. The counter once took the 4 copies for a walk unrolled 4 times and charged a
+    quarter of that (the radix stream's appends, a walk per piece: an eighth)."""
+    x = np.random.default_rng(seed).integers(0, 16, 4 * THREADS).astype(np.int32)
+    out = np.zeros(THREADS, np.int32)
+    c = counter.module().launch("pieces_walk", 1, THREADS, [x, out, np.int32(0)], counters=True)
+    masks = x.reshape(4, THREADS).tolist()
+    columns = list(zip(*masks))  # a thread's 4 masks
+    first = [next(((m & -m).bit_length() + u for u, m in enumerate(col) if m), None) for col in columns]
+    slots = [sum(bin(m).count("1") for m in col) for col in columns]
+    assert all(out[t] == slots[t] + first[t] for t in range(THREADS) if first[t] is not None)
+    bits = np.array([bin(int(v)).count("1") for v in x]).reshape(4, WARPS, 32)
+    sts = counter.count(c, "pieces_walk", "STS")
+    assert sts.static_instructions == 4
+    assert sts.warp_instructions == bits.max(axis=2).sum()
+
+
+@pytest.mark.parametrize("up", [0, 1])
+def test_copies_of_one_function_in_two_arms_are_charged_for_the_arm_taken(counter, up):
+    """direction_copies: butterfly<true> and butterfly<false> share their source lines, one
+    in each arm of an if, as the radix kernels' copies per direction do. Only the arm taken
+    runs, so the SHFL charge is the emulator's own count of warp shuffles; SASS holds both
+    copies (10 SHFL). Written as one line (`up ? f<true>() : f<false>()`) the copies have
+    no site of their own, and both were charged for each call (the first per-direction
+    stream counted 1.47 warp instructions per key for 0.96)."""
+    rounds = 3
+    x = np.arange(THREADS, dtype=np.int32)
+    out = np.zeros(THREADS, np.int32)
+    c = counter.module().launch("direction_copies", 1, THREADS, [x, out, np.int32(rounds), np.int32(up)], counters=True)
+    assert c.shuffles == WARPS * 5 * rounds
+    shfl = counter.count(c, "direction_copies", "SHFL")
+    assert shfl.static_instructions == 10
+    assert shfl.warp_instructions == c.shuffles

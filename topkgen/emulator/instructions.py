@@ -32,7 +32,11 @@ rounds, whose loads were charged once per row, not per round). A loop the compil
 unrolled partially (U copies in its back-edge ranges, R remainder copies outside them,
 told apart by their memory, barrier and collective instructions) is charged one copy per
 trip, and its guards and dispatch once per entry whether taken or not: few trips per entry
-are overcounted (tests: +32% at 1 trip, within 5% from 8). Counts are
+are overcounted (tests: +32% at 1 trip, within 5% from 8). A loop inside a fully unrolled
+one has a copy per trip of that one (tests: a bit walk per piece, charged every trip). Two
+copies of one function called from one line (`c ? f<true>() : f<false>()`) share a path,
+and both are charged for each call: a kernel keeps such copies in arms of their own (tests:
+charged for the arm taken). Counts are
 exact integers; per-key figures are divided, not rounded, and printed to 2 decimals.
 """
 
@@ -332,9 +336,14 @@ class SiteMap:
         fully unrolled one), the count inside the ranges and outside; U and R are the least
         counts (1 and 0 when no such instruction). LLVM's scheme for a runtime trip count
         (a remainder of up to 3 trips, a body unrolled 16 times, then 8 and 4 at the end)
-        gives U + R = 31 copies, any of which a trip may run."""
+        gives U + R = 31 copies, any of which a trip may run. A loop inside a fully unrolled
+        one is copied once per copy of that one, each copy with back-edges of its own, and
+        _fold already spreads its executions over those copies: its counts are divided by the
+        number of its back-edge ranges that hold them (the radix stream's appends, one walk a
+        piece, were charged an eighth of their trips)."""
         inside: dict[int, dict[tuple, int]] = {}
         outside: dict[int, dict[tuple, int]] = {}
+        enclosed: dict[int, set[int]] = {}  # loops inside a fully unrolled one: the ranges hit
         for ins in _issued(instructions):
             if not _NEVER_MERGED.match(ins.opcode):
                 continue
@@ -346,6 +355,9 @@ class SiteMap:
             if any(h is None for _, h in walk[at:]):
                 continue  # in a fully unrolled loop inside: one per copy of that loop, not of this one
             key = (ins.chain, ins.opcode)
+            if any(h is None for _, h in walk[:at]):
+                enclosed.setdefault(sid, set()).update(
+                    i for i, (lo, hi) in enumerate(self.ranges[sid]) if lo <= ins.address <= hi)
             side = inside if hit else outside
             side.setdefault(sid, {})
             side[sid][key] = side[sid].get(key, 0) + 1
@@ -353,9 +365,10 @@ class SiteMap:
                 self.copy_blocks.setdefault(sid, set()).add(self.block[ins.address, ins.function])
         out = {}
         for sid, counts in inside.items():
-            u = min(counts.values())
+            spread = max(len(enclosed.get(sid, ())), 1)
+            u = min(counts.values()) // spread
             rest = outside.get(sid, {})
-            r = min(rest.get(key, 0) for key in counts)
+            r = min(rest.get(key, 0) for key in counts) // spread
             if u > 1 or r > 0:
                 out[sid] = (u, r)
         return out
@@ -399,12 +412,15 @@ class SiteMap:
 
 def _basic_blocks(instructions: list["Instruction"], labels: Mapping[str, int]) -> dict[tuple[int, str], int]:
     """(address, function) -> the index of its basic block: a block starts at a branch
-    target and after a branch or EXIT."""
-    targets = set(labels.values())
+    target and after a branch or EXIT. Targets are per function: addresses restart at 0 in
+    each, so another kernel's target at the same address cut this one's blocks (a module
+    with a kernel added counted partial_unroll 7% higher)."""
+    targets = {(ins.function, labels[m.group(1)]) for ins in instructions
+               if (m := re.search(r"(\.L_x_\d+)", ins.text)) and m.group(1) in labels}
     out, block, function = {}, 0, None
     starts_next = True
     for ins in instructions:
-        if ins.function != function or ins.address in targets or starts_next:
+        if ins.function != function or (ins.function, ins.address) in targets or starts_next:
             block += 1
             function = ins.function
         out[ins.address, ins.function] = block

@@ -71,3 +71,39 @@ extern "C" __global__ void unrolled_shuffles(const int* in, int* out, int rounds
   }
   out[threadIdx.x] = acc;
 }
+
+// A loop with a data-dependent trip count inside a loop the compiler unrolls fully: each of
+// the 4 pieces walks the set bits of its own mask (a lane's 0-4 keys to append, as the radix
+// stream's appends do), so its SASS holds 4 copies of the walk, one back-edge each, and a
+// warp runs one copy per piece for as many trips as its busiest lane has bits.
+extern "C" __global__ void pieces_walk(const int* in, int* out, int trips) {
+  __shared__ int s[256 * 17];
+  int slot = 0;
+  const unsigned t = threadIdx.x;
+#pragma unroll
+  for (int u = 0; u < 4; ++u) {
+    const unsigned bits = unsigned(in[u * 256 + t]) & 15u;
+    for (unsigned b = bits; b != 0u; b &= b - 1u) s[slot++ * 256 + t] = __ffs(int(b)) + u;
+  }
+  __syncthreads();
+  out[t] = slot + s[t] + trips;
+}
+
+// One function compiled twice (a template per direction), each copy in an arm of its own:
+// only the arm taken runs. Each copy is a butterfly of `rounds` rounds of 5 shuffles.
+template <bool UP>
+__device__ __forceinline__ int butterfly(int acc, int rounds) {
+#pragma unroll 1
+  for (int r = 0; r < rounds; ++r)
+    for (int d = 1; d < 32; d <<= 1) acc = UP ? acc + __shfl_xor_sync(0xffffffffu, acc, d) : acc - __shfl_xor_sync(0xffffffffu, acc, d);
+  return acc;
+}
+extern "C" __global__ void direction_copies(const int* in, int* out, int rounds, int up) {
+  int acc = in[threadIdx.x];
+  if (up) {
+    acc = butterfly<true>(acc, rounds);
+  } else {
+    acc = butterfly<false>(acc, rounds);
+  }
+  out[threadIdx.x] = acc;
+}
