@@ -515,22 +515,25 @@ struct RowView {
 // The stream's read of a row from `step` (see radix_topk): each thread appends the keys whose
 // value passes !(s x < bound) (s = -1 for smallest) to its list buffer[h * THREADS + t], and
 // the read stops after the first step that leaves a list above `room` entries. It returns
-// the next step. The direction is a constant in each of its two copies, so a key costs one
-// compare (of x or -x), where choosing between them per key compared both.
-template <typename T, bool LARGEST, int THREADS, typename View>
-__device__ __forceinline__ int stream_above(const View& row, int step, float bound, u64* buffer, int& held, int room) {
+// the next step. DIRECTION 1 (largest) or -1 (smallest) makes the direction a constant, so
+// a key costs one compare (of x or -x), where choosing between them per key compared both;
+// 0 reads `largest` (one copy, for kernels with few registers).
+template <typename T, int DIRECTION, int THREADS, typename View>
+__device__ __forceinline__ int stream_above(const View& row, int step, float bound, u64* buffer, int& held, int room,
+                                            bool largest) {
   typedef typename KeyTraits<T>::Bits Bits;
   constexpr int V = View::V;
+  const bool up = DIRECTION == 0 ? largest : DIRECTION > 0;
   auto collect_above = [&](const uint4& q, int first, int got) {
     unsigned keep = 0u;
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       const float value = bits_value<T>(piece_element<Bits>(q, j));
-      keep |= (j < got && !((LARGEST ? value : -value) < bound) ? 1u : 0u) << j;
+      keep |= (j < got && !((up ? value : -value) < bound) ? 1u : 0u) << j;
     }
     for (; keep != 0u; keep &= keep - 1u) {
       const int j = __ffs(int(keep)) - 1;
-      buffer[held++ * THREADS + thread_index()] = pack(select_key<T>(piece_element<Bits>(q, j), LARGEST), first + j);
+      buffer[held++ * THREADS + thread_index()] = pack(select_key<T>(piece_element<Bits>(q, j), up), first + j);
     }
   };
   return row.template for_each<false, true>(collect_above, step, 0x7fffffff,
@@ -930,6 +933,9 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
   // bfloat16 2.90 against 1.44, counted), so the default policy runs K=512 to 2048 on 256
   // threads (threads_by_k), whose lists of 48 stream at 0.97 and 1.04.
   constexpr int kStepKeys = UNROLL * V;  // the most keys one step of for_each gives a thread
+  // The stream and float32's first pass run a copy per direction where the launch bounds leave
+  // a thread 64 registers or more; at 32 (1024 threads, 2 CTAs per SM) the copies spill.
+  constexpr bool kCopyPerDirection = 65536 / (THREADS * MIN_CTAS) >= 64;
   constexpr bool kStreams = KR > 0 && SMEM_BYTES > 0 && THREADS < 1024;
   const bool stream = kStreams && !resident && list_capacity - kStepKeys >= (k + THREADS - 1) / THREADS;
   int step = 0;  // the stream's next step of for_each
@@ -945,10 +951,13 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     const float bound = stream_bound;
     // Each copy in an arm of its own: on one line both would share the instruction counter's
     // path and both be charged.
-    if (largest) {
-      step = stream_above<T, true, THREADS>(global_row, step, bound, buffer, held, list_capacity - kStepKeys);
+    const int room = list_capacity - kStepKeys;
+    if constexpr (!kCopyPerDirection) {
+      step = stream_above<T, 0, THREADS>(global_row, step, bound, buffer, held, room, largest);
+    } else if (largest) {
+      step = stream_above<T, 1, THREADS>(global_row, step, bound, buffer, held, room, true);
     } else {
-      step = stream_above<T, false, THREADS>(global_row, step, bound, buffer, held, list_capacity - kStepKeys);
+      step = stream_above<T, -1, THREADS>(global_row, step, bound, buffer, held, room, false);
     }
   }
   const bool refill = stream && step < global_row.steps();
@@ -1051,7 +1060,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
       // float32: a copy per direction, whose key transform folds the invert away (16384 K=256
       // 0.854 -> 0.810 warp instructions per key, counted; 16-bit keys invert two keys an
       // instruction, and there a second copy counted 0.839 -> 0.873).
-      if constexpr (sizeof(Bits) == 2) {
+      if constexpr (sizeof(Bits) == 2 || !kCopyPerDirection) {
         global_row.template for_each<false, true>(as_keys<T>(first_pass, largest));
       } else if (largest) {
         global_row.template for_each<false, true>(as_keys_toward<T, true>(first_pass));
