@@ -153,11 +153,11 @@ def test_a_128_thread_radix_block_finds_the_top_k(tmp_path):
 
 
 @pytest.mark.parametrize("mode", ["fast", "deterministic"])
-def test_threads_by_k_runs_k1024_on_128_threads_each_sorting_8(mode):
+def test_threads_by_k_runs_k1024_on_128_threads_each_sorting_8(mode, default_policy):
     """threads_by_k's fewest threads for K=1024, the default's (K / threads = 8 candidates a
     thread in the sort): a resident row and a streamed one (longer than 96 KB) give the
     reference's top k."""
-    spec = pol.select(pol.loads(BASE, source="p.yaml"), "sm_90", "float32", 1000, 40_000,
+    spec = pol.select(default_policy, "sm_90", "float32", 1000, 40_000,
                       deterministic=mode == "deterministic").kernel
     assert (spec.k, spec.threads) == (1024, 128)
     module = compile_source(render(spec), name=f"radix_k1024_128_threads_{mode}")
