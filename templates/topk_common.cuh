@@ -227,6 +227,11 @@ __device__ __forceinline__ int bit_count(u64 m) { return __popcll((unsigned long
 __device__ __forceinline__ int lowest_bit(unsigned m) { return __ffs(int(m)) - 1; }
 __device__ __forceinline__ int lowest_bit(u64 m) { return __ffsll((long long)m) - 1; }
 
+// The appends' default for what each appended key also does: nothing.
+struct NoKey {
+  __device__ __forceinline__ void operator()(unsigned) const {}
+};
+
 template <int THREADS, int V, int UNROLL>
 struct StepMarks {
   typedef typename MaskOf<(UNROLL * V > 32)>::T Mask;
@@ -245,15 +250,18 @@ struct StepMarks {
 
   // Appends the keys of kind `kind` to out[slot] for the slots `counter` hands out below
   // `limit`, packed with their index in the row, and clears that kind's marks.
-  template <typename Bits>
-  __device__ __forceinline__ void append(int kind, int* counter, const Bits* copy, u64* out, int limit) {
+  template <typename Bits, typename OnKey = NoKey>
+  __device__ __forceinline__ void append(int kind, int* counter, const Bits* copy, u64* out, int limit,
+                                         OnKey on_key = OnKey()) {
     Mask m = bits[kind];
     if (m != 0u) {
       int slot = atomicAdd(counter, bit_count(m));
       for (; m != 0u && slot < limit; m &= m - 1u) {
         const int b = lowest_bit(m);
         const int index = first + (b / V) * (THREADS * V) + b % V;
-        out[slot++] = pack(copy[index], index);
+        const unsigned key = copy[index];
+        on_key(key);
+        out[slot++] = pack(key, index);
       }
     }
     bits[kind] = 0u;
@@ -271,14 +279,16 @@ __device__ __forceinline__ void hist_add(int* hist, unsigned digit) { atomicAdd(
 // Appends this lane's keys of a piece whose bits are set in `bits` to `out` at the slots
 // counter hands out, one atomic for all of them, while the slot is below `limit`: bit j is
 // element j, packed with its index first + j. The slots of one lane's keys are consecutive.
-template <typename Bits>
+template <typename Bits, typename OnKey = NoKey>
 __device__ __forceinline__ void lane_append(int* counter, unsigned bits, const uint4& keys, int first, u64* out,
-                                            int limit) {
+                                            int limit, OnKey on_key = OnKey()) {
   if (bits == 0u) return;
   int slot = atomicAdd(counter, __popc(bits));
   for (; bits != 0u && slot < limit; bits &= bits - 1u) {
     const int j = __ffs(int(bits)) - 1;
-    out[slot++] = pack(piece_element<Bits>(keys, j), first + j);
+    const unsigned key = piece_element<Bits>(keys, j);
+    on_key(key);
+    out[slot++] = pack(key, first + j);
   }
 }
 
@@ -974,17 +984,29 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     __syncthreads();
     const unsigned prefix = state.prefix, mask = state.mask;
     int source = state.source;
+    unsigned lo = ~0u, hi = 0u;
+    // A later pass counts a key of the prefix's bucket by its digit; the span of those keys.
+    auto count_key = [&](unsigned key) {
+      if ((key & mask) == prefix) {
+        lo = min(lo, key);
+        hi = max(hi, key);
+        hist_add(hist, (key >> shift) & unsigned(bins - 1));
+      }
+    };
     // Once the k-th key's bucket and the keys above it fit the buffer, one scan of the row (or
     // of its copy) collects them, each lane its own keys with one atomic a piece (a step, from
-    // the copy: StepMarks), and this pass, the
-    // later ones and the gather read the buffer alone. A key is at or above the prefix when
-    // key >= prefix: the prefix has no bits below the mask.
+    // the copy: StepMarks), and the later passes and the gather read the buffer alone. A key
+    // is at or above the prefix when key >= prefix: the prefix has no bits below the mask.
+    // The collect counts this pass as it appends (`counted`): the buffer holds no key below
+    // the bucket to drop, and a second walk over it cost a tie-heavy row (1024 ties of the
+    // k-th key at 16384 K=256 float32) about 0.2 warp instructions a key.
+    bool counted = false;
     if (SMEM_BYTES > 0 && pass > 0 && source != kBuffer && state.bucket <= buffer_capacity - (k - state.remaining)) {
       auto collect = [&](const uint4& keys, int first, int got) {
         unsigned keep = 0u;
 #pragma unroll
         for (int j = 0; j < V; ++j) keep |= (j < got && piece_element<Bits>(keys, j) >= prefix ? 1u : 0u) << j;
-        lane_append<Bits>(&counters[2], keep, keys, first, buffer, 0x7fffffff);
+        lane_append<Bits>(&counters[2], keep, keys, first, buffer, 0x7fffffff, count_key);
       };
       if (source == kSharedRow) {
         // From the copy, each step's keys are marked and appended at its end (StepMarks).
@@ -996,7 +1018,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
           marks.mark(keep, 0u, first);
         };
         auto append_marked = [&] {
-          marks.template append<Bits>(0, &counters[2], copy, buffer, 0x7fffffff);
+          marks.template append<Bits>(0, &counters[2], copy, buffer, 0x7fffffff, count_key);
           marks.next_step();
           return false;  // every step is walked
         };
@@ -1006,22 +1028,15 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
         global_row.template for_each<false>(as_keys<T>(collect, largest));
       }
       source = kBuffer;
+      counted = true;
       __syncthreads();
       held = (counters[2] - thread_index() + THREADS - 1) / THREADS;  // the compact fill's lists
     }
-    unsigned lo = ~0u, hi = 0u;
-    // Counts the keys of a piece (see piece_keys) that match the prefix (bits j < got); the
-    // span of the matching ones.
+    // Counts the keys of a piece (see piece_keys), bits j < got.
     auto later_pass = [&](const uint4& keys, int, int got) {
 #pragma unroll
-      for (int j = 0; j < V; ++j) {
-        const unsigned key = piece_element<Bits>(keys, j);
-        if (j < got && (key & mask) == prefix) {
-          lo = min(lo, key);
-          hi = max(hi, key);
-          hist_add(hist, (key >> shift) & unsigned(bins - 1));
-        }
-      }
+      for (int j = 0; j < V; ++j)
+        if (j < got) count_key(piece_element<Bits>(keys, j));
     };
     // The first pass counts every key of the row (no prefix yet) by its top digit; a
     // resident row is copied to shared memory on the way. A whole vector takes no branch.
@@ -1072,7 +1087,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     } else if (SMEM_BYTES > 0 && source == kSharedRow) {
       const View shared_row(copy, n);
       shared_row.template for_each<true>(later_pass);
-    } else if (SMEM_BYTES > 0) {
+    } else if (SMEM_BYTES > 0 && !counted) {
       // Each thread also drops the keys of its list below the prefix's bucket (never one of the
       // top k; the prefix has no bits below the mask, so key >= prefix is key & mask >= prefix).
       int kept = 0;
@@ -1080,14 +1095,9 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
       for (int s = 0; s < held; ++s) {
         const u64 entry = buffer[s * THREADS + thread_index()];
         const unsigned key = unpack_key(entry);
-        if (key >= prefix) {
-          buffer[kept++ * THREADS + thread_index()] = entry;
-          if ((key & mask) == prefix) {
-            lo = min(lo, key);
-            hi = max(hi, key);
-            hist_add(hist, (key >> shift) & unsigned(bins - 1));
-          }
-        }
+        buffer[kept * THREADS + thread_index()] = entry;  // slot kept <= s is read: no branch
+        kept += key >= prefix ? 1 : 0;
+        count_key(key);  // a key of the bucket is at or above the prefix
       }
       held = kept;
     }
@@ -1208,8 +1218,11 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
       base = atomicAdd(&counters[0], inclusive & 0xffff) | (atomicAdd(&counters[1], inclusive >> 16) << 16);
     base = __shfl_sync(kFullMask, base, 31) + inclusive - counts;
     int out = base & 0xffff, slot = base >> 16;
+    // A thread stops once it has written its keys above and the ties' slots are gone (fast
+    // mode takes every tie; 16384 K=256 tie-heavy float32 writes 256 of 1024).
+    const int out_end = out + (counts & 0xffff);
 #pragma unroll 1
-    for (int s = 0; s < taken; ++s) {
+    for (int s = 0; s < taken && (out < out_end || slot < ties); ++s) {
       const u64 entry = buffer[s * THREADS + t];
       if ((unpack_key(entry) & mask) > prefix) {
         cand[out++] = entry;
