@@ -1116,13 +1116,16 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     }
     // A refill (the stream has more of the row to read) needs room, not the k-th key: once
     // the drop above leaves every list room for a step, the stream reads on from the floor of
-    // the bucket found so far.
+    // the bucket found so far. Where that bucket is one key, the k-th so far, the top k
+    // replace the buffer instead and the stream reads on past that key (below): a later equal
+    // key is not needed. Reading on from the key's own floor kept every later tie (131072
+    // K=1024 tie-heavy float32: 8192 ties walked by every pass and the gather).
     const bool crowded = kStreams ? __syncthreads_or(held > list_capacity - kStepKeys) : (__syncthreads(), true);
-    if (refill && pass > 0 && !crowded) {  // block-uniform
+    const bool single_key = span[0] == span[1];  // every key the pass counted is one value
+    if (refill && pass > 0 && !crowded && !single_key) {  // block-uniform
       refilled = true;
       break;
     }
-    const bool single_key = span[0] == span[1];  // every key the pass counted is one value
     find_digit<THREADS>(hist, bins, state.remaining, warp_sums, found);
     if (thread_index() == 0) {
       state.prefix = single_key ? span[0] : prefix | (unsigned(found[0]) << shift);

@@ -224,7 +224,9 @@ def test_a_row_longer_than_shared_memory_is_read_once_where_the_kernel_streams(s
     per NaN output, on random, tied, all-equal, special, ascending (every key above the
     floor: a refill per step pair) and -inf/NaN rows, in both directions, with results
     bit-exact in deterministic mode; less where k NaNs top a row (largest: no later key can
-    enter). One that does not stream reads such a row at least twice. explain says which."""
+    enter). The tied rows' refills find the k-th key alone in its bucket: the top k replace
+    the buffer there, and the stream reads on past that key. One that does not stream reads
+    such a row at least twice. explain says which."""
     from topkgen.policy.selection import resident_elements, streams
     from topkgen.runtime import reference
     from ..support.topk_cases import check_topk, make_rows
