@@ -1001,16 +1001,18 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     // of its copy) collects them, each lane its own keys with one atomic a piece (a step, from
     // the copy: StepMarks), and the later passes and the gather read the buffer alone. A key
     // is at or above the prefix when key >= prefix: the prefix has no bits below the mask.
-    // The collect counts this pass as it appends (`counted`): the buffer holds no key below
-    // the bucket to drop, and a second walk over it cost a tie-heavy row (1024 ties of the
-    // k-th key at 16384 K=256 float32) about 0.2 warp instructions a key.
+    // The collect from the copy counts this pass as it appends (`counted`): the buffer holds
+    // no key below the bucket to drop, and a second walk over it cost a tie-heavy row (1024
+    // ties of the k-th key at 16384 K=256 float32) about 0.2 warp instructions a key. The
+    // collect from the row leaves the count to the lists: its walks run as long as a warp's
+    // busiest lane, and counting there cost 131072 K=4096 float32 1.79 -> 1.88.
     bool counted = false;
     if (SMEM_BYTES > 0 && pass > 0 && source != kBuffer && state.bucket <= buffer_capacity - (k - state.remaining)) {
       auto collect = [&](const uint4& keys, int first, int got) {
         unsigned keep = 0u;
 #pragma unroll
         for (int j = 0; j < V; ++j) keep |= (j < got && piece_element<Bits>(keys, j) >= prefix ? 1u : 0u) << j;
-        lane_append<Bits>(&counters[2], keep, keys, first, buffer, 0x7fffffff, count_key);
+        lane_append<Bits>(&counters[2], keep, keys, first, buffer, 0x7fffffff);
       };
       if (source == kSharedRow) {
         // From the copy, each step's keys are marked and appended at its end (StepMarks).
@@ -1031,8 +1033,8 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
       } else {
         global_row.template for_each<false>(as_keys<T>(collect, largest));
       }
+      counted = source == kSharedRow;
       source = kBuffer;
-      counted = true;
       __syncthreads();
       held = (counters[2] - thread_index() + THREADS - 1) / THREADS;  // the compact fill's lists
     }
