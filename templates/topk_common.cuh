@@ -224,7 +224,7 @@ __device__ __forceinline__ int bit_count(u64 m) { return __popcll((unsigned long
 __device__ __forceinline__ int lowest_bit(unsigned m) { return __ffs(int(m)) - 1; }
 __device__ __forceinline__ int lowest_bit(u64 m) { return __ffsll((long long)m) - 1; }
 
-// The appends' default for what each appended key also does: nothing.
+// StepMarks::append's default for what each appended key also does: nothing.
 struct NoKey {
   __device__ __forceinline__ void operator()(unsigned) const {}
 };
@@ -276,16 +276,14 @@ __device__ __forceinline__ void hist_add(int* hist, unsigned digit) { atomicAdd(
 // Appends this lane's keys of a piece whose bits are set in `bits` to `out` at the slots
 // counter hands out, one atomic for all of them, while the slot is below `limit`: bit j is
 // element j, packed with its index first + j. The slots of one lane's keys are consecutive.
-template <typename Bits, typename OnKey = NoKey>
+template <typename Bits>
 __device__ __forceinline__ void lane_append(int* counter, unsigned bits, const uint4& keys, int first, u64* out,
-                                            int limit, OnKey on_key = OnKey()) {
+                                            int limit) {
   if (bits == 0u) return;
   int slot = atomicAdd(counter, __popc(bits));
   for (; bits != 0u && slot < limit; bits &= bits - 1u) {
     const int j = __ffs(int(bits)) - 1;
-    const unsigned key = piece_element<Bits>(keys, j);
-    on_key(key);
-    out[slot++] = pack(key, first + j);
+    out[slot++] = pack(piece_element<Bits>(keys, j), first + j);
   }
 }
 
