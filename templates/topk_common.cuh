@@ -140,12 +140,15 @@ __device__ __forceinline__ uint4 piece_keys(const uint4& q, bool largest) {
 // A piece visitor f(keys, first, got) served the raw pieces of a row in global memory: each
 // piece becomes keys on the way. A resident row's copy in shared memory holds keys already
 // (the first pass stores them), so the passes over it call f directly, with no transform.
-// DIRECTION 1 (largest) or -1 makes the direction a constant, whose transform folds the
-// invert away; 0 reads `largest` (as stream_above).
-template <typename T, int DIRECTION = 0, typename F>
+template <typename T, typename F>
 __device__ __forceinline__ auto as_keys(F& f, bool largest) {
-  const bool up = DIRECTION == 0 ? largest : DIRECTION > 0;
-  return [&f, up](const uint4& q, int first, int got) { f(piece_keys<T>(q, up), first, got); };
+  return [&f, largest](const uint4& q, int first, int got) { f(piece_keys<T>(q, largest), first, got); };
+}
+
+// as_keys for a direction known at compile time.
+template <typename T, bool LARGEST, typename F>
+__device__ __forceinline__ auto as_keys_toward(F& f) {
+  return [&f](const uint4& q, int first, int got) { f(piece_keys<T>(q, LARGEST), first, got); };
 }
 
 // ----------------------------------------------------------------------------- warp and block
@@ -224,11 +227,6 @@ __device__ __forceinline__ int bit_count(u64 m) { return __popcll((unsigned long
 __device__ __forceinline__ int lowest_bit(unsigned m) { return __ffs(int(m)) - 1; }
 __device__ __forceinline__ int lowest_bit(u64 m) { return __ffsll((long long)m) - 1; }
 
-// StepMarks::append's default for what each appended key also does: nothing.
-struct NoKey {
-  __device__ __forceinline__ void operator()(unsigned) const {}
-};
-
 template <int THREADS, int V, int UNROLL>
 struct StepMarks {
   typedef typename MaskOf<(UNROLL * V > 32)>::T Mask;
@@ -247,18 +245,15 @@ struct StepMarks {
 
   // Appends the keys of kind `kind` to out[slot] for the slots `counter` hands out below
   // `limit`, packed with their index in the row, and clears that kind's marks.
-  template <typename Bits, typename OnKey = NoKey>
-  __device__ __forceinline__ void append(int kind, int* counter, const Bits* copy, u64* out, int limit,
-                                         OnKey on_key = OnKey()) {
+  template <typename Bits>
+  __device__ __forceinline__ void append(int kind, int* counter, const Bits* copy, u64* out, int limit) {
     Mask m = bits[kind];
     if (m != 0u) {
       int slot = atomicAdd(counter, bit_count(m));
       for (; m != 0u && slot < limit; m &= m - 1u) {
         const int b = lowest_bit(m);
         const int index = first + (b / V) * (THREADS * V) + b % V;
-        const unsigned key = copy[index];
-        on_key(key);
-        out[slot++] = pack(key, index);
+        out[slot++] = pack(copy[index], index);
       }
     }
     bits[kind] = 0u;
@@ -529,10 +524,6 @@ __device__ __forceinline__ int stream_above(const View& row, int step, float bou
   typedef typename KeyTraits<T>::Bits Bits;
   constexpr int V = View::V;
   const bool up = DIRECTION == 0 ? largest : DIRECTION > 0;
-  // The list is appended through a pointer: an index a key cost two multiplies.
-  u64* const list = buffer + thread_index();
-  u64* end = list + held * THREADS;
-  const u64* const full = list + room * THREADS;
   auto collect_above = [&](const uint4& q, int first, int got) {
     unsigned keep = 0u;
 #pragma unroll
@@ -542,14 +533,11 @@ __device__ __forceinline__ int stream_above(const View& row, int step, float bou
     }
     for (; keep != 0u; keep &= keep - 1u) {
       const int j = __ffs(int(keep)) - 1;
-      *end = pack(select_key<T>(piece_element<Bits>(q, j), up), first + j);
-      end += THREADS;
+      buffer[held++ * THREADS + thread_index()] = pack(select_key<T>(piece_element<Bits>(q, j), up), first + j);
     }
   };
-  step = row.template for_each<false, true>(collect_above, step, 0x7fffffff,
-                                            [&] { return __syncthreads_or(end > full); });
-  held = int(unsigned(end - list) / THREADS);
-  return step;
+  return row.template for_each<false, true>(collect_above, step, 0x7fffffff,
+                                            [&] { return __syncthreads_or(held > room); });
 }
 
 // ----------------------------------------------------------------------------- sorts
@@ -986,25 +974,11 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     __syncthreads();
     const unsigned prefix = state.prefix, mask = state.mask;
     int source = state.source;
-    unsigned lo = ~0u, hi = 0u;
-    // A later pass counts a key of the prefix's bucket by its digit; the span of those keys.
-    auto count_key = [&](unsigned key) {
-      if ((key & mask) == prefix) {
-        lo = min(lo, key);
-        hi = max(hi, key);
-        hist_add(hist, (key >> shift) & unsigned(bins - 1));
-      }
-    };
     // Once the k-th key's bucket and the keys above it fit the buffer, one scan of the row (or
     // of its copy) collects them, each lane its own keys with one atomic a piece (a step, from
-    // the copy: StepMarks), and the later passes and the gather read the buffer alone. A key
-    // is at or above the prefix when key >= prefix: the prefix has no bits below the mask.
-    // The collect from the copy counts this pass as it appends (`counted`): the buffer holds
-    // no key below the bucket to drop, and a second walk over it cost a tie-heavy row (1024
-    // ties of the k-th key at 16384 K=256 float32) about 0.2 warp instructions a key. The
-    // collect from the row leaves the count to the lists: its walks run as long as a warp's
-    // busiest lane, and counting there cost 131072 K=4096 float32 1.79 -> 1.88.
-    bool counted = false;
+    // the copy: StepMarks), and this pass, the
+    // later ones and the gather read the buffer alone. A key is at or above the prefix when
+    // key >= prefix: the prefix has no bits below the mask.
     if (SMEM_BYTES > 0 && pass > 0 && source != kBuffer && state.bucket <= buffer_capacity - (k - state.remaining)) {
       auto collect = [&](const uint4& keys, int first, int got) {
         unsigned keep = 0u;
@@ -1022,7 +996,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
           marks.mark(keep, 0u, first);
         };
         auto append_marked = [&] {
-          marks.template append<Bits>(0, &counters[2], copy, buffer, 0x7fffffff, count_key);
+          marks.template append<Bits>(0, &counters[2], copy, buffer, 0x7fffffff);
           marks.next_step();
           return false;  // every step is walked
         };
@@ -1031,16 +1005,23 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
       } else {
         global_row.template for_each<false>(as_keys<T>(collect, largest));
       }
-      counted = source == kSharedRow;
       source = kBuffer;
       __syncthreads();
       held = (counters[2] - thread_index() + THREADS - 1) / THREADS;  // the compact fill's lists
     }
-    // Counts the keys of a piece (see piece_keys), bits j < got.
+    unsigned lo = ~0u, hi = 0u;
+    // Counts the keys of a piece (see piece_keys) that match the prefix (bits j < got); the
+    // span of the matching ones.
     auto later_pass = [&](const uint4& keys, int, int got) {
 #pragma unroll
-      for (int j = 0; j < V; ++j)
-        if (j < got) count_key(piece_element<Bits>(keys, j));
+      for (int j = 0; j < V; ++j) {
+        const unsigned key = piece_element<Bits>(keys, j);
+        if (j < got && (key & mask) == prefix) {
+          lo = min(lo, key);
+          hi = max(hi, key);
+          hist_add(hist, (key >> shift) & unsigned(bins - 1));
+        }
+      }
     };
     // The first pass counts every key of the row (no prefix yet) by its top digit; a
     // resident row is copied to shared memory on the way. A whole vector takes no branch.
@@ -1076,37 +1057,39 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
       }
     };
     if (pass == 0 && source == kGlobalRow) {
-      // float32: a copy per direction, whose key transform folds the invert away (with
-      // piece_element's two selects, 16384 K=256 0.82 -> 0.79 warp instructions per key:
-      // benchmarks/results/bench_kernels_28_directions_compare.md; 16-bit keys invert two keys
-      // an instruction, and there a second copy counted 0.839 -> 0.873).
+      // float32: a copy per direction, whose key transform folds the invert away (16384 K=256
+      // 0.854 -> 0.810 warp instructions per key, counted; 16-bit keys invert two keys an
+      // instruction, and there a second copy counted 0.839 -> 0.873).
       if constexpr (sizeof(Bits) == 2 || !kCopyPerDirection) {
         global_row.template for_each<false, true>(as_keys<T>(first_pass, largest));
       } else if (largest) {
-        global_row.template for_each<false, true>(as_keys<T, 1>(first_pass, true));
+        global_row.template for_each<false, true>(as_keys_toward<T, true>(first_pass));
       } else {
-        global_row.template for_each<false, true>(as_keys<T, -1>(first_pass, false));
+        global_row.template for_each<false, true>(as_keys_toward<T, false>(first_pass));
       }
     } else if (source == kGlobalRow) {
       global_row.template for_each<false>(as_keys<T>(later_pass, largest));
     } else if (SMEM_BYTES > 0 && source == kSharedRow) {
       const View shared_row(copy, n);
       shared_row.template for_each<true>(later_pass);
-    } else if (SMEM_BYTES > 0 && !counted) {
+    } else if (SMEM_BYTES > 0) {
       // Each thread also drops the keys of its list below the prefix's bucket (never one of the
       // top k; the prefix has no bits below the mask, so key >= prefix is key & mask >= prefix).
-      u64* const list = buffer + thread_index();
-      const u64* from = list;
-      u64* to = list;
+      int kept = 0;
 #pragma unroll 1  // most rows leave a list 1-2 entries (16384 K=256 normal float32 1.045 -> 1.038)
-      for (int s = 0; s < held; ++s, from += THREADS) {
-        const u64 entry = *from;
+      for (int s = 0; s < held; ++s) {
+        const u64 entry = buffer[s * THREADS + thread_index()];
         const unsigned key = unpack_key(entry);
-        *to = entry;  // a slot already read: no branch
-        to += key >= prefix ? THREADS : 0;
-        count_key(key);  // a key of the bucket is at or above the prefix
+        if (key >= prefix) {
+          buffer[kept++ * THREADS + thread_index()] = entry;
+          if ((key & mask) == prefix) {
+            lo = min(lo, key);
+            hi = max(hi, key);
+            hist_add(hist, (key >> shift) & unsigned(bins - 1));
+          }
+        }
       }
-      held = int(unsigned(to - list) / THREADS);
+      held = kept;
     }
     if (differ != 0u) {  // the first pass saw two keys: no single key
       lo = 0u;
@@ -1211,18 +1194,15 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     // the lane writes what it took. A bucket collected whole and narrowed by later passes
     // costs a read of each entry and a write of those taken, not a warp-wide append a round
     // (16384 K=256 uniform float32: 2048 entries collected, 256 taken).
-    u64* const list = buffer + thread_index();
-    const u64* from = list;
-    u64* taken = list;  // past the entries taken
-    int counts = 0;
+    const int t = thread_index();
+    int taken = 0, counts = 0;
 #pragma unroll 1  // as the passes' loop over the lists (16384 K=256 normal float32 1.055 -> 1.045)
-    for (int s = 0; s < held; ++s, from += THREADS) {
-      const u64 entry = *from;
+    for (int s = 0; s < held; ++s) {
+      const u64 entry = buffer[s * THREADS + t];
       const unsigned key = unpack_key(entry) & mask;
       const bool is_above = key > prefix;
       const bool tie = key == prefix && (unsigned(entry) & floor_mask) >= floor;
-      *taken = entry;  // a slot already read: no branch
-      taken += is_above || tie ? THREADS : 0;
+      if (is_above || tie) buffer[taken++ * THREADS + t] = entry;
       counts += is_above ? 1 : tie ? 0x10000 : 0;
     }
     const int inclusive = warp_inclusive_scan(counts);
@@ -1231,12 +1211,9 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
       base = atomicAdd(&counters[0], inclusive & 0xffff) | (atomicAdd(&counters[1], inclusive >> 16) << 16);
     base = __shfl_sync(kFullMask, base, 31) + inclusive - counts;
     int out = base & 0xffff, slot = base >> 16;
-    // A thread stops once it has written its keys above and the ties' slots are gone (fast
-    // mode takes every tie; 16384 K=256 tie-heavy float32 writes 256 of 1024).
-    const int out_end = out + (counts & 0xffff);
 #pragma unroll 1
-    for (const u64* p = list; p < taken && (out < out_end || slot < ties); p += THREADS) {
-      const u64 entry = *p;
+    for (int s = 0; s < taken; ++s) {
+      const u64 entry = buffer[s * THREADS + t];
       if ((unpack_key(entry) & mask) > prefix) {
         cand[out++] = entry;
       } else if (slot < ties) {
