@@ -227,6 +227,11 @@ __device__ __forceinline__ int bit_count(u64 m) { return __popcll((unsigned long
 __device__ __forceinline__ int lowest_bit(unsigned m) { return __ffs(int(m)) - 1; }
 __device__ __forceinline__ int lowest_bit(u64 m) { return __ffsll((long long)m) - 1; }
 
+// The appends' default for what each appended key also does: nothing.
+struct NoKey {
+  __device__ __forceinline__ void operator()(unsigned) const {}
+};
+
 template <int THREADS, int V, int UNROLL>
 struct StepMarks {
   typedef typename MaskOf<(UNROLL * V > 32)>::T Mask;
@@ -245,15 +250,18 @@ struct StepMarks {
 
   // Appends the keys of kind `kind` to out[slot] for the slots `counter` hands out below
   // `limit`, packed with their index in the row, and clears that kind's marks.
-  template <typename Bits>
-  __device__ __forceinline__ void append(int kind, int* counter, const Bits* copy, u64* out, int limit) {
+  template <typename Bits, typename OnKey = NoKey>
+  __device__ __forceinline__ void append(int kind, int* counter, const Bits* copy, u64* out, int limit,
+                                         OnKey on_key = OnKey()) {
     Mask m = bits[kind];
     if (m != 0u) {
       int slot = atomicAdd(counter, bit_count(m));
       for (; m != 0u && slot < limit; m &= m - 1u) {
         const int b = lowest_bit(m);
         const int index = first + (b / V) * (THREADS * V) + b % V;
-        out[slot++] = pack(copy[index], index);
+        const unsigned key = copy[index];
+        on_key(key);
+        out[slot++] = pack(key, index);
       }
     }
     bits[kind] = 0u;
@@ -974,11 +982,25 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     __syncthreads();
     const unsigned prefix = state.prefix, mask = state.mask;
     int source = state.source;
+    unsigned lo = ~0u, hi = 0u;
+    // A later pass counts a key of the prefix's bucket by its digit; the span of those keys.
+    auto count_key = [&](unsigned key) {
+      if ((key & mask) == prefix) {
+        lo = min(lo, key);
+        hi = max(hi, key);
+        hist_add(hist, (key >> shift) & unsigned(bins - 1));
+      }
+    };
     // Once the k-th key's bucket and the keys above it fit the buffer, one scan of the row (or
     // of its copy) collects them, each lane its own keys with one atomic a piece (a step, from
     // the copy: StepMarks), and this pass, the
     // later ones and the gather read the buffer alone. A key is at or above the prefix when
-    // key >= prefix: the prefix has no bits below the mask.
+    // key >= prefix: the prefix has no bits below the mask. The collect from the copy counts
+    // this pass as it appends (`counted`), where a walk over the lists cost 16384 K=256
+    // tie-heavy float32 (1024 ties of the k-th key) 0.1 warp instructions a key; the collect
+    // from the row leaves it to the lists: counting there took the sm_100 kernels of K=1024
+    // and 2048 on 256 threads past the radix budget of 96 registers.
+    bool counted = false;
     if (SMEM_BYTES > 0 && pass > 0 && source != kBuffer && state.bucket <= buffer_capacity - (k - state.remaining)) {
       auto collect = [&](const uint4& keys, int first, int got) {
         unsigned keep = 0u;
@@ -996,7 +1018,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
           marks.mark(keep, 0u, first);
         };
         auto append_marked = [&] {
-          marks.template append<Bits>(0, &counters[2], copy, buffer, 0x7fffffff);
+          marks.template append<Bits>(0, &counters[2], copy, buffer, 0x7fffffff, count_key);
           marks.next_step();
           return false;  // every step is walked
         };
@@ -1005,11 +1027,11 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
       } else {
         global_row.template for_each<false>(as_keys<T>(collect, largest));
       }
+      counted = source == kSharedRow;
       source = kBuffer;
       __syncthreads();
       held = (counters[2] - thread_index() + THREADS - 1) / THREADS;  // the compact fill's lists
     }
-    unsigned lo = ~0u, hi = 0u;
     // Counts the keys of a piece (see piece_keys) that match the prefix (bits j < got); the
     // span of the matching ones.
     auto later_pass = [&](const uint4& keys, int, int got) {
@@ -1072,7 +1094,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     } else if (SMEM_BYTES > 0 && source == kSharedRow) {
       const View shared_row(copy, n);
       shared_row.template for_each<true>(later_pass);
-    } else if (SMEM_BYTES > 0) {
+    } else if (SMEM_BYTES > 0 && !counted) {
       // Each thread also drops the keys of its list below the prefix's bucket (never one of the
       // top k; the prefix has no bits below the mask, so key >= prefix is key & mask >= prefix).
       int kept = 0;
@@ -1080,13 +1102,12 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
       for (int s = 0; s < held; ++s) {
         const u64 entry = buffer[s * THREADS + thread_index()];
         const unsigned key = unpack_key(entry);
-        if (key >= prefix) {
-          buffer[kept++ * THREADS + thread_index()] = entry;
-          if ((key & mask) == prefix) {
-            lo = min(lo, key);
-            hi = max(hi, key);
-            hist_add(hist, (key >> shift) & unsigned(bins - 1));
-          }
+        buffer[kept * THREADS + thread_index()] = entry;  // slot kept <= s is read: no branch
+        kept += key >= prefix ? 1 : 0;
+        if ((key & mask) == prefix) {  // a key of the bucket is at or above the prefix
+          lo = min(lo, key);
+          hi = max(hi, key);
+          hist_add(hist, (key >> shift) & unsigned(bins - 1));
         }
       }
       held = kept;
@@ -1211,8 +1232,11 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
       base = atomicAdd(&counters[0], inclusive & 0xffff) | (atomicAdd(&counters[1], inclusive >> 16) << 16);
     base = __shfl_sync(kFullMask, base, 31) + inclusive - counts;
     int out = base & 0xffff, slot = base >> 16;
+    // A thread stops once it has written its keys above and the ties' slots are gone (fast
+    // mode takes every tie; 16384 K=256 tie-heavy float32 writes 256 of 1024).
+    const int out_end = out + (counts & 0xffff);
 #pragma unroll 1
-    for (int s = 0; s < taken; ++s) {
+    for (int s = 0; s < taken && (out < out_end || slot < ties); ++s) {
       const u64 entry = buffer[s * THREADS + t];
       if ((unpack_key(entry) & mask) > prefix) {
         cand[out++] = entry;
