@@ -1099,6 +1099,16 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     } else if (SMEM_BYTES > 0 && source == kSharedRow) {
       const View shared_row(copy, n);
       shared_row.template for_each<true>(later_pass);
+    } else if (SMEM_BYTES > 0 && pass == 0) {
+      // A refill's first pass over the lists has no prefix and drops nothing: a walk that
+      // counts alone (131072 K=1024 float32 0.888 -> 0.808 warp instructions per key, counted).
+#pragma unroll 1
+      for (int s = thread_index(); s < thread_index() + held * THREADS; s += THREADS) {
+        const unsigned key = unpack_key(buffer[s]);
+        lo = min(lo, key);
+        hi = max(hi, key);
+        hist_add(hist, (key >> shift) & unsigned(bins - 1));
+      }
     } else if (SMEM_BYTES > 0 && !counted) {
       // Each thread also drops the keys of its list below the prefix's bucket (never one of the
       // top k; the prefix has no bits below the mask, so key >= prefix is key & mask >= prefix).
