@@ -1000,13 +1000,13 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     };
     // Once the k-th key's bucket and the keys above it fit the buffer, one scan of the row (or
     // of its copy) collects them, each lane its own keys with one atomic a piece (a step, from
-    // the copy: StepMarks), and this pass, the
-    // later ones and the gather read the buffer alone. A key is at or above the prefix when
-    // key >= prefix: the prefix has no bits below the mask. The collect from the copy counts
-    // this pass as it appends (`counted`), where a walk over the lists cost 16384 K=256
-    // tie-heavy float32 (1024 ties of the k-th key) 0.1 warp instructions a key; the collect
-    // from the row leaves it to the lists: counting there took the sm_100 kernels of K=1024
-    // and 2048 on 256 threads past the radix budget of 96 registers.
+    // the copy: StepMarks), and this pass, the later ones and the gather read the buffer
+    // alone. A key is at or above the prefix when key >= prefix: the prefix has no bits below
+    // the mask. The collect from the copy counts this pass as it appends (`counted`), where a
+    // walk over the lists cost 16384 K=256 tie-heavy float32 (1024 ties of the k-th key) 0.1
+    // warp instructions a key; the collect from the row leaves it to the lists: counting there
+    // took the sm_100 kernels of K=1024 and 2048 on 256 threads past the radix budget of 96
+    // registers.
     bool counted = false;
     if (SMEM_BYTES > 0 && pass > 0 && source != kBuffer && state.bucket <= buffer_capacity - (k - state.remaining)) {
       auto collect = [&](const uint4& keys, int first, int got) {
