@@ -1054,35 +1054,31 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     };
     // The first pass counts every key of the row (no prefix yet) by its top digit; a
     // resident row is copied to shared memory on the way. A whole vector takes no branch.
-    // Its span needs only to tell one key from many. 16-bit keys: a vector's first key joins
-    // lo and hi, and `differ` gathers the vector's words XORed with that key in both halves
-    // (an instruction a word, where a min and a max a key cost 2: 16384 K=256 bfloat16 0.995
-    // -> 0.980 warp instructions per key), so any other key widens the span to every key
-    // below. float32 keeps a min and a max a key: the XOR there counted 1.055 -> 1.069.
-    unsigned differ = 0u;
+    // Its span tells one key from many. Fast mode keeps none while it reads (a min and a max
+    // a key cost 16384 K=256 normal float32 0.795 -> 0.754 warp instructions per key,
+    // bfloat16's XOR a word 0.82 -> 0.78, counted) and asks after it, below. Deterministic
+    // mode's lo ANDs the keys and hi ORs them (16-bit keys: whole words, folded after the
+    // pass), which the passes' reduction (a min of lo, a max of hi) leaves equal only where
+    // every key is that one: the question below took its kernels of K=512 to 2048 on 256
+    // threads from 96 registers, the radix budget, to 100-110 (ptxas, not the live count).
     auto first_pass = [&](const uint4& keys, int first, int got) {
       if (got == 0) return;
       const unsigned key0 = piece_element<Bits>(keys, 0);
       hist_add(hist, key0 >> (KEY_BITS - kDigitBits));
-      lo = min(lo, key0);
-      hi = max(hi, key0);
       if (got == V) {
         if (resident) *reinterpret_cast<uint4*>(copy + first) = keys;
 #pragma unroll
-        for (int j = 1; j < V; ++j) {
-          const unsigned key = piece_element<Bits>(keys, j);
-          hist_add(hist, key >> (KEY_BITS - kDigitBits));
-          if constexpr (sizeof(Bits) == 4) {
-            lo = min(lo, key);
-            hi = max(hi, key);
-          }
+        for (int j = 1; j < V; ++j) hist_add(hist, piece_element<Bits>(keys, j) >> (KEY_BITS - kDigitBits));
+        if constexpr (DETERMINISTIC) {
+          lo &= keys.x & keys.y & keys.z & keys.w;
+          hi |= keys.x | keys.y | keys.z | keys.w;
         }
-        if constexpr (sizeof(Bits) == 2) {
-          const unsigned lanes = key0 * 0x10001u;
-          differ |= (keys.x ^ lanes) | (keys.y ^ lanes) | (keys.z ^ lanes) | (keys.w ^ lanes);
+      } else {  // got == 1
+        if (resident) copy[first] = Bits(key0);
+        if constexpr (DETERMINISTIC) {
+          lo &= sizeof(Bits) == 2 ? key0 * 0x10001u : key0;
+          hi |= sizeof(Bits) == 2 ? key0 * 0x10001u : key0;
         }
-      } else if (resident) {  // got == 1
-        copy[first] = Bits(key0);
       }
     };
     if (pass == 0 && source == kGlobalRow) {
@@ -1095,6 +1091,24 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
         global_row.template for_each<false, true>(as_keys<T, 1>(first_pass, true));
       } else {
         global_row.template for_each<false, true>(as_keys<T, -1>(first_pass, false));
+      }
+      // Fast mode asks a resident row only where one bin holds every key, of its copy: the
+      // row is one key where none differs from the first. A row read from global memory
+      // leaves the question to the next pass's span.
+      if constexpr (DETERMINISTIC) {
+        if (sizeof(Bits) == 2 && lo <= hi) {  // fold the words' halves
+          lo &= (lo >> 16) & 0xffffu;
+          hi = (hi | (hi >> 16)) & 0xffffu;
+        }
+      } else if (resident) {  // block-uniform
+        __syncthreads();
+        const unsigned ref = copy[0];
+        if (hist[ref >> (KEY_BITS - kDigitBits)] == n) {
+          unsigned differ = 0u;
+          for (int i = thread_index(); i < n; i += THREADS) differ |= unsigned(copy[i]) ^ ref;
+          lo = differ != 0u ? 0u : ref;
+          hi = differ != 0u ? KeyTraits<T>::kAll : ref;
+        }
       }
     } else if (source == kGlobalRow) {
       global_row.template for_each<false>(as_keys<T>(later_pass, largest));
@@ -1129,10 +1143,6 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
         }
       }
       held = unsigned(kept - list) / unsigned(THREADS);
-    }
-    if (differ != 0u) {  // the first pass saw two keys: no single key
-      lo = 0u;
-      hi = KeyTraits<T>::kAll;
     }
 #pragma unroll
     for (int offset = 16; offset > 0; offset >>= 1) {

@@ -278,18 +278,39 @@ def test_ties_that_never_fit_the_buffer_are_read_in_order():
 
 @pytest.mark.parametrize("kernel", KERNELS, ids=["-".join(k) for k in KERNELS])
 def test_all_equal_and_masked_rows(kernel):
-    """All-equal rows: one pass finds the single key, the gather reads the row again. Rows
-    of -inf with fewer finite values than k: the second pass finds -inf alone in its
-    bucket. With more finite values than k: their bucket is collected."""
+    """All-equal rows: deterministic mode's first pass finds the single key, and the gather
+    reads the row again; fast mode's first pass keeps no span, so a row it reads from global
+    memory learns it is one key in the second pass. Rows of -inf with fewer finite values than
+    k: the second pass finds -inf alone in its bucket. With more finite values than k: their
+    bucket is collected."""
     n = 3001
     same = np.full((2, n), 0.75, NP_TYPES[kernel[1]])
     few = _masked(kernel[1], 2, n, finite=20)
     many = _masked(kernel[1], 2, n, finite=300)
     reads = tuple(_reads(_run(kernel, x), x) for x in (same, few, many))
+    same_reads = 2.0 if kernel[2] == "deterministic" else 3.0
     if _spec(*kernel).dynamic_shared_bytes == 0:
-        assert reads[:2] == (2.0, 3.0) and reads[2] <= 4.0
+        assert reads[:2] == (same_reads, 3.0) and reads[2] <= 4.0
     else:  # deterministic mode reads the row once more when ties at the k-th key are split
-        assert reads[:2] == (2.0, 3.0) and reads[2] in ((2.0,) if kernel[2] == "fast" else (2.0, 3.0))
+        assert reads[:2] == (same_reads, 3.0) and reads[2] in ((2.0,) if kernel[2] == "fast" else (2.0, 3.0))
+
+
+@pytest.mark.parametrize("kernel", [k for k in KERNELS if k[0] == "sm_90"], ids=lambda k: "-".join(k))
+def test_a_resident_row_of_one_key_takes_one_histogram(kernel):
+    """A resident row whose keys are all one value is found to be one key after the first
+    pass, in both modes (fast mode asks the copy where one bin holds every key): the shared
+    atomics are that pass's histogram and the gather's appends, not a second histogram. A row
+    of two values in one bin (the top digit alike) takes the later passes, and is right."""
+    n = 200  # resident: the sm_90 rule's 1 KB holds 253 float32 keys
+    assert n <= _spec(*kernel).dynamic_shared_bytes // np.dtype(NP_TYPES[kernel[1]]).itemsize - 3
+    same = np.full((2, n), 0.75, NP_TYPES[kernel[1]])
+    counters = _run(kernel, same)
+    assert _reads(counters, same) == 1.0
+    assert n * 2 <= counters.shared_atomics < 2 * n * 2, counters.shared_atomics
+    near = same.copy()
+    near[:, 7] = np.array(0.78125, NP_TYPES[kernel[1]])  # 0.75 + 2^-5: the same top 11 bits
+    counters = _run(kernel, near, k=K)
+    assert counters.shared_atomics >= 2 * n * 2, counters.shared_atomics
 
 
 @pytest.mark.parametrize("kernel", KERNELS, ids=["-".join(k) for k in KERNELS])
