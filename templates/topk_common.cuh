@@ -54,21 +54,71 @@ __device__ __forceinline__ unsigned select_key(typename KeyTraits<T>::Bits raw, 
 // select_key of a whole 32-bit word: one float32, or two 16-bit keys side by side (SIMD
 // within the register: no carry crosses the halves), each as select_key makes it. `invert`
 // is 0 for largest and all ones for smallest.
-template <typename T>
+// CANON false leaves a NaN's key as the flip makes it (see nan_max): exact for a word with none.
+template <typename T, bool CANON = true>
 __device__ __forceinline__ unsigned word_select_keys(unsigned w, unsigned invert) {
   typedef KeyTraits<T> Tr;
   if constexpr (Tr::kBits == 32) {
     const unsigned flip = unsigned(int(w) >> 31) | Tr::kSign;  // negatives: every bit; others: the sign
+    if constexpr (!CANON) return (w ^ flip) ^ invert;
     const float f = __uint_as_float(w);
     return (f != f ? Tr::kAll : w ^ flip) ^ invert;  // NaN: one float compare, not a mask and an integer one
   } else {
     constexpr unsigned kLow = 0x00010001u, kSigns = Tr::kSign * kLow;
     const unsigned negative = (w >> 15) & kLow;                  // 1 in each half whose sign is set
     const unsigned flipped = w ^ (negative * 0xffffu | kSigns);  // as the 32-bit flip, per half
+    if constexpr (!CANON) return flipped ^ invert;
     // A half is NaN when its magnitude exceeds kExp: adding 0x7fff - kExp carries into its bit 15.
     const unsigned nan = (((w & ~kSigns) + (0x7fffu - Tr::kExp) * kLow) >> 15) & kLow;
     return (flipped | nan * 0xffffu) ^ invert;
   }
+}
+
+// Whether a word of input holds a NaN (one float32, or either of two 16-bit values).
+template <typename T>
+__device__ __forceinline__ bool word_has_nan(unsigned w) {
+  typedef KeyTraits<T> Tr;
+  if constexpr (Tr::kBits == 32) return (w & ~Tr::kSign) > Tr::kExp;
+  else return (w & ~Tr::kSign & Tr::kAll) > Tr::kExp || ((w >> 16) & ~Tr::kSign) > Tr::kExp;
+}
+
+// A running maximum of input words that is NaN (in a half, for 16-bit values) once any word
+// was: word_has_nan of it says whether a NaN was seen. One instruction a word on sm_80 and
+// later (max.NaN), where a NaN's canonical key cost a compare and a select a key. The
+// emulator takes the #else: each function is one site of the instruction counter, so that
+// it charges a call the instructions the GPU's path compiles to.
+__device__ __forceinline__ unsigned nan_max_f32(unsigned acc, unsigned w) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  unsigned out;
+  asm("max.NaN.f32 %0, %1, %2;" : "=r"(out) : "r"(acc), "r"(w));
+  return out;
+#else
+  return (w & 0x7fffffffu) > 0x7f800000u ? w : acc;
+#endif
+}
+__device__ __forceinline__ unsigned nan_max_bf16x2(unsigned acc, unsigned w) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  unsigned out;
+  asm("max.NaN.bf16x2 %0, %1, %2;" : "=r"(out) : "r"(acc), "r"(w));
+  return out;
+#else
+  return (w & 0x7fffu) > 0x7f80u || ((w >> 16) & 0x7fffu) > 0x7f80u ? w : acc;
+#endif
+}
+__device__ __forceinline__ unsigned nan_max_f16x2(unsigned acc, unsigned w) {
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800
+  unsigned out;
+  asm("max.NaN.f16x2 %0, %1, %2;" : "=r"(out) : "r"(acc), "r"(w));
+  return out;
+#else
+  return (w & 0x7fffu) > 0x7c00u || ((w >> 16) & 0x7fffu) > 0x7c00u ? w : acc;
+#endif
+}
+template <typename T>
+__device__ __forceinline__ unsigned nan_max(unsigned acc, unsigned w) {
+  if constexpr (KeyTraits<T>::kBits == 32) return nan_max_f32(acc, w);
+  else if constexpr (KeyTraits<T>::kExp == 0x7f80u) return nan_max_bf16x2(acc, w);
+  else return nan_max_f16x2(acc, w);
 }
 
 // The input bits of a key, so that output values need no second read. Every NaN shares one
@@ -130,11 +180,11 @@ __device__ __forceinline__ Bits piece_element(const uint4& q, int j) {
 // The selection keys of a piece's elements, in the piece's layout: element j's key is
 // piece_element<Bits>(keys, j). The passes turn a piece into keys once, so that their
 // per-key loops read a key where they need it and keep no raw copy alive beside it.
-template <typename T>
+template <typename T, bool CANON = true>
 __device__ __forceinline__ uint4 piece_keys(const uint4& q, bool largest) {
   const unsigned invert = largest ? 0u : ~0u;
-  return make_uint4(word_select_keys<T>(q.x, invert), word_select_keys<T>(q.y, invert),
-                    word_select_keys<T>(q.z, invert), word_select_keys<T>(q.w, invert));
+  return make_uint4(word_select_keys<T, CANON>(q.x, invert), word_select_keys<T, CANON>(q.y, invert),
+                    word_select_keys<T, CANON>(q.z, invert), word_select_keys<T, CANON>(q.w, invert));
 }
 
 // A piece visitor f(keys, first, got) served the raw pieces of a row in global memory: each
@@ -145,6 +195,17 @@ template <typename T, int DIRECTION = 0, typename F>
 __device__ __forceinline__ auto as_keys(F& f, bool largest) {
   const bool up = DIRECTION == 0 ? largest : DIRECTION > 0;
   return [&f, up](const uint4& q, int first, int got) { f(piece_keys<T>(q, up), first, got); };
+}
+
+// as_keys, where NAN_AFTER makes no NaN canonical and keeps nan_max of the pieces in `seen`
+// instead: the first pass asks once after it (a row with a NaN takes it again, canonical).
+template <typename T, bool NAN_AFTER, int DIRECTION = 0, typename F>
+__device__ __forceinline__ auto as_keys_nan_after(F& f, bool largest, unsigned& seen) {
+  const bool up = DIRECTION == 0 ? largest : DIRECTION > 0;
+  return [&f, &seen, up](const uint4& q, int first, int got) {
+    if constexpr (NAN_AFTER) seen = nan_max<T>(nan_max<T>(seen, q.x), nan_max<T>(q.y, nan_max<T>(q.z, q.w)));
+    f(piece_keys<T, !NAN_AFTER>(q, up), first, got);
+  };
 }
 
 // ----------------------------------------------------------------------------- warp and block
@@ -965,6 +1026,11 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
   // The stream and float32's first pass run a copy per direction where the launch bounds leave
   // a thread 64 registers or more; at 32 (1024 threads, 2 CTAs per SM) the copies spill.
   constexpr bool kCopyPerDirection = 65536 / (THREADS * MIN_CTAS) >= 64;
+  // The first pass leaves NaNs as the flip makes them and asks after it whether the row had
+  // one (nan_max), where the launch bounds cap a thread below 128 registers. Above it ptxas
+  // took the kernels of K=512 to 2048 on 256 threads (2 CTAs per SM) from 96 registers, the
+  // radix budget, to 104-110, their live count unchanged.
+  constexpr bool kNanAfter = 65536 / (THREADS * MIN_CTAS) < 128;
   constexpr bool kStreams = KR > 0 && SMEM_BYTES > 0 && THREADS < 1024;
   const bool stream = kStreams && !resident && list_capacity - kStepKeys >= (k + THREADS - 1) / THREADS;
   int step = 0;  // the stream's next step of for_each
@@ -1100,13 +1166,41 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     if (pass == 0 && source == kGlobalRow) {
       // float32: a copy per direction, whose key transform folds the invert away (make
       // bench-kernels, 4096 x 16384 K=256: 0.82 -> 0.79 warp instructions per key; 16-bit keys
-      // invert two keys an instruction, and there a second copy counted 0.839 -> 0.873).
+      // invert two keys an instruction, and there a second copy counted 0.839 -> 0.873). No
+      // NaN is made one key (kNanAfter): a max.NaN a word, where a compare and a select a key
+      // cost 16384 K=256 normal float32 0.766 -> 0.733 warp instructions per key, bfloat16's
+      // carry test 0.782 -> 0.735 (counted); a row that held a NaN is counted again below.
+      unsigned seen = 0u;
       if constexpr (sizeof(Bits) == 2 || !kCopyPerDirection) {
-        global_row.template for_each<false, true>(as_keys<T>(first_pass, largest));
+        global_row.template for_each<false, true>(as_keys_nan_after<T, kNanAfter>(first_pass, largest, seen));
       } else if (largest) {
-        global_row.template for_each<false, true>(as_keys<T, 1>(first_pass, true));
+        global_row.template for_each<false, true>(as_keys_nan_after<T, kNanAfter, 1>(first_pass, true, seen));
       } else {
-        global_row.template for_each<false, true>(as_keys<T, -1>(first_pass, false));
+        global_row.template for_each<false, true>(as_keys_nan_after<T, kNanAfter, -1>(first_pass, false, seen));
+      }
+      const bool nan = kNanAfter && word_has_nan<T>(seen);
+      if (kNanAfter && __syncthreads_or(nan)) {  // block-uniform: a row with a NaN counts again, every NaN one key
+        clear_bins<THREADS>(hist, bins);
+        lo = ~0u;
+        hi = 0u;
+        __syncthreads();
+        if (resident) {  // from its copy, still read once: a NaN's key lies past an infinity's
+          constexpr unsigned kTop = KeyTraits<T>::kExp | KeyTraits<T>::kSign, kBottom = ~kTop & KeyTraits<T>::kAll;
+          for (int i = thread_index(); i < n; i += THREADS) {
+            unsigned key = copy[i];
+            if (key > kTop || key < kBottom) {
+              key = largest ? KeyTraits<T>::kAll : 0u;
+              copy[i] = Bits(key);
+            }
+            hist_add(hist, key >> (KEY_BITS - kDigitBits));
+            if constexpr (DETERMINISTIC) {
+              lo &= sizeof(Bits) == 2 ? key * 0x10001u : key;
+              hi |= sizeof(Bits) == 2 ? key * 0x10001u : key;
+            }
+          }
+        } else {
+          global_row.template for_each<false, true>(as_keys<T>(first_pass, largest));
+        }
       }
       // Fast mode asks a resident row only where one bin holds every key, of its copy: the
       // row is one key where none differs from the first. A row read from global memory
