@@ -1034,6 +1034,9 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
   constexpr bool kStreams = KR > 0 && SMEM_BYTES > 0 && THREADS < 1024;
   const bool stream = kStreams && !resident && list_capacity - kStepKeys >= (k + THREADS - 1) / THREADS;
   int step = 0;  // the stream's next step of for_each
+  // Counted once: the rounds' tests recomputed it after the first pass's NaN question came in
+  // (131072 K=1024 normal bfloat16 0.803 -> 0.796 warp instructions per key, counted).
+  const int row_steps = global_row.steps();
   if (thread_index() == 0) {
     counters[0] = counters[1] = counters[2] = 0;
     state = RadixState{0u, 0u, k, n, stream ? int(kBuffer) : int(kGlobalRow)};
@@ -1055,7 +1058,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
       step = stream_above<T, -1, THREADS>(global_row, step, bound, buffer, held, room, false);
     }
   }
-  const bool refill = stream && step < global_row.steps();
+  const bool refill = stream && step < row_steps;
   bool refilled = false;
   for (int pass = 0; pass < PASSES; ++pass) {
     counter_phase(pass == 0 ? "histogram, first pass" : "histogram, later passes");
@@ -1410,7 +1413,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     global_row.template for_each<false>(as_keys<T>(gather, largest));
   }
   __syncthreads();
-  if (!stream || step == global_row.steps()) break;  // block-uniform
+  if (!stream || step == row_steps) break;  // block-uniform
   // The buffer is full: its top k become the buffer, and the floor rises to their smallest
   // key. When that key is exact and the top one (NaN), no later key can be in the top k.
   for (int i = thread_index(); i < k; i += THREADS) buffer[i] = cand[i];
@@ -1423,7 +1426,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     counters[0] = counters[1] = 0;
   }
   __syncthreads();
-  if (stream_steps_done) step = global_row.steps();  // block-uniform
+  if (stream_steps_done) step = row_steps;  // block-uniform
   }  // the stream's rounds
 
   // Sort and write. Values are rebuilt from the keys; only NaNs (one key for every payload)
