@@ -302,7 +302,8 @@ def test_a_resident_row_of_one_key_takes_one_histogram(kernel):
     atomics are that pass's histogram and the gather's appends, not a second histogram. A row
     of two values in one bin (the top digit alike) takes the later passes, and is right."""
     n = 200  # resident: the sm_90 rule's 1 KB holds 253 float32 keys
-    assert n <= _spec(*kernel).dynamic_shared_bytes // np.dtype(NP_TYPES[kernel[1]]).itemsize - 3
+    spec = _spec(*kernel)
+    assert n <= spec.dynamic_shared_bytes // np.dtype(NP_TYPES[kernel[1]]).itemsize - (spec.vector_width - 1)
     same = np.full((2, n), 0.75, NP_TYPES[kernel[1]])
     counters = _run(kernel, same)
     assert _reads(counters, same) == 1.0
