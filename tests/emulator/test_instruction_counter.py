@@ -175,14 +175,20 @@ def test_partial_unroll_sass_is_the_hand_counted_one(counter):
     """The SASS the hand counts above were read from: 1 + 16 stores in the two loops
     (their back-edge ranges), 8 + 4 in the blocks after them, 29 in all."""
     own = [i for i in counter.instructions if i.function == "partial_unroll"]
-    labels = label_addresses(nvrtc_cubin(counter.source, counter.name, counter.arch, ["-lineinfo"]))
-    ranges = [(labels[re.search(r"(\.L_x_\d+)", i.text).group(1)], i.address) for i in own
-              if i.opcode == "BRA" and labels[re.search(r"(\.L_x_\d+)", i.text).group(1)] < i.address]
+    ranges = _back_edges(counter, own)
     stores = [i.address for i in own if i.opcode == "STS"]
     assert sorted(sum(lo <= a <= hi for a in stores) for lo, hi in ranges) == [1, 16]
     assert len(stores) == 29
     assert counter.map.copies[next(s.id for s in counter.inst.sites if s.kind == "loop"
                                     and s.first_line == _line_of(counter, "i += 256) s[i] = i;"))] == (17, 12)
+
+
+def _back_edges(counter: Counter, own: list) -> list[tuple[int, int]]:
+    """(target, branch) of every backward branch among one function's instructions."""
+    labels = label_addresses(nvrtc_cubin(counter.source, counter.name, counter.arch, ["-lineinfo"]))
+    targets = [(labels[m.group(1)], i.address) for i in own
+               if i.opcode == "BRA" and (m := re.search(r"(\.L_x_\d+)", i.text))]
+    return [(lo, hi) for lo, hi in targets if lo < hi]
 
 
 def _line_of(counter: Counter, text: str) -> int:
@@ -200,6 +206,63 @@ def test_partially_unrolled_loop(counter, trips):
     c = counter.module().launch("partial_unroll", 1, THREADS, [x, out, np.int32(trips)], counters=True)
     assert np.array_equal(out, ((np.arange(THREADS) * 7) & 255) + x)
     assert counter.count(c, "partial_unroll").warp_instructions == pytest.approx(WARPS * expect, rel=rel)
+
+
+# pragma_unroll4 (`#pragma unroll 4`, a runtime trip count), read off its SASS (per warp, T
+# trips): 16 to the loop guard, 7 to the T >= 4 test, 3 of set-up, 26 per trip of a 4-copy
+# loop, 1 to the remainder test, 11 per trip of a 1-copy remainder loop, 5 to EXIT.
+#   T=1: 40, T=4: 58, T=8: 84, T=32: 240.
+# The counter charges each trip a fifth of the 5 copies (7.2 a trip against 6.5 in the
+# 4-copy loop): +8% at 8 trips, +10% at 32. It once took the pragma for a full unroll and
+# charged the loop once per entry: 69 at every T.
+PRAGMA4 = {1: (40, 0.05), 4: (58, 0.08), 8: (84, 0.1), 32: (240, 0.12)}
+
+
+def test_pragma_unroll_sass_is_the_hand_counted_one(counter):
+    """The SASS the hand counts above were read from: 4 + 1 loads in the two loops' back-edge
+    ranges, none outside them; the counter finds 5 copies."""
+    own = [i for i in counter.instructions if i.function == "pragma_unroll4"]
+    loads = [i.address for i in own if i.opcode == "LDS"]
+    assert sorted(sum(lo <= a <= hi for a in loads) for lo, hi in _back_edges(counter, own)) == [1, 4]
+    assert len(loads) == 5
+    assert counter.map.copies[next(s.id for s in counter.inst.sites if s.kind == "loop"
+                                    and s.first_line == _line_of(counter, "acc += s[(threadIdx.x + i) & 255] ^ i;"))] == (5, 0)
+
+
+@pytest.mark.parametrize("trips", sorted(PRAGMA4))
+def test_a_loop_under_pragma_unroll_n_is_charged_per_trip(counter, trips):
+    expect, rel = PRAGMA4[trips]
+    x = np.arange(THREADS, dtype=np.int32)
+    out = np.zeros(THREADS, np.int32)
+    c = counter.module().launch("pragma_unroll4", 1, THREADS, [x, out, np.int32(trips)], counters=True)
+    t = np.arange(THREADS)
+    assert np.array_equal(out, sum(((t + i) & 255) ^ i for i in range(trips)))
+    assert counter.count(c, "pragma_unroll4").warp_instructions == pytest.approx(WARPS * expect, rel=rel)
+
+
+def test_copies_are_told_apart_when_their_line_information_differs():
+    """The large-k path's output loop (`for (long long i = t; i < k; i += THREADS) emit(...)`,
+    float32 and bfloat16 alike) holds 10 copies of its body in its back-edge ranges, one load
+    of its candidate (on the loop's own line) in each. NVRTC names one line for the NaN payload's
+    load in some copies and another in the rest; the counter took the fewest of one line for
+    the number of copies and charged each trip every copy (1 x 163840 k=40000 bfloat16
+    unsorted: 4.65 warp instructions per key, where the SASS of an older cubin with the same
+    loop, other lines, had counted 2.99)."""
+    from topkgen import policy
+    from topkgen.build.render import render
+
+    spec = policy.large_kernel(policy.load(), "sm_90", "bfloat16", "fast")
+    counter = Counter(render(spec), spec.name)
+    line = _line_of(counter, "for (long long i = t; i < k; i += THREADS)")
+    site = next(s.id for s in counter.inst.sites if s.kind == "loop" and s.first_line == line)
+    own = [i for i in counter.instructions if i.function == spec.name]
+    ranges = counter.map.ranges[site]
+    candidates = [i for i in own if i.opcode == "LDG.E.64" and i.chain[0][1] == line]
+    inside = sum(any(lo <= i.address <= hi for lo, hi in ranges) for i in candidates)
+    payload_lines = {i.chain[1][1] for i in own if i.opcode == "LDG.E.U16" and len(i.chain) > 2
+                     and i.chain[2][1] == line and any(lo <= i.address <= hi for lo, hi in ranges)}
+    assert inside == 10 and len(payload_lines) == 2
+    assert counter.map.copies[site] == (inside, len(candidates) - inside)
 
 
 @pytest.mark.parametrize("dtype", ["float32", "bfloat16"])

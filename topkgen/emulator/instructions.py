@@ -7,7 +7,9 @@ The method, in three steps (sass.py reads the SASS) (benchmarks/README.md words 
    bodies (a loop without braces is given them), braced if/else branches. It adds no line,
    so line numbers stay those of the source NVRTC compiles. A loop under `#pragma unroll`
    (fully unrolled: its SASS has one copy per iteration) gets a site of kind "unrolled",
-   which the count leaves out of paths (`_fold`); a braced branch written on one line gets
+   which the count leaves out of paths (`_fold`); one under `#pragma unroll N` is a loop like
+   any other, whose SASS says whether it kept a back-edge (a runtime trip count keeps one:
+   tests, charged per trip, not once per entry); a braced branch written on one line gets
    none (the compiler predicates such code).
    On the emulator a site counts a *warp* execution once per distinct instance among the
    warp's lanes (include/topkgen_sim.h, WarpSite): a warp issues a block when any lane runs it.
@@ -169,7 +171,9 @@ def instrument(source: str) -> Instrumented:
         if kind == "pre":
             m = re.match(r"\s*#\s*pragma\s+unroll\b\s*(\d+)?", text)
             if m:
-                pending_unroll = m.group(1) != "1"
+                # `#pragma unroll N` unrolls a runtime trip count partially: the SASS
+                # says whether a back-edge is left (SiteMap), as for a loop with no pragma
+                pending_unroll = m.group(1) is None
             continue
         if kind == "ident" and text in _LOOPS:
             unrolled[i] = pending_unroll
@@ -334,7 +338,9 @@ class SiteMap:
         merged between copies (memory, barrier and warp-collective instructions): for each
         such (inline chain, opcode) the loop holds as its innermost loop (and not inside a
         fully unrolled one), the count inside the ranges and outside; U and R are the least
-        counts (1 and 0 when no such instruction). LLVM's scheme for a runtime trip count
+        counts (1 and 0 when no such instruction), of the opcodes whose keys all agree in
+        count where there are any: NVRTC's line information may differ between copies of one
+        instruction, which splits its copies between keys. LLVM's scheme for a runtime trip count
         (a remainder of up to 3 trips, a body unrolled 16 times, then 8 and 4 at the end)
         gives U + R = 31 copies, any of which a trip may run. A loop inside a fully unrolled
         one is copied once per copy of that one, each copy with back-edges of its own, and
@@ -343,7 +349,7 @@ class SiteMap:
         piece, were charged an eighth of their trips)."""
         inside: dict[int, dict[tuple, int]] = {}
         outside: dict[int, dict[tuple, int]] = {}
-        enclosed: dict[int, set[int]] = {}  # loops inside a fully unrolled one: the ranges hit
+        enclosed: dict[tuple, set[int]] = {}  # (loop, key) inside a fully unrolled loop: the ranges hit
         for ins in _issued(instructions):
             if not _NEVER_MERGED.match(ins.opcode):
                 continue
@@ -356,7 +362,7 @@ class SiteMap:
                 continue  # in a fully unrolled loop inside: one per copy of that loop, not of this one
             key = (ins.chain, ins.opcode)
             if any(h is None for _, h in walk[:at]):
-                enclosed.setdefault(sid, set()).update(
+                enclosed.setdefault((sid, key), set()).update(
                     i for i, (lo, hi) in enumerate(self.ranges[sid]) if lo <= ins.address <= hi)
             side = inside if hit else outside
             side.setdefault(sid, {})
@@ -365,10 +371,18 @@ class SiteMap:
                 self.copy_blocks.setdefault(sid, set()).add(self.block[ins.address, ins.function])
         out = {}
         for sid, counts in inside.items():
-            spread = max(len(enclosed.get(sid, ())), 1)
-            u = min(counts.values()) // spread
+            spread = {key: max(len(enclosed.get((sid, key), ())), 1) for key in counts}
+            per_copy = {key: n // spread[key] for key, n in counts.items()}
+            # NVRTC names one line for an instruction in some copies and another in the rest
+            # (the large-k output loop's NaN payload load: 9 + 1 of its 10 copies), so an
+            # opcode whose keys disagree in count is left out while one agrees
+            counts_of: dict[str, set[int]] = {}
+            for (_, opcode), n in per_copy.items():
+                counts_of.setdefault(opcode, set()).add(n)
+            kept = [key for key in counts if len(counts_of[key[1]]) == 1] or list(counts)
+            u = min(per_copy[key] for key in kept)
             rest = outside.get(sid, {})
-            r = min(rest.get(key, 0) for key in counts) // spread
+            r = min(rest.get(key, 0) // spread[key] for key in kept)
             if u > 1 or r > 0:
                 out[sid] = (u, r)
         return out

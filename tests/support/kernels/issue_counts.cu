@@ -107,3 +107,15 @@ extern "C" __global__ void direction_copies(const int* in, int* out, int rounds,
   }
   out[threadIdx.x] = acc;
 }
+
+// A loop under `#pragma unroll 4` with a runtime trip count: NVRTC keeps a loop of four
+// copies of the body, each trip of which runs four of the source's trips.
+extern "C" __global__ void pragma_unroll4(const int* in, int* out, int trips) {
+  __shared__ int s[256];
+  s[threadIdx.x] = in[threadIdx.x];
+  __syncthreads();
+  int acc = 0;
+#pragma unroll 4
+  for (int i = 0; i < trips; ++i) acc += s[(threadIdx.x + i) & 255] ^ i;
+  out[threadIdx.x] = acc;
+}
