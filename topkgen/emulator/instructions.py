@@ -1,16 +1,13 @@
 """Warp instructions a kernel issues: its static SASS weighted by what the emulator counts.
 
-The method, in three steps (sass.py reads the SASS) (benchmarks/README.md words it for readers of the tables):
-
+The method, in three steps (sass.py reads the SASS; benchmarks/README.md words it for readers):
 1. `instrument(source)` inserts a counting site, `::tk::WarpSite tk_ws_(ID);`, at the start of
    every code block of the source the emulator compiles: function and lambda bodies, loop
    bodies (a loop without braces is given them), braced if/else branches. It adds no line,
    so line numbers stay those of the source NVRTC compiles. A loop under `#pragma unroll`
-   (fully unrolled: its SASS has one copy per iteration) gets a site of kind "unrolled",
-   which the count leaves out of paths (`_fold`); one under `#pragma unroll N` is a loop like
-   any other, whose SASS says whether it kept a back-edge (a runtime trip count keeps one:
-   tests, charged per trip, not once per entry); a braced branch written on one line gets
-   none (the compiler predicates such code).
+   (one SASS copy per iteration) gets a site of kind "unrolled", left out of paths (`_fold`);
+   under `#pragma unroll N` the SASS says (tests: a runtime trip count is charged per trip);
+   a braced branch written on one line gets none (the compiler predicates such code).
    On the emulator a site counts a *warp* execution once per distinct instance among the
    warp's lanes (include/topkgen_sim.h, WarpSite): a warp issues a block when any lane runs it.
 2. `sass(source, name, arch)` compiles the very same source with NVRTC and `-lineinfo` (the
@@ -25,12 +22,11 @@ The method, in three steps (sass.py reads the SASS) (benchmarks/README.md words 
 What it cannot see: stalls, replays (bank conflicts, uncoalesced accesses), dual issue and
 scheduling; code the compiler moved across blocks (hoisted out of a loop it is still charged
 per trip), predicated code (charged as its block: a branch no lane takes costs nothing
-here, though a predicated one still issues). A loop whose body has no backward branch in
-SASS is taken as fully unrolled and charged as its enclosing block: each SASS copy of its
-body once per execution of that block (tests: SHFL charged exactly the emulator's warp
-shuffles in loops NVRTC unrolls on its own); a loop with no condition (`for (;;)`) never
-is, since NVRTC may name another line for its backward branch (tests: the radix stream's
-rounds, whose loads were charged once per row, not per round). A loop the compiler
+here, though a predicated one still issues). A loop with no backward branch in SASS is
+taken as fully unrolled, each SASS copy of its body charged once per execution of its
+enclosing block (tests: SHFL exactly the emulator's warp shuffles); a loop with no
+condition (`for (;;)`) never is: NVRTC may name another line for its backward branch
+(tests: the radix stream's rounds). A loop the compiler
 unrolled partially (U copies in its back-edge ranges, R remainder copies outside them,
 told apart by their memory, barrier and collective instructions) is charged one copy per
 trip, and its guards and dispatch once per entry whether taken or not: few trips per entry
@@ -38,8 +34,8 @@ are overcounted (tests: +32% at 1 trip, within 5% from 8). A loop inside a fully
 one has a copy per trip of that one (tests: a bit walk per piece, charged every trip). Two
 copies of one function called from one line (`c ? f<true>() : f<false>()`) share a path,
 and both are charged for each call: a kernel keeps such copies in arms of their own (tests:
-charged for the arm taken). Counts are
-exact integers; per-key figures are divided, not rounded, and printed to 2 decimals.
+charged for the arm taken). Counts are exact integers; per-key figures are divided, not
+rounded, and printed to 2 decimals.
 """
 
 from __future__ import annotations
@@ -171,8 +167,7 @@ def instrument(source: str) -> Instrumented:
         if kind == "pre":
             m = re.match(r"\s*#\s*pragma\s+unroll\b\s*(\d+)?", text)
             if m:
-                # `#pragma unroll N` unrolls a runtime trip count partially: the SASS
-                # says whether a back-edge is left (SiteMap), as for a loop with no pragma
+                # `#pragma unroll N`: the SASS says whether a back-edge is left (SiteMap)
                 pending_unroll = m.group(1) is None
             continue
         if kind == "ident" and text in _LOOPS:
@@ -333,20 +328,18 @@ class SiteMap:
 
     def _copies(self, instructions: list["Instruction"]) -> dict[int, tuple[int, int]]:
         """(U, R) of every loop the compiler unrolled partially: U copies of the body inside
-        its back-edge ranges, R remainder copies outside them (the trips left over, run before
-        or after the unrolled loop). A copy is recognised by the instructions that are never
-        merged between copies (memory, barrier and warp-collective instructions): for each
-        such (inline chain, opcode) the loop holds as its innermost loop (and not inside a
-        fully unrolled one), the count inside the ranges and outside; U and R are the least
-        counts (1 and 0 when no such instruction), of the opcodes whose keys all agree in
-        count where there are any: NVRTC's line information may differ between copies of one
-        instruction, which splits its copies between keys. LLVM's scheme for a runtime trip count
-        (a remainder of up to 3 trips, a body unrolled 16 times, then 8 and 4 at the end)
-        gives U + R = 31 copies, any of which a trip may run. A loop inside a fully unrolled
-        one is copied once per copy of that one, each copy with back-edges of its own, and
-        _fold already spreads its executions over those copies: its counts are divided by the
-        number of its back-edge ranges that hold them (the radix stream's appends, one walk a
-        piece, were charged an eighth of their trips)."""
+        its back-edge ranges, R remainder copies outside them (trips left over, run before or
+        after). Copies are told by the instructions never merged between them (memory,
+        barrier, warp-collective): for each such (inline chain, opcode) whose innermost loop
+        it is (not inside a fully unrolled one), the count inside the ranges and outside; U
+        and R are the least counts (1 and 0 without any), over the opcodes whose keys agree
+        in count where some do (line information may differ between copies of one
+        instruction). LLVM's scheme for a runtime trip count (a remainder of up to 3 trips,
+        copies of 16, then 8 and 4) gives U + R = 31 copies, any of which a trip may run. A
+        loop inside a fully unrolled one has a copy, with back-edges, per copy of that one,
+        over which _fold spreads its executions: a key's counts are divided by the number of
+        the loop's back-edge ranges that hold it (the radix stream's appends, a walk a piece,
+        were charged an eighth of their trips)."""
         inside: dict[int, dict[tuple, int]] = {}
         outside: dict[int, dict[tuple, int]] = {}
         enclosed: dict[tuple, set[int]] = {}  # (loop, key) inside a fully unrolled loop: the ranges hit
@@ -373,13 +366,9 @@ class SiteMap:
         for sid, counts in inside.items():
             spread = {key: max(len(enclosed.get((sid, key), ())), 1) for key in counts}
             per_copy = {key: n // spread[key] for key, n in counts.items()}
-            # NVRTC names one line for an instruction in some copies and another in the rest
-            # (the large-k output loop's NaN payload load: 9 + 1 of its 10 copies), so an
-            # opcode whose keys disagree in count is left out while one agrees
-            counts_of: dict[str, set[int]] = {}
-            for (_, opcode), n in per_copy.items():
-                counts_of.setdefault(opcode, set()).add(n)
-            kept = [key for key in counts if len(counts_of[key[1]]) == 1] or list(counts)
+            # opcodes whose keys agree (the large-k output loop's NaN payload load: 9 + 1 of 10 do not)
+            agree = {op for _, op in counts if len({n for (_, o), n in per_copy.items() if o == op}) == 1}
+            kept = [key for key in counts if key[1] in agree] or list(counts)
             u = min(per_copy[key] for key in kept)
             rest = outside.get(sid, {})
             r = min(rest.get(key, 0) // spread[key] for key in kept)
