@@ -43,11 +43,9 @@ def _blocks(counter: Counter, kernel: str) -> dict[str, int]:
     own = [i for i in counter.instructions if i.function == kernel]
     last = max(i.address for i in own if i.opcode == "EXIT")
     own = [i for i in own if i.address <= last]  # the padding after EXIT (a self-branch, NOPs)
-    labels = label_addresses(nvrtc_cubin(counter.source, counter.name, counter.arch, ["-lineinfo"]))
-    back = [i for i in own if i.opcode == "BRA" and (m := re.search(r"(\.L_x_\d+)", i.text))
-            and labels[m.group(1)] <= i.address]
+    back = _back_edges(counter, own)
     assert len(back) == 1, f"{kernel}: expected one loop in its SASS"
-    lo, hi = labels[re.search(r"(\.L_x_\d+)", back[0].text).group(1)], back[0].address
+    (lo, hi), = back
     early = [i.address for i in own if i.text.startswith("@") and i.opcode == "EXIT"]
     out = {"entry": sum(i.address < lo for i in own), "loop": sum(lo <= i.address <= hi for i in own),
            "exit": sum(hi < i.address <= last for i in own)}
