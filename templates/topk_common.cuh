@@ -536,8 +536,8 @@ struct RowView {
   // head of an aligned row, a tail past the body's end) calls no f, only stop(). WHOLE: a
   // step whose pieces are all vectors takes no per-piece guard (f sees got == V), at the cost
   // of a second copy of f; the first pass takes it (16384 K=256 float32 1.30 -> 1.25 warp
-  // instructions per key), and so does the stream (131072 K=1024 float32 0.910 -> 0.890); the
-  // other walks gain nothing and it would cost registers.
+  // instructions per key), the stream (131072 K=1024 float32 0.910 -> 0.890) and the collect
+  // from a copy (kWholeCollect); the other walks gain nothing and it would cost registers.
   template <bool SHARED, bool WHOLE = false, typename F, typename Stop = NeverStop>
   __device__ __forceinline__ int for_each(F&& f, int first_step = 0, int end_step = 0x7fffffff,
                                           Stop&& stop = Stop()) const {
@@ -1049,6 +1049,12 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
   // took the kernels of K=512 to 2048 on 256 threads (2 CTAs per SM) from 96 registers, the
   // radix budget, to 104-110, their live count unchanged.
   constexpr bool kNanAfter = 65536 / (THREADS * MIN_CTAS) < 128;
+  // The collect from a resident row's copy walks whole steps with no per-piece guard (WHOLE) in
+  // fast kernels of at most 128 threads (16384 K=256 normal: float32 0.737 -> 0.701, bfloat16
+  // 0.697 -> 0.678 warp instructions per key, counted). Elsewhere ptxas spilled 12 bytes (the
+  // deterministic bfloat16 sm_90 kernels) or took float32 sm_100 kernels of K=1024 and 2048 on
+  // 256 threads to 100-101 registers.
+  constexpr bool kWholeCollect = !DETERMINISTIC && THREADS <= 128;
   constexpr bool kStreams = KR > 0 && SMEM_BYTES > 0 && THREADS < 1024;
   const bool stream = kStreams && !resident && list_capacity - kStepKeys >= (k + THREADS - 1) / THREADS;
   int step = 0;  // the stream's next step of for_each
@@ -1133,7 +1139,11 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
           return false;  // every step is walked
         };
         const View shared_row(copy, n);
-        shared_row.template for_each<true>(mark, 0, 0x7fffffff, append_marked);
+        if constexpr (kWholeCollect) {
+          shared_row.template for_each<true, true>(mark, 0, 0x7fffffff, append_marked);
+        } else {
+          shared_row.template for_each<true>(mark, 0, 0x7fffffff, append_marked);
+        }
       } else {
         global_row.template for_each<false>(as_keys<T>(collect, largest));
       }
