@@ -207,7 +207,8 @@ __device__ __forceinline__ uint4 piece_keys(const uint4& q, bool largest) {
 
 // A piece visitor f(keys, first, got) served the raw pieces of a row in global memory: each
 // piece becomes keys on the way. A resident row's copy in shared memory holds keys already
-// (the first pass stores them), so the passes over it call f directly, with no transform.
+// (the first pass stores them, or copy_to_keys makes them of a copy of words), so the passes
+// over it call f directly, with no transform.
 // DIRECTION as stream_above's: 1 (largest) or -1 (smallest) a constant, 0 reads `largest`.
 template <typename T, int DIRECTION = 0, typename F>
 __device__ __forceinline__ auto as_keys(F& f, bool largest) {
@@ -223,6 +224,16 @@ __device__ __forceinline__ auto as_keys_nan_after(F& f, bool largest, unsigned& 
   return [&f, &seen, up](const uint4& q, int first, int got) {
     if constexpr (NAN_AFTER) seen = nan_max<T>(nan_max<T>(seen, q.x), nan_max<T>(q.y, nan_max<T>(q.z, q.w)));
     f(piece_keys<T, !NAN_AFTER>(q, up), first, got);
+  };
+}
+
+// The first pass over a row whose copy keeps its words (kRawCopy): f sees the words as they
+// are, and `seen` keeps their nan_max, as as_keys_nan_after's.
+template <typename T, typename F>
+__device__ __forceinline__ auto as_words_nan_after(F& f, unsigned& seen) {
+  return [&f, &seen](const uint4& q, int first, int got) {
+    seen = nan_max<T>(nan_max<T>(seen, q.x), nan_max<T>(q.y, nan_max<T>(q.z, q.w)));
+    f(q, first, got);
   };
 }
 
@@ -307,6 +318,11 @@ struct NoKey {
   __device__ __forceinline__ void operator()(unsigned) const {}
 };
 
+// The key of a copy's word, where the copy holds keys (StepMarks::append's default).
+struct KeyIsWord {
+  __device__ __forceinline__ unsigned operator()(unsigned word) const { return word; }
+};
+
 template <int THREADS, int V, int UNROLL>
 struct StepMarks {
   typedef typename MaskOf<(UNROLL * V > 32)>::T Mask;
@@ -325,16 +341,16 @@ struct StepMarks {
 
   // Appends the keys of kind `kind` to out[slot] for the slots `counter` hands out below
   // `limit`, packed with their index in the row, and clears that kind's marks.
-  template <typename Bits, typename OnKey = NoKey>
+  template <typename Bits, typename OnKey = NoKey, typename KeyOf = KeyIsWord>
   __device__ __forceinline__ void append(int kind, int* counter, const Bits* copy, u64* out, int limit,
-                                         OnKey on_key = OnKey()) {
+                                         OnKey on_key = OnKey(), KeyOf key_of = KeyOf()) {
     Mask m = bits[kind];
     if (m != 0u) {
       int slot = atomicAdd(counter, bit_count(m));
       for (; m != 0u && slot < limit; m &= m - 1u) {
         const int b = lowest_bit(m);
         const int index = first + (b / V) * (THREADS * V) + b % V;
-        const unsigned key = copy[index];
+        const unsigned key = key_of(copy[index]);
         on_key(key);
         out[slot++] = pack(key, index);
       }
@@ -383,6 +399,34 @@ __device__ __forceinline__ void gather_append(int* counters, unsigned above_bits
   }
 }
 
+// The collect from a resident row's copy: each step's words w that pass a compare with `bound`
+// (MODE 0: w >= bound, 1: w <= bound, 2 and 3 the same signed) are marked and appended at its
+// end (StepMarks) to out at counter's slots, as key_of makes them keys, each key also given to
+// on_key. WHOLE: RowView::for_each's. The compare is spelled on the loop's line, so that the
+// instruction counter charges its copies as one loop's.
+template <int THREADS, int UNROLL, bool WHOLE, int MODE, typename View, typename Bits, typename KeyOf, typename OnKey>
+__device__ __forceinline__ void collect_marked(const View& row, const Bits* copy, unsigned bound, KeyOf key_of,
+                                               OnKey on_key, int* counter, u64* out) {
+  constexpr int V = View::V;
+  StepMarks<THREADS, V, UNROLL> marks;
+  auto mark = [&](const uint4& words, int first, int got) {
+    unsigned keep = 0u;
+#pragma unroll
+    for (int j = 0; j < V; ++j) {
+      const unsigned w = piece_element<Bits>(words, j);
+      const int s = int(w), b = int(bound);
+      keep |= unsigned(j < got && (MODE == 0 ? w >= bound : MODE == 1 ? w <= bound : MODE == 2 ? s >= b : s <= b)) << j;
+    }
+    marks.mark(keep, 0u, first);
+  };
+  auto append_marked = [&] {
+    marks.template append<Bits>(0, counter, copy, out, 0x7fffffff, on_key, key_of);
+    marks.next_step();
+    return false;  // every step is walked
+  };
+  row.template for_each<true, WHOLE>(mark, 0, 0x7fffffff, append_marked);
+}
+
 // ----------------------------------------------------------------------------- radix digits
 
 // MSB-first digits of 11 bits (the last one narrower): 3 passes for 32-bit keys, 2 for 16-bit.
@@ -391,6 +435,32 @@ constexpr int kMaxBins = 1 << kDigitBits;
 
 __device__ __forceinline__ int digit_shift(int key_bits, int pass) {
   return max(key_bits - (pass + 1) * kDigitBits, 0);
+}
+
+// A first pass's histogram of the words' top digit (kRawCopy) made the keys' one. The flip
+// (word_select_keys) depends on a word's sign alone, which is its bin's top bit: it XORs the
+// bin with 0x400 (largest) or 0x3ff (smallest) where that bit is clear, with 0x7ff or 0 where it
+// is set. So each aligned run of 4 bins goes to one run of 4, reversed where the XOR flips its
+// low bits. Thread t moves runs r x THREADS + t, whose top bit is r's: with the direction a
+// constant, the XOR and the reversal are too (a reversal renames registers). Once a row.
+template <int THREADS, bool LARGEST>
+__device__ __forceinline__ void word_bins_to_key_bins(int* hist) {
+  constexpr int kRuns = kMaxBins / 4 / THREADS;
+  static_assert(kMaxBins % (8 * THREADS) == 0, "whole runs a thread, as many in each half");
+  int4 runs[kRuns];
+  __syncthreads();
+#pragma unroll
+  for (int r = 0; r < kRuns; ++r) runs[r] = reinterpret_cast<const int4*>(hist)[r * THREADS + thread_index()];
+  __syncthreads();
+#pragma unroll
+  for (int r = 0; r < kRuns; ++r) {
+    constexpr unsigned kAllBits = kMaxBins - 1, kTopBit = kMaxBins / 2;
+    const unsigned flip = r >= kRuns / 2 ? (LARGEST ? kAllBits : 0u) : (LARGEST ? kTopBit : kAllBits >> 1);
+    const int4 v = runs[r];
+    reinterpret_cast<int4*>(hist)[unsigned(r * THREADS + thread_index()) ^ (flip >> 2)] =
+        (flip & 1u) ? make_int4(v.w, v.z, v.y, v.x) : v;
+  }
+  __syncthreads();
 }
 
 // hist[0, bins) = 0: 16-byte stores (hist is 16-byte aligned) where bins is a multiple of
@@ -947,7 +1017,9 @@ struct RadixState {
 // is the launch's `shared_bytes` (topkgen.policy.split.SharedMemory), within the SMEM_BYTES it
 // was compiled for (0: none, the global-memory paths alone):
 // - a row of at most shared_bytes is copied to dynamic shared memory by the first pass, and
-//   is read from the copy from then on; the copy holds the keys, so no later pass transforms;
+//   is read from the copy from then on; the copy holds the keys, so no later pass transforms
+//   (kRawCopy: the words, which the collect compares as they are, made keys where a pass or
+//   the gather reads the copy whole);
 // - the first later pass whose bucket (with the k - remaining keys above it) fits the
 //   candidate buffer (past a resident row's copy, or all of dynamic shared memory for a
 //   longer row) starts with one scan of the copy or the row that collects them, and that
@@ -1055,6 +1127,23 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
   // deterministic bfloat16 sm_90 kernels) or took float32 sm_100 kernels of K=1024 and 2048 on
   // 256 threads to 100-101 registers.
   constexpr bool kWholeCollect = !DETERMINISTIC && THREADS <= 128;
+  // Where the collect walks whole steps, a float32 row's copy keeps its words, not their keys
+  // (`copy_raw`): the first pass counts the words' top digit (word_bins_to_key_bins makes the
+  // bins the keys' once) and stores the words, taking no flip, 2 of its 6 instructions a key;
+  // the collect compares words in the order of keys (one compare a key, as before). A copy
+  // that a later pass or the gather reads whole is made keys first (copy_to_keys), once.
+  constexpr bool kRawCopy = kWholeCollect && kNanAfter && KEY_BITS == 32;
+  constexpr unsigned kNanWord = KeyTraits<T>::kAll >> 1;  // a NaN in a raw copy: the top key either way
+  bool copy_raw = false;
+  auto copy_to_keys = [&] {  // block-uniform
+    if (kRawCopy && copy_raw) {
+      const unsigned invert = largest ? 0u : ~0u;
+      __syncthreads();
+      for (int i = thread_index(); i < n; i += THREADS) copy[i] = Bits(word_select_keys<T, false>(copy[i], invert));
+      __syncthreads();
+      copy_raw = false;
+    }
+  };
   constexpr bool kStreams = KR > 0 && SMEM_BYTES > 0 && THREADS < 1024;
   const bool stream = kStreams && !resident && list_capacity - kStepKeys >= (k + THREADS - 1) / THREADS;
   int step = 0;  // the stream's next step of for_each
@@ -1125,24 +1214,28 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
         lane_append<Bits>(&counters[2], keep, keys, first, buffer, 0x7fffffff);
       };
       if (source == kSharedRow) {
-        // From the copy, each step's keys are marked and appended at its end (StepMarks).
-        StepMarks<THREADS, V, UNROLL> marks;
-        auto mark = [&](const uint4& keys, int first, int got) {
-          unsigned keep = 0u;
-#pragma unroll
-          for (int j = 0; j < V; ++j) keep |= (j < got && piece_element<Bits>(keys, j) >= prefix ? 1u : 0u) << j;
-          marks.mark(keep, 0u, first);
-        };
-        auto append_marked = [&] {
-          marks.template append<Bits>(0, &counters[2], copy, buffer, 0x7fffffff, count_key);
-          marks.next_step();
-          return false;  // every step is walked
-        };
+        // From the copy, each step's words whose keys are at or above the prefix are marked and
+        // appended at its end (StepMarks), as keys.
+        const unsigned invert = largest ? 0u : ~0u;
+        auto key_of = [&](unsigned word) { return copy_raw ? word_select_keys<T, false>(word, invert) : word; };
         const View shared_row(copy, n);
-        if constexpr (kWholeCollect) {
-          shared_row.template for_each<true, true>(mark, 0, 0x7fffffff, append_marked);
+        // A word's key is >= the prefix P, in the order of keys (the flip, word_select_keys,
+        // is w ^ 0x80000000 for w >= 0, ~w below; smallest inverts it): largest takes the
+        // words of one unsigned interval, [P ^ 0x80000000, 0x7fffffff] or [0, ~P], smallest
+        // [P, ~0u] or those signed at most ~P ^ 0x80000000: one compare a word either way.
+        constexpr unsigned kSign = KeyTraits<T>::kSign;
+        int* const counter = &counters[2];
+        constexpr bool W = kWholeCollect;
+        if constexpr (!kRawCopy) {
+          collect_marked<THREADS, UNROLL, W, 0>(shared_row, copy, prefix, key_of, count_key, counter, buffer);
+        } else if (!copy_raw || (!largest && prefix >= kSign)) {  // block-uniform
+          collect_marked<THREADS, UNROLL, W, 0>(shared_row, copy, prefix, key_of, count_key, counter, buffer);
+        } else if (largest && prefix >= kSign) {
+          collect_marked<THREADS, UNROLL, W, 2>(shared_row, copy, prefix ^ kSign, key_of, count_key, counter, buffer);
+        } else if (largest) {
+          collect_marked<THREADS, UNROLL, W, 1>(shared_row, copy, ~prefix, key_of, count_key, counter, buffer);
         } else {
-          shared_row.template for_each<true>(mark, 0, 0x7fffffff, append_marked);
+          collect_marked<THREADS, UNROLL, W, 3>(shared_row, copy, ~prefix ^ kSign, key_of, count_key, counter, buffer);
         }
       } else {
         global_row.template for_each<false>(as_keys<T>(collect, largest));
@@ -1195,22 +1288,25 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
       }
     };
     if (pass == 0 && source == kGlobalRow) {
-      // float32: a copy per direction, whose key transform folds the invert away (make
-      // bench-kernels, 4096 x 16384 K=256: 0.82 -> 0.79 warp instructions per key; 16-bit keys
-      // invert two keys an instruction, and there a second copy counted 0.839 -> 0.873). No
-      // NaN is made one key (kNanAfter): a max.NaN a word, where a compare and a select a key
-      // cost 16384 K=256 normal float32 0.766 -> 0.733 warp instructions per key, bfloat16's
-      // carry test 0.782 -> 0.735 (counted); a row that held a NaN is counted again below.
+      // float32: the words (kRawCopy), or a copy per direction, whose key transform folds the
+      // invert away (make bench-kernels, 4096 x 16384 K=256: 0.82 -> 0.79 warp instructions per
+      // key; 16-bit keys invert two keys an instruction, and there a second copy counted 0.839
+      // -> 0.873). No NaN is made one key (kNanAfter): a max.NaN a word, where a compare and a
+      // select a key cost 16384 K=256 normal float32 0.766 -> 0.733 warp instructions per key,
+      // bfloat16's carry test 0.782 -> 0.735 (counted); a row that held a NaN is counted again
+      // below.
       unsigned seen = 0u;
-      if constexpr (sizeof(Bits) == 2 || !kCopyPerDirection) {
+      if constexpr (kRawCopy) {
+        global_row.template for_each<false, true>(as_words_nan_after<T>(first_pass, seen));
+      } else if constexpr (sizeof(Bits) == 2 || !kCopyPerDirection) {
         global_row.template for_each<false, true>(as_keys_nan_after<T, kNanAfter>(first_pass, largest, seen));
       } else if (largest) {
         global_row.template for_each<false, true>(as_keys_nan_after<T, kNanAfter, 1>(first_pass, true, seen));
       } else {
         global_row.template for_each<false, true>(as_keys_nan_after<T, kNanAfter, -1>(first_pass, false, seen));
       }
-      const bool nan = kNanAfter && word_has_nan<T>(seen);
-      if (kNanAfter && __syncthreads_or(nan)) {  // block-uniform: a row with a NaN counts again, every NaN one key
+      const bool row_nan = kNanAfter && __syncthreads_or(word_has_nan<T>(seen));
+      if (row_nan) {  // block-uniform: a row with a NaN counts again, every NaN one key
         clear_bins<THREADS>(hist, bins);
         lo = ~0u;
         hi = 0u;
@@ -1218,9 +1314,9 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
         if (resident) {  // from its copy, still read once: a NaN's key lies past an infinity's
           constexpr unsigned kTop = KeyTraits<T>::kExp | KeyTraits<T>::kSign, kBottom = ~kTop & KeyTraits<T>::kAll;
           for (int i = thread_index(); i < n; i += THREADS) {
-            unsigned key = copy[i];
-            if (key > kTop || key < kBottom) {
-              key = largest ? KeyTraits<T>::kAll : 0u;
+            unsigned key = copy[i];  // or the word (kRawCopy)
+            if (kRawCopy ? word_has_nan<T>(key) : key > kTop || key < kBottom) {
+              key = kRawCopy ? kNanWord : largest ? KeyTraits<T>::kAll : 0u;
               copy[i] = Bits(key);
             }
             hist_add(hist, key >> (KEY_BITS - kDigitBits));
@@ -1233,6 +1329,17 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
           global_row.template for_each<false, true>(as_keys<T>(first_pass, largest));
         }
       }
+      // The bins count words, unless the row was read again as keys (a long row with a NaN).
+      if constexpr (kRawCopy) {
+        if (resident || !row_nan) {  // block-uniform
+          if (largest) {
+            word_bins_to_key_bins<THREADS, true>(hist);
+          } else {
+            word_bins_to_key_bins<THREADS, false>(hist);
+          }
+        }
+      }
+      copy_raw = kRawCopy && resident;
       // Fast mode asks a resident row only where one bin holds every key, of its copy: the
       // row is one key where none differs from the first. A row read from global memory
       // leaves the question to the next pass's span.
@@ -1243,21 +1350,23 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
         }
       } else if (resident) {  // block-uniform
         __syncthreads();
-        const unsigned ref = copy[0];
-        if (hist[ref >> (KEY_BITS - kDigitBits)] == n) {
+        const unsigned ref = copy[0];  // or the word (copy_raw): words are equal where keys are
+        const unsigned ref_key = copy_raw ? word_select_keys<T, false>(ref, largest ? 0u : ~0u) : ref;
+        if (hist[ref_key >> (KEY_BITS - kDigitBits)] == n) {
           unsigned differ = 0u;
           // Four keys a trip (8192 K=128 all-equal float32 1.07 -> 0.99 warp instructions per
           // key, counted); a walk of 16-byte words took the sm_100 K=2048 fast kernels on 256
           // threads to 102-106 registers.
 #pragma unroll 4
           for (int i = thread_index(); i < n; i += THREADS) differ |= unsigned(copy[i]) ^ ref;
-          lo = differ != 0u ? 0u : ref;
-          hi = differ != 0u ? KeyTraits<T>::kAll : ref;
+          lo = differ != 0u ? 0u : ref_key;
+          hi = differ != 0u ? KeyTraits<T>::kAll : ref_key;
         }
       }
     } else if (source == kGlobalRow) {
       global_row.template for_each<false>(as_keys<T>(later_pass, largest));
     } else if (SMEM_BYTES > 0 && source == kSharedRow) {
+      copy_to_keys();
       const View shared_row(copy, n);
       shared_row.template for_each<true>(later_pass);
     } else if (SMEM_BYTES > 0 && pass == 0) {
@@ -1328,6 +1437,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     continue;
   }
   __syncthreads();
+  if (state.source == kSharedRow) copy_to_keys();  // block-uniform
 
   // Gather: cand[0, k - ties) takes the keys above the k-th key's bucket, cand[k - ties, k)
   // the ties needed. Deterministic mode takes the lowest-indexed ties: from the buffer, by a
