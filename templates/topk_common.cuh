@@ -437,32 +437,6 @@ __device__ __forceinline__ int digit_shift(int key_bits, int pass) {
   return max(key_bits - (pass + 1) * kDigitBits, 0);
 }
 
-// A first pass's histogram of the words' top digit (kRawCopy) made the keys' one. The flip
-// (word_select_keys) depends on a word's sign alone, which is its bin's top bit: it XORs the
-// bin with 0x400 (largest) or 0x3ff (smallest) where that bit is clear, with 0x7ff or 0 where it
-// is set. So each aligned run of 4 bins goes to one run of 4, reversed where the XOR flips its
-// low bits. Thread t moves runs r x THREADS + t, whose top bit is r's: with the direction a
-// constant, the XOR and the reversal are too (a reversal renames registers). Once a row.
-template <int THREADS, bool LARGEST>
-__device__ __forceinline__ void word_bins_to_key_bins(int* hist) {
-  constexpr int kRuns = kMaxBins / 4 / THREADS;
-  static_assert(kMaxBins % (8 * THREADS) == 0, "whole runs a thread, as many in each half");
-  int4 runs[kRuns];
-  __syncthreads();
-#pragma unroll
-  for (int r = 0; r < kRuns; ++r) runs[r] = reinterpret_cast<const int4*>(hist)[r * THREADS + thread_index()];
-  __syncthreads();
-#pragma unroll
-  for (int r = 0; r < kRuns; ++r) {
-    constexpr unsigned kAllBits = kMaxBins - 1, kTopBit = kMaxBins / 2;
-    const unsigned flip = r >= kRuns / 2 ? (LARGEST ? kAllBits : 0u) : (LARGEST ? kTopBit : kAllBits >> 1);
-    const int4 v = runs[r];
-    reinterpret_cast<int4*>(hist)[unsigned(r * THREADS + thread_index()) ^ (flip >> 2)] =
-        (flip & 1u) ? make_int4(v.w, v.z, v.y, v.x) : v;
-  }
-  __syncthreads();
-}
-
 // hist[0, bins) = 0: 16-byte stores (hist is 16-byte aligned) where bins is a multiple of
 // 4 x THREADS, as a full digit's 2048 are on 256 threads.
 template <int THREADS>
@@ -479,15 +453,21 @@ __device__ __forceinline__ void clear_bins(int* hist, int bins) {
 // `remaining` have a digit >= d, for any block size: each thread owns a run of bins counted
 // from the top. found = {d, keys still to take inside d's bin, keys in d's bin}.
 template <int THREADS>
-__device__ __forceinline__ void find_digit(const int* hist, int bins, int remaining, int* warp_sums, int* found) {
+__device__ __forceinline__ void find_digit(const int* hist, int bins, int remaining, int* warp_sums, int* found,
+                                           unsigned low_xor = 0u, unsigned high_xor = 0u) {
   constexpr int kPer = (kMaxBins + THREADS - 1) / THREADS;  // a full digit's run
   const int per = (bins + THREADS - 1) / THREADS;
   const int top = bins - int(threadIdx.x) * per;  // this thread owns bins [top - per, top)
+  // Bin b of the digit is counted at hist[b ^ x]: x is high_xor in the digit's upper half, else
+  // low_xor (a first pass that counted words, kRawCopy; 0 otherwise). A thread's bins lie in
+  // one half, and x maps them to as many bins, reversed where it flips their low bits.
+  const unsigned x = top - per >= kMaxBins / 2 ? high_xor : low_xor;
   int count = 0;
   if (kPer * THREADS == kMaxBins && kPer % 4 == 0 && per == kPer) {  // a full digit: 16-byte runs
+    const int first = int(unsigned(top - kPer) ^ x) & ~(kPer - 1);
 #pragma unroll
     for (int i = 0; i < kPer; i += 4) {
-      const int4 q = *reinterpret_cast<const int4*>(hist + top - kPer + i);
+      const int4 q = *reinterpret_cast<const int4*>(hist + first + i);
       count += (q.x + q.y) + (q.z + q.w);
     }
   } else {
@@ -498,7 +478,7 @@ __device__ __forceinline__ void find_digit(const int* hist, int bins, int remain
   int above = block_exclusive_scan<THREADS>(count, warp_sums, total);
   if (above < remaining && remaining <= above + count) {
     for (int i = 1; i <= per; ++i) {
-      const int c = hist[top - i];
+      const int c = hist[unsigned(top - i) ^ x];
       if (remaining <= above + c) {
         found[0] = top - i;
         found[1] = remaining - above;
@@ -1128,13 +1108,14 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
   // 256 threads to 100-101 registers.
   constexpr bool kWholeCollect = !DETERMINISTIC && THREADS <= 128;
   // Where the collect walks whole steps, a float32 row's copy keeps its words, not their keys
-  // (`copy_raw`): the first pass counts the words' top digit (word_bins_to_key_bins makes the
-  // bins the keys' once) and stores the words, taking no flip, 2 of its 6 instructions a key;
+  // (`copy_raw`): the first pass counts the words' top digit (find_digit reads the bins through
+  // the flip) and stores the words, taking no flip, 2 of its 6 instructions a key;
   // the collect compares words in the order of keys (one compare a key, as before). A copy
   // that a later pass or the gather reads whole is made keys first (copy_to_keys), once.
   constexpr bool kRawCopy = kWholeCollect && kNanAfter && KEY_BITS == 32;
   constexpr unsigned kNanWord = KeyTraits<T>::kAll >> 1;  // a NaN in a raw copy: the top key either way
   bool copy_raw = false;
+  bool word_bins = false;  // the first pass's bins count words (find_digit)
   auto copy_to_keys = [&] {  // block-uniform
     if (kRawCopy && copy_raw) {
       const unsigned invert = largest ? 0u : ~0u;
@@ -1330,15 +1311,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
         }
       }
       // The bins count words, unless the row was read again as keys (a long row with a NaN).
-      if constexpr (kRawCopy) {
-        if (resident || !row_nan) {  // block-uniform
-          if (largest) {
-            word_bins_to_key_bins<THREADS, true>(hist);
-          } else {
-            word_bins_to_key_bins<THREADS, false>(hist);
-          }
-        }
-      }
+      word_bins = kRawCopy && (resident || !row_nan);
       copy_raw = kRawCopy && resident;
       // Fast mode asks a resident row only where one bin holds every key, of its copy: the
       // row is one key where none differs from the first. A row read from global memory
@@ -1352,7 +1325,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
         __syncthreads();
         const unsigned ref = copy[0];  // or the word (copy_raw): words are equal where keys are
         const unsigned ref_key = copy_raw ? word_select_keys<T, false>(ref, largest ? 0u : ~0u) : ref;
-        if (hist[ref_key >> (KEY_BITS - kDigitBits)] == n) {
+        if (hist[ref >> (KEY_BITS - kDigitBits)] == n) {  // its word's bin, or its key's
           unsigned differ = 0u;
           // Four keys a trip (8192 K=128 all-equal float32 1.07 -> 0.99 warp instructions per
           // key, counted); a walk of 16-byte words took the sm_100 K=2048 fast kernels on 256
@@ -1419,7 +1392,12 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
       refilled = true;
       break;
     }
-    find_digit<THREADS>(hist, bins, state.remaining, warp_sums, found);
+    // A first pass that counted words (kRawCopy) finds the keys' digit through the flip: it
+    // XORs a key's first digit with 0x7ff (largest) or 0x3ff below the digit's half, with 0x400
+    // or 0 above it, which gives its word's.
+    const bool words = pass == 0 && word_bins;
+    find_digit<THREADS>(hist, bins, state.remaining, warp_sums, found, words ? (largest ? 0x7ffu : 0x3ffu) : 0u,
+                        words ? (largest ? 0x400u : 0u) : 0u);
     if (thread_index() == 0) {
       state.prefix = single_key ? span[0] : prefix | (unsigned(found[0]) << shift);
       state.mask = single_key ? KeyTraits<T>::kAll : mask | (unsigned(bins - 1) << shift);
