@@ -451,10 +451,11 @@ __device__ __forceinline__ void clear_bins(int* hist, int bins) {
 
 // The digit d such that fewer than `remaining` keys have a larger digit and at least
 // `remaining` have a digit >= d, for any block size: each thread owns a run of bins counted
-// from the top. found = {d, keys still to take inside d's bin, keys in d's bin}.
-template <int THREADS>
-__device__ __forceinline__ void find_digit(const int* hist, int bins, int remaining, int* warp_sums, int* found,
-                                           unsigned low_xor = 0u, unsigned high_xor = 0u) {
+// from the top. found = {d, keys still to take inside d's bin, keys in d's bin}. Returns the
+// keys the bins hold.
+template <int THREADS, bool WARP_SEARCH = false>
+__device__ __forceinline__ int find_digit(const int* hist, int bins, int remaining, int* warp_sums, int* found,
+                                          unsigned low_xor = 0u, unsigned high_xor = 0u) {
   constexpr int kPer = (kMaxBins + THREADS - 1) / THREADS;  // a full digit's run
   const int per = (bins + THREADS - 1) / THREADS;
   const int top = bins - int(threadIdx.x) * per;  // this thread owns bins [top - per, top)
@@ -463,32 +464,56 @@ __device__ __forceinline__ void find_digit(const int* hist, int bins, int remain
   // one half, and x maps them to as many bins, reversed where it flips their low bits.
   const unsigned x = top - per >= kMaxBins / 2 ? high_xor : low_xor;
   int count = 0;
-  if (kPer * THREADS == kMaxBins && kPer % 4 == 0 && per == kPer) {  // a full digit: 16-byte runs
-    const int first = int(unsigned(top - kPer) ^ x) & ~(kPer - 1);
+  if (kPer % 4 == 0 && per % 4 == 0 && per * THREADS == bins) {  // whole runs of 16 bytes (per is 2^i)
+    const int first = int(unsigned(top - per) ^ x) & ~(per - 1);
 #pragma unroll
     for (int i = 0; i < kPer; i += 4) {
-      const int4 q = *reinterpret_cast<const int4*>(hist + first + i);
-      count += (q.x + q.y) + (q.z + q.w);
+      if (i < per) {
+        const int4 q = *reinterpret_cast<const int4*>(hist + first + i);
+        count += (q.x + q.y) + (q.z + q.w);
+      }
     }
   } else {
     for (int i = 1; i <= per; ++i)
       if (top - i >= 0) count += hist[top - i];
   }
   int total;
-  int above = block_exclusive_scan<THREADS>(count, warp_sums, total);
-  if (above < remaining && remaining <= above + count) {
+  const int above = block_exclusive_scan<THREADS>(count, warp_sums, total);
+  const bool holds = above < remaining && remaining <= above + count;  // one thread's run holds d
+  // WARP_SEARCH: a run of more than 4 bins (up to 32) is searched by its thread's warp, a bin
+  // a lane, where the thread's walk of up to 16 bins cost 16384 K=256 normal float32 0.666 ->
+  // 0.648 warp instructions per key (counted); a shorter run by its thread, for which the
+  // warp's scan costs more than it saves.
+  if (WARP_SEARCH && per > 4 && per <= 32) {  // block-uniform
+    const unsigned owner = __ballot_sync(kFullMask, holds);
+    if (owner != 0u) {  // warp-uniform
+      const int lane = lane_id(), src = __ffs(int(owner)) - 1;
+      const int run_top = __shfl_sync(kFullMask, top, src), run_above = __shfl_sync(kFullMask, above, src);
+      const int bin = run_top - 1 - lane;
+      const int c = lane < per && bin >= 0 ? hist[unsigned(bin) ^ x] : 0;
+      const int through = run_above + warp_inclusive_scan(c);  // keys at bins >= bin
+      const unsigned reached = __ballot_sync(kFullMask, lane < per && remaining <= through);
+      if (lane == __ffs(int(reached)) - 1) {
+        found[0] = bin;
+        found[1] = remaining - (through - c);
+        found[2] = c;
+      }
+    }
+  } else if (holds) {
+    int before = above;
     for (int i = 1; i <= per; ++i) {
       const int c = hist[unsigned(top - i) ^ x];
-      if (remaining <= above + c) {
+      if (remaining <= before + c) {
         found[0] = top - i;
-        found[1] = remaining - above;
+        found[1] = remaining - before;
         found[2] = c;
         break;
       }
-      above += c;
+      before += c;
     }
   }
   __syncthreads();
+  return total;
 }
 
 // Deterministic ties from the candidate buffer: of the entries whose key is `key`
@@ -1371,15 +1396,23 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
       }
       held = unsigned(kept - list) / unsigned(THREADS);
     }
+    // The span of the keys the pass counted, over the block (span[0], span[1]): equal ends tell
+    // a bucket of one key, known whole. Only a bin that holds every key counted can be one, so
+    // the block reduces it after find_digit, and only then, unless a refill asks first (a
+    // reduction every pass cost 16384 K=256 float32 normal 0.648 -> 0.632, tie-heavy 0.83 ->
+    // 0.80 warp instructions per key, counted).
+    auto reduce_span = [&] {
 #pragma unroll
-    for (int offset = 16; offset > 0; offset >>= 1) {
-      lo = min(lo, __shfl_xor_sync(kFullMask, lo, offset));
-      hi = max(hi, __shfl_xor_sync(kFullMask, hi, offset));
-    }
-    if (lane_id() == 0 && lo <= hi) {
-      atomicMin(&span[0], lo);
-      atomicMax(&span[1], hi);
-    }
+      for (int offset = 16; offset > 0; offset >>= 1) {
+        lo = min(lo, __shfl_xor_sync(kFullMask, lo, offset));
+        hi = max(hi, __shfl_xor_sync(kFullMask, hi, offset));
+      }
+      if (lane_id() == 0 && lo <= hi) {
+        atomicMin(&span[0], lo);
+        atomicMax(&span[1], hi);
+      }
+    };
+    if (refill) reduce_span();  // block-uniform
     // A refill (the stream has more of the row to read) needs room, not the k-th key: once
     // the drop above leaves every list room for a step, the stream reads on from the floor of
     // the bucket found so far. Where that bucket is one key, the k-th so far, the top k
@@ -1387,7 +1420,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     // key is not needed. Reading on from the key's own floor kept every later tie (131072
     // K=1024 tie-heavy float32: 8192 ties walked by every pass and the gather).
     const bool crowded = kStreams ? __syncthreads_or(held > list_capacity - kStepKeys) : (__syncthreads(), true);
-    const bool single_key = span[0] == span[1];  // every key the pass counted is one value
+    bool single_key = refill && span[0] == span[1];  // every key the pass counted is one value
     if (refill && pass > 0 && !crowded && !single_key) {  // block-uniform
       refilled = true;
       break;
@@ -1396,8 +1429,18 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     // XORs a key's first digit with 0x7ff (largest) or 0x3ff below the digit's half, with 0x400
     // or 0 above it, which gives its word's.
     const bool words = pass == 0 && word_bins;
-    find_digit<THREADS>(hist, bins, state.remaining, warp_sums, found, words ? (largest ? 0x7ffu : 0x3ffu) : 0u,
-                        words ? (largest ? 0x400u : 0u) : 0u);
+    // The warp's search of the digit's run (find_digit) where the launch bounds cap a thread
+    // below 128 registers: it took the float32 sm_100 kernels of K=1024 and 2048 on 256 threads
+    // (test_large_k_build's) to 100-101.
+    const unsigned low_xor = words ? (largest ? 0x7ffu : 0x3ffu) : 0u, high_xor = words && largest ? 0x400u : 0u;
+    const int in_bins =
+        find_digit<THREADS, kNanAfter>(hist, bins, state.remaining, warp_sums, found, low_xor, high_xor);
+    if (!refill && found[2] == in_bins) {  // block-uniform: one bin holds every key counted
+      reduce_span();
+      __syncthreads();
+      single_key = span[0] == span[1];
+      __syncthreads();  // read by every thread before the next pass clears it
+    }
     if (thread_index() == 0) {
       state.prefix = single_key ? span[0] : prefix | (unsigned(found[0]) << shift);
       state.mask = single_key ? KeyTraits<T>::kAll : mask | (unsigned(bins - 1) << shift);
