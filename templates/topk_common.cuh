@@ -409,13 +409,22 @@ __device__ __forceinline__ void collect_marked(const View& row, const Bits* copy
                                                OnKey on_key, int* counter, u64* out) {
   constexpr int V = View::V;
   StepMarks<THREADS, V, UNROLL> marks;
+  // 16-bit keys are compared in place, two a word: the high half's as the word against the
+  // bound in the top half (below it, all ones where the compare is <=), the low half's as the
+  // word shifted up; each bit set by a select of its constant, where extracting each half and
+  // a select of 0 or 1, a shift and an OR a key cost 16384 K=256 normal bfloat16 0.662 -> 0.608
+  // warp instructions per key (counted; float32 keeps its form, which counted fewer).
+  constexpr bool kHalves = sizeof(Bits) == 2;
+  const unsigned b = kHalves ? (bound << 16) | (MODE % 2 == 1 ? 0xffffu : 0u) : bound;
   auto mark = [&](const uint4& words, int first, int got) {
     unsigned keep = 0u;
 #pragma unroll
     for (int j = 0; j < V; ++j) {
-      const unsigned w = piece_element<Bits>(words, j);
-      const int s = int(w), b = int(bound);
-      keep |= unsigned(j < got && (MODE == 0 ? w >= bound : MODE == 1 ? w <= bound : MODE == 2 ? s >= b : s <= b)) << j;
+      const unsigned word = piece_element<unsigned>(words, kHalves ? j / 2 : j);
+      const unsigned w = kHalves && j % 2 == 0 ? word << 16 : word;
+      const bool pass = MODE == 0 ? w >= b : MODE == 1 ? w <= b : MODE == 2 ? int(w) >= int(b) : int(w) <= int(b);
+      if constexpr (kHalves) keep |= j < got && pass ? 1u << j : 0u;
+      else keep |= unsigned(j < got && pass) << j;
     }
     marks.mark(keep, 0u, first);
   };
