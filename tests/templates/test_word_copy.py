@@ -1,7 +1,7 @@
 """A resident float32 row's copy of words (kRawCopy in templates/topk_common.cuh): the fast
 radix kernels whose collect walks whole steps keep the row's words in shared memory, not their
-keys, count the words' top digit and make the bins the keys' once, and collect by comparing
-words in the order of keys: one of four compares, chosen by the direction and the k-th key's
+keys, count the words' top digit (find_digit reads those bins through the flip), and collect by
+comparing words in the order of keys: one of four compares, chosen by the direction and the k-th key's
 sign. A copy that a later pass or the gather reads whole is made keys first. The default
 policy's sm_90 K=64 kernel (it serves rows from 4096 on; shorter rows reach the same code), as
 the runtime compiles it, checked against the reference."""
@@ -99,5 +99,5 @@ def test_a_copy_read_whole_is_made_keys_first(sign, largest):
     one = np.full((2, N), sign * 0.75, np.float32)
     assert _run(one, largest) == 1.0
     near = (np.uint32(0x3F800000) + np.arange(2 * N, dtype=np.uint32).reshape(2, N) % 1024).view(np.float32) * sign
-    copy_bytes = -(-(N + 3) * 4 // 16) * 16  # the copy with its alignment room (split.SharedMemory)
-    assert _run(near, largest, shared_bytes=copy_bytes + 16) == 1.0
+    shared = _spec().shared  # the launch rule's copy with its alignment room, then 16 bytes
+    assert _run(near, largest, shared_bytes=shared.bytes_for(N) - shared.buffer_bytes + 16) == 1.0
