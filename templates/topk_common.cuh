@@ -258,6 +258,19 @@ __device__ __forceinline__ int thread_index() {
 // The warp index, read where it is used (see thread_index).
 __device__ __forceinline__ int warp_index() { return thread_index() >> 5; }
 
+// The CTA's index, read where it is used (see thread_index): a Part formed from it in the
+// prologue was kept through the passes, which the bfloat16 sm_90 fast kernels with a raw copy
+// (kRawCopy) paid for in spills.
+__device__ __forceinline__ int block_index() {
+#ifdef __CUDA_ARCH__
+  unsigned ctaid;
+  asm volatile("mov.u32 %0, %%ctaid.x;" : "=r"(ctaid));
+  return int(ctaid);
+#else
+  return int(blockIdx.x);
+#endif
+}
+
 // Inclusive prefix sum across the lanes of a full warp.
 __device__ __forceinline__ int warp_inclusive_scan(int value) {
   const int lane = lane_id();
@@ -939,9 +952,9 @@ struct Part {
 
 __device__ __forceinline__ Part part_of_row(int n, int chunk, long long row_stride) {
   if (!(chunk > 0 && chunk < n))  // one CTA a row: no division
-    return Part{int(blockIdx.x), 0, n, (unsigned long long)blockIdx.x * (unsigned long long)row_stride};
+    return Part{block_index(), 0, n, (unsigned long long)block_index() * (unsigned long long)row_stride};
   const int chunks = n / chunk;
-  const int row = int(blockIdx.x) / chunks, c = int(blockIdx.x) - row * chunks;
+  const int row = block_index() / chunks, c = block_index() - row * chunks;
   const int first = c * chunk;
   const int count = c == chunks - 1 ? n - first : chunk;
   return Part{row, first, count, (unsigned long long)row * (unsigned long long)row_stride + (unsigned long long)first};
@@ -996,7 +1009,7 @@ __device__ __forceinline__ Part part_of_window(int n, int chunk, long long row_s
     return part;
   }
   const int chunks = chunk > 0 && chunk < n ? n / chunk : 1;
-  const int c = int(blockIdx.x) - part.row * chunks;
+  const int c = block_index() - part.row * chunks;
   const long long lo = min((long long)c * chunk, (long long)length);
   const long long hi = c == chunks - 1 ? (long long)length : min(lo + chunk, (long long)length);
   part.first = int(first + lo);
@@ -1141,15 +1154,17 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
   // deterministic bfloat16 sm_90 kernels) or took float32 sm_100 kernels of K=1024 and 2048 on
   // 256 threads to 100-101 registers.
   constexpr bool kWholeCollect = !DETERMINISTIC && THREADS <= 128;
-  // Where the collect walks whole steps, a float32 row's copy keeps its words, not their keys
+  // Where the collect walks whole steps, a row's copy keeps its words, not their keys
   // (`copy_raw`): the first pass counts the words' top digit (find_digit reads the bins through
   // the flip) and stores the words, taking no flip, 2 of its 6 instructions a key;
   // the collect compares words in the order of keys (one compare a key, as before). A copy
   // that a later pass or the gather reads whole is made keys first (copy_to_keys), once.
-  constexpr bool kRawCopy = kWholeCollect && kNanAfter && KEY_BITS == 32;
+  // bfloat16 too since the in-place compare of 16-bit halves (16384 K=256 normal 0.608 ->
+  // 0.572 warp instructions per key, counted, 2 rows), once block_index and a per-pass
+  // word_bins gave the sm_90 kernels back the register whose lack spilled 4-12 bytes.
+  constexpr bool kRawCopy = kWholeCollect && kNanAfter;
   constexpr unsigned kNanWord = KeyTraits<T>::kAll >> 1;  // a NaN in a raw copy: the top key either way
   bool copy_raw = false;
-  bool word_bins = false;  // the first pass's bins count words (find_digit)
   auto copy_to_keys = [&] {  // block-uniform
     if (kRawCopy && copy_raw) {
       const unsigned invert = largest ? 0u : ~0u;
@@ -1221,6 +1236,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     // took the sm_100 kernels of K=1024 and 2048 on 256 threads past the radix budget of 96
     // registers.
     bool counted = false;
+    bool word_bins = false;  // the first pass's bins count words (find_digit)
     if (SMEM_BYTES > 0 && pass > 0 && source != kBuffer && state.bucket <= buffer_capacity - (k - state.remaining)) {
       auto collect = [&](const uint4& keys, int first, int got) {
         unsigned keep = 0u;
@@ -1232,7 +1248,9 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
         // From the copy, each step's words whose keys are at or above the prefix are marked and
         // appended at its end (StepMarks), as keys.
         const unsigned invert = largest ? 0u : ~0u;
-        auto key_of = [&](unsigned word) { return copy_raw ? word_select_keys<T, false>(word, invert) : word; };
+        auto key_of = [&](unsigned word) {  // a 16-bit word's flip also sets its empty high half's sign
+          return copy_raw ? word_select_keys<T, false>(word, invert) & KeyTraits<T>::kAll : word;
+        };
         const View shared_row(copy, n);
         // A word's key is >= the prefix P, in the order of keys (the flip, word_select_keys,
         // is w ^ 0x80000000 for w >= 0, ~w below; smallest inverts it): largest takes the
@@ -1358,7 +1376,8 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
       } else if (resident) {  // block-uniform
         __syncthreads();
         const unsigned ref = copy[0];  // or the word (copy_raw): words are equal where keys are
-        const unsigned ref_key = copy_raw ? word_select_keys<T, false>(ref, largest ? 0u : ~0u) : ref;
+        const unsigned ref_key =
+            copy_raw ? word_select_keys<T, false>(ref, largest ? 0u : ~0u) & KeyTraits<T>::kAll : ref;
         if (hist[ref >> (KEY_BITS - kDigitBits)] == n) {  // its word's bin, or its key's
           unsigned differ = 0u;
           // Four keys a trip (8192 K=128 all-equal float32 1.07 -> 0.99 warp instructions per
