@@ -25,13 +25,12 @@ from ..support.topk_cases import BITS, NUMPY_DTYPES, check_topk, launch_kernel
 K = 64
 N = 240
 DTYPES = ["float32", "bfloat16"]
-SHORT = {"float32": "f32", "bfloat16": "bf16"}
 MANTISSA_BITS = {"float32": 23, "bfloat16": 7}
 
 
 @lru_cache(maxsize=None)
 def _spec(dtype: str) -> pol.KernelSpec:
-    name = f"topk_radix_dyn_k64_fast_{SHORT[dtype]}_sm_90"
+    name = f"topk_radix_dyn_k64_fast_{pol.DTYPE_TAGS[dtype]}_sm_90"
     (spec,) = [s for s in pol.plan(pol.load(DEFAULT_POLICY), "sm_90") if s.name == name]
     # The template's rule: fast, at most 128 threads, and a thread under 128 registers (kNanAfter).
     assert spec.mode == "fast" and spec.threads <= 128, spec.name
