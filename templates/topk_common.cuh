@@ -1470,14 +1470,17 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     // key (131072 normal, counted: K=256 float32 0.570 -> 0.523, K=1024 float32 0.728 -> 0.714,
     // bfloat16 0.783 -> 0.721 warp instructions per key). A second find_digit there, exact but
     // for a block-wide scan, cost more, and took the resident rows' kernels (no refill) from
-    // 0.599 to 0.602 at 16384 (ptxas's code around it). Where that bucket is one key, the
-    // k-th so far, the top k replace the buffer instead and the stream reads on past that key
-    // (below): a later equal key is not needed. Reading on from the key's own floor kept every later tie (131072
-    // K=1024 tie-heavy float32: 8192 ties walked by every pass and the gather).
+    // 0.599 to 0.602 at 16384 (ptxas's code around it). Only where the launch bounds cap a
+    // thread below 128 registers (kNanAfter): on 256 threads the run's search took
+    // test_large_k_build's bfloat16 sm_100 kernels of K=1024 and 2048 to 106-110 registers.
+    // Where that bucket is one key, the k-th so far, the top k replace the buffer instead and
+    // the stream reads on past that key (below): a later equal key is not needed. Reading on
+    // from the key's own floor kept every later tie (131072 K=1024 tie-heavy float32: 8192
+    // ties walked by every pass and the gather).
     const bool crowded = kStreams ? __syncthreads_or(held > list_capacity - kStepKeys) : (__syncthreads(), true);
     bool single_key = refill && span[0] == span[1];  // every key the pass counted is one value
     if (refill && pass > 0 && !crowded && !single_key) {  // block-uniform
-      if (thread_index() < 32) {  // warp 0 (a lane's run: bins / 32, or one)
+      if (kNanAfter && thread_index() < 32) {  // warp 0 (a lane's run: bins / 32, or one)
         const int per = max(bins / 32, 1), top = bins - lane_id() * per;
         int c = 0;
         for (int i = 1; i <= per; ++i) c += top - i >= 0 ? hist[top - i] : 0;
