@@ -24,6 +24,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from topkgen.build.render import template_dir
 from topkgen.emulator.instructions import Counter, instrument
 from topkgen.emulator.sass import label_addresses, nvrtc_cubin, sass_text
 
@@ -395,3 +396,16 @@ def test_copies_of_one_function_in_two_arms_are_charged_for_the_arm_taken(counte
     shfl = counter.count(c, "direction_copies", "SHFL")
     assert shfl.static_instructions == 10
     assert shfl.warp_instructions == c.shuffles
+
+
+def test_no_template_writes_a_visitor_inside_its_call():
+    """A lambda written inside a call (`row.for_each([&](...) {...})`) starts on the call's
+    line, so the counter's path for the call's inlined code (a line of the caller) resolves to
+    the lambda's site, which the caller's blocks never enter: those instructions are charged
+    as the lambda's alone (a NaN scan tried at stop 55, written so, counted 0.0017 warp
+    instructions a key where, named on a line of its own, it counted 0.053). The templates
+    name every visitor on a line of its own."""
+    inline_visitor = re.compile(r"[(,]\s*\[[^\]]*\]\s*\(")
+    offenders = [f"{path.name}:{number}" for path in sorted(template_dir().iterdir()) if path.is_file()
+                 for number, line in enumerate(path.read_text().splitlines(), 1) if inline_visitor.search(line)]
+    assert offenders == []
