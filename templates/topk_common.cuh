@@ -1473,6 +1473,11 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     // 0.599 to 0.602 at 16384 (ptxas's code around it). Only where the launch bounds cap a
     // thread below 128 registers (kNanAfter): on 256 threads the run's search took
     // test_large_k_build's bfloat16 sm_100 kernels of K=1024 and 2048 to 106-110 registers.
+    // And only where the run holds at most a quarter of the bucket's keys: a run of ties (16
+    // values, one a run) made the bound the k-th key itself, whose ties, appended one piece in
+    // sixteen, kept the lists from filling before the row's end, where the refill that takes
+    // the top k alone and reads on past that key waits for them to fill (131072 K=256
+    // tie-heavy float32 0.605 -> 0.660, counted; 0.603 with the quarter).
     // Where that bucket is one key, the k-th so far, the top k replace the buffer instead and
     // the stream reads on past that key (below): a later equal key is not needed. Reading on
     // from the key's own floor kept every later tie (131072 K=1024 tie-heavy float32: 8192
@@ -1484,9 +1489,11 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
         const int per = max(bins / 32, 1), top = bins - lane_id() * per;
         int c = 0;
         for (int i = 1; i <= per; ++i) c += top - i >= 0 ? hist[top - i] : 0;
-        const unsigned reached = __ballot_sync(kFullMask, state.remaining <= warp_inclusive_scan(c));
-        const int floor = __shfl_sync(kFullMask, max(top - per, 0), max(__ffs(int(reached)) - 1, 0));
-        if (lane_id() == 0 && reached != 0u) state.prefix = prefix | (unsigned(floor) << shift);
+        const int through = warp_inclusive_scan(c), total = __shfl_sync(kFullMask, through, 31);
+        const unsigned reached = __ballot_sync(kFullMask, state.remaining <= through);
+        const int src = max(__ffs(int(reached)) - 1, 0);
+        const int floor = __shfl_sync(kFullMask, max(top - per, 0), src), in_run = __shfl_sync(kFullMask, c, src);
+        if (lane_id() == 0 && reached != 0u && 4 * in_run <= total) state.prefix = prefix | (unsigned(floor) << shift);
       }
       refilled = true;
       break;

@@ -268,21 +268,26 @@ def test_a_row_longer_than_shared_memory_is_read_once_where_the_kernel_streams(s
                                           ("float32", 256, "deterministic"), ("bfloat16", 1024, "deterministic")])
 def test_long_rows_refill_with_the_bound_of_a_later_pass(dtype, k, mode):
     """Issue 28, point 4: a row many times longer than shared memory refills the stream's lists
-    again and again. Where a refill's second pass drops enough of them, the stream's bound rises
-    to the floor of the run of that pass's bins (a lane's, of warp 0) that holds the k-th key so
-    far. A floor above that key drops later keys the top k need where the top keys lie in a few
-    bins of one run: the banded row here (half its keys in [0, 0.5), half in a band of
-    1 + u / 2048 in float32, 1 + u / 4 in bfloat16, u uniform; a float32 run is 64 bins of
-    2^-13), beside normal and uniform rows, in both directions; deterministic results
-    bit-exact, fast ones the reference's keys."""
+    again and again. Where a refill's second pass drops enough of them, and the run of that
+    pass's bins (a lane's, of warp 0) that holds the k-th key so far holds at most a quarter of
+    the bucket's keys, the stream's bound rises to the run's floor. A floor above that key drops
+    later keys the top k need where they lie low in that run: the banded float32 row here
+    (a tenth of its keys in 1.2421875 + u / 16384, the lowest bin of the bucket's top run, two
+    fifths in 1 + u / 5, half in [0, 0.5), u uniform; a run is 64 bins of 2^-13), the bfloat16
+    one (half in [0, 0.5), half in 1 + u / 4), beside normal and uniform rows, both directions;
+    deterministic results bit-exact, fast ones the reference's keys."""
     from ..support.topk_cases import check_topk
 
     n = 1 << 17
     spec = pol.select(pol.load(), "sm_90", dtype, k, n, deterministic=mode == "deterministic").kernel
     module = compile_source(render(spec), name=spec.name)
     rng = np.random.default_rng(k)
-    band = 1 + rng.random(n) * (2.0**-11 if dtype == "float32" else 2.0**-2)
-    banded = np.where(rng.random(n) < 0.5, rng.random(n) / 2, band)
+    if dtype == "float32":
+        part = rng.random(n)
+        banded = np.where(part < 0.1, 1.2421875 + rng.random(n) / 16384,
+                          np.where(part < 0.5, 1 + rng.random(n) / 5, rng.random(n) / 2))
+    else:
+        banded = np.where(rng.random(n) < 0.5, rng.random(n) / 2, 1 + rng.random(n) / 4)
     x = np.stack([banded, rng.standard_normal(n), rng.random(n)])
     x = x.astype(np.float32 if dtype == "float32" else ml_dtypes.bfloat16)
     for largest in (True, False):
