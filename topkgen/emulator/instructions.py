@@ -34,10 +34,8 @@ are overcounted (tests: +32% at 1 trip, within 5% from 8). A loop inside a fully
 one has a copy per trip of that one (tests: a bit walk per piece, charged every trip). Two
 copies of one function called from one line (`c ? f<true>() : f<false>()`) share a path,
 and both are charged for each call: a kernel keeps such copies in arms of their own (tests:
-charged for the arm taken). A lambda written inside a call starts on the call's line, and
-the call's inlined code is charged to the lambda's site, which the caller never enters (tests:
-the templates name their visitors on lines of their own). Counts are exact integers; per-key
-figures are divided, not rounded, and printed to 2 decimals.
+charged for the arm taken); a lambda written inside a call takes the call's charge (tests: the
+templates have none). Counts are exact integers, per-key figures divided, printed to 2 decimals.
 """
 
 from __future__ import annotations
