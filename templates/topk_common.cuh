@@ -283,14 +283,25 @@ __device__ __forceinline__ int block_index() {
 #endif
 }
 
-// Inclusive prefix sum across the lanes of a full warp.
+// Inclusive prefix sum across the lanes of a full warp. On the GPU each step's shuffle says
+// whether its source lane exists and the add is predicated on that: two instructions a step,
+// where a compare of the lane and a select made four (16384 K=256 normal float32 0.5857 ->
+// 0.5734, bfloat16 0.5613 -> 0.5510 warp instructions per key, counted). The emulator runs
+// the portable form.
 __device__ __forceinline__ int warp_inclusive_scan(int value) {
+#if defined(__CUDA_ARCH__)
+#pragma unroll
+  for (int offset = 1; offset < 32; offset <<= 1)
+    asm("{ .reg .s32 r; .reg .pred p; shfl.sync.up.b32 r|p, %0, %1, 0, -1; @p add.s32 %0, r, %0; }"
+        : "+r"(value) : "r"(offset));
+#else
   const int lane = lane_id();
 #pragma unroll
   for (int offset = 1; offset < 32; offset <<= 1) {
     const int other = __shfl_up_sync(kFullMask, value, offset);
     if (lane >= offset) value += other;
   }
+#endif
   return value;
 }
 
@@ -471,13 +482,19 @@ __device__ __forceinline__ int digit_shift(int key_bits, int pass) {
   return max(key_bits - (pass + 1) * kDigitBits, 0);
 }
 
-// hist[0, bins) = 0: 16-byte stores (hist is 16-byte aligned) where bins is a multiple of
-// 4 x THREADS, as a full digit's 2048 are on 256 threads.
+// hist[0, bins) = 0 (bins <= kMaxBins): 16-byte stores (hist is 16-byte aligned) where bins is
+// a multiple of 4, a fixed number a thread, each predicated on its bins, from one address: a
+// loop over them cost 16384 K=256 normal float32 0.5987 -> 0.5857, bfloat16 0.5717 -> 0.5613
+// warp instructions per key (counted).
 template <int THREADS>
 __device__ __forceinline__ void clear_bins(int* hist, int bins) {
-  if (bins % (4 * THREADS) == 0) {
-    for (int i = 4 * thread_index(); i < bins; i += 4 * THREADS)
-      *reinterpret_cast<int4*>(hist + i) = make_int4(0, 0, 0, 0);
+  constexpr int kSteps = (kMaxBins + 4 * THREADS - 1) / (4 * THREADS);
+  if (bins % 4 == 0) {
+    int4* const quad = reinterpret_cast<int4*>(hist) + thread_index();
+    const int quads = (bins >> 2) - thread_index();
+#pragma unroll
+    for (int s = 0; s < kSteps; ++s)
+      if (s * THREADS < quads) quad[s * THREADS] = make_int4(0, 0, 0, 0);
   } else {
     for (int i = thread_index(); i < bins; i += THREADS) hist[i] = 0;
   }
@@ -1488,7 +1505,12 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
       if (kNanAfter && thread_index() < 32) {  // warp 0 (a lane's run: bins / 32, or one)
         const int per = max(bins / 32, 1), top = bins - lane_id() * per;
         int c = 0;
-        for (int i = 1; i <= per; ++i) c += top - i >= 0 ? hist[top - i] : 0;
+        if (per % 4 == 0) {  // 16-byte reads (bins from 128): 131072 K=1024 float32 0.7015 -> 0.6954
+          const int4* const run = reinterpret_cast<const int4*>(hist + top - per);
+          for (int i = 0; i < per / 4; ++i) c += (run[i].x + run[i].y) + (run[i].z + run[i].w);
+        } else {
+          for (int i = 1; i <= per; ++i) c += top - i >= 0 ? hist[top - i] : 0;
+        }
         const int through = warp_inclusive_scan(c), total = __shfl_sync(kFullMask, through, 31);
         const unsigned reached = __ballot_sync(kFullMask, state.remaining <= through);
         const int src = max(__ffs(int(reached)) - 1, 0);
