@@ -224,8 +224,8 @@ def instrument(source: str) -> Instrumented:
                 block_kind = "branch"
             else:
                 block_kind = "function"
-        elif ptext in ("else", "do"):
-            block_kind = "loop" if ptext == "do" else "branch"
+        elif ptext in ("else", "do", "]"):  # "]": a lambda with no parameter list, `[&] { ... }`
+            block_kind = {"do": "loop", "else": "branch"}.get(ptext, "function")
         if block_kind is None:
             continue
         close = match[i]

@@ -119,3 +119,19 @@ extern "C" __global__ void pragma_unroll4(const int* in, int* out, int trips) {
   for (int i = 0; i < trips; ++i) acc += s[(threadIdx.x + i) & 255] ^ i;
   out[threadIdx.x] = acc;
 }
+
+// A lambda with no parameter list (`[&] { ... }`, as the radix kernels write their appends and
+// span reductions), called in a loop of `rounds` trips: its body is a function block of its
+// own, entered once a call, as a lambda with parameters is.
+extern "C" __global__ void captured_lambda(const int* in, int* out, int rounds) {
+  int acc = in[threadIdx.x];
+  auto reduce = [&] {
+    for (int d = 16; d > 0; d >>= 1) acc += __shfl_xor_sync(0xffffffffu, acc, d);
+  };
+#pragma unroll 1
+  for (int r = 0; r < rounds; ++r) {
+    __syncthreads();
+    reduce();
+  }
+  out[threadIdx.x] = acc;
+}
