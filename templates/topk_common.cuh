@@ -757,14 +757,18 @@ __device__ __forceinline__ int stream_above(const View& row, int step, float bou
   const bool up = DIRECTION == 0 ? largest : DIRECTION > 0;
   const int list = thread_index();
   int end = list + held * THREADS;  // the list's next slot
-  auto collect_above = [&](const uint4& q, int first, int got) {
+  // Bit j: element j < got of the piece passes the bound.
+  auto passing = [&](const uint4& q, int got) {
     unsigned keep = 0u;
 #pragma unroll
     for (int j = 0; j < V; ++j) {
       const float value = bits_value<T>(piece_element<Bits>(q, j));
       keep |= (j < got ? not_below(up ? value : -value, bound) : 0u) << j;
     }
-    for (; keep != 0u; keep &= keep - 1u) {
+    return keep;
+  };
+  auto collect_above = [&](const uint4& q, int first, int got) {
+    for (unsigned keep = passing(q, got); keep != 0u; keep &= keep - 1u) {
       const int j = __ffs(int(keep)) - 1;
       buffer[end] = pack(select_key<T>(piece_element<Bits>(q, j), up), first + j);
       end += THREADS;
@@ -777,10 +781,9 @@ __device__ __forceinline__ int stream_above(const View& row, int step, float bou
   // walk a piece ran as often as the lane with the most in each (131072 K=1024 normal: 1.19 ->
   // 0.62 trips a warp's piece; float32 0.705 -> 0.606, bfloat16 0.722 -> 0.618 warp
   // instructions per key, counted). The key at offset d from the group's first element is the
-  // thread's Bits d of the stage. kFit: the stage, and a word of marks.
-  constexpr bool kStaged = THREADS <= 128;
-  constexpr int kFit = !kStaged ? 1 : (kMaxBins / 4) / THREADS < 32 / V ? (kMaxBins / 4) / THREADS : 32 / V;
-  constexpr int kStage = kStaged ? StagePieces<View::kUnroll, kFit>::value : 0;
+  // thread's Bits d of the stage. kFit: the stage, and a word of marks; kStage 1: a walk a piece.
+  constexpr int kFit = THREADS > 128 ? 1 : (kMaxBins / 4) / THREADS < 32 / V ? (kMaxBins / 4) / THREADS : 32 / V;
+  constexpr int kStage = StagePieces<View::kUnroll, kFit>::value;
   unsigned marks = 0u;
   int pieces = 0, group_first = 0;
   uint4* const slot = stage + list;
@@ -795,15 +798,9 @@ __device__ __forceinline__ int stream_above(const View& row, int step, float bou
     pieces = 0;
   };
   auto collect_staged = [&](const uint4& q, int first, int got) {
-    unsigned keep = 0u;
-#pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const float value = bits_value<T>(piece_element<Bits>(q, j));
-      keep |= (j < got ? not_below(up ? value : -value, bound) : 0u) << j;
-    }
     if (pieces == 0) group_first = first;
     slot[pieces * THREADS] = q;
-    marks |= keep << (pieces * V);
+    marks |= passing(q, got) << (pieces * V);
     ++pieces;
   };
   // The first fill (bound -inf: every value passes) appends every key of a piece, with no
