@@ -182,6 +182,29 @@ def test_radix_kernel_bank_lanes_on_crafted_rows():
     assert spread.shared_atomic_instructions == instructions
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_a_resident_row_of_one_key_gathers_only_the_steps_its_ties_need(dtype):
+    """Issue 28 (at most 1.0 warp instructions a key on all-equal rows): any k keys of a
+    resident row of one key are its top k in fast mode, so the gather from the row's copy stops
+    once every tie's slot is taken: fewer append atomics than threads, where walking the whole
+    copy took one a thread a step (4 steps of 128 threads for float32 at 16384, 2 for
+    bfloat16). Rows of one positive value, one negative value and all NaN, in both
+    directions."""
+    from ..support.topk_cases import check_topk
+
+    k, n = 256, 16384
+    spec, module = _kernel(dtype, k, n)
+    x = np.stack([np.full(n, 0.75), np.full(n, -2.5), np.full(n, np.nan)])
+    x = x.astype(np.float32 if dtype == "float32" else ml_dtypes.bfloat16)
+    steps = n * x.itemsize // 16 // (spec.threads * spec.loads_in_flight)
+    assert steps >= 2 and n * x.itemsize < spec.dynamic_shared_bytes
+    for largest in (True, False):
+        for row in range(len(x)):
+            values, indices, c = launch_kernel(module, spec, x[row:row + 1], k, largest, counters=True)
+            check_topk(x[row:row + 1], values, indices, k, largest, False, dtype, f"{spec.name} row {row}")
+            assert 0 < c.phases["gather"].shared_atomics < spec.threads, (row, largest)
+
+
 def test_register_kernel_counts():
     k, rows, n = 16, 5, 1000
     spec, module = _kernel("float32", k, n)
