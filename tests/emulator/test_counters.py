@@ -287,6 +287,31 @@ def test_a_row_longer_than_shared_memory_is_read_once_where_the_kernel_streams(s
     assert spec.threads == 128 and streams(spec, k)
 
 
+@pytest.mark.parametrize("dtype,k,mode", [("bfloat16", 256, "fast"), ("float16", 1024, "deterministic")])
+def test_the_stream_compares_a_key_at_a_time_where_no_pair_compare_exists(dtype, k, mode):
+    """sm_75 to sm_89 have no set.bf16x2: their stream tests 16-bit keys one at a time, where
+    sm_90 and later test a word of two (kPairCompare). The emulator runs the pairs, and the
+    form of a key at a time where TOPKGEN_KEY_COMPARE=1. Rows past shared memory of every
+    pattern (NaN of both signs, +-0, infinities, ties), both directions, against the
+    reference; the two forms give the same values."""
+    from topkgen.policy.selection import resident_elements
+
+    from ..support.topk_cases import check_topk, make_rows
+
+    spec = pol.select(pol.load(), "sm_90", dtype, k, 1 << 16, deterministic=mode == "deterministic").kernel
+    n = resident_elements(spec) + 3 * spec.threads + 5
+    x = make_rows(dtype, 6, n, seed=k)
+    outputs = {}
+    for key_compare in (0, 1):
+        module = compile_source(render(spec), name=f"{spec.name}_kc{key_compare}",
+                                defines=(f"TOPKGEN_KEY_COMPARE={key_compare}",))
+        for largest in (True, False):
+            values, indices, _ = launch_kernel(module, spec, x, k, largest)
+            check_topk(x, values, indices, k, largest, mode == "deterministic", dtype, f"{spec.name} {key_compare}")
+            outputs[key_compare, largest] = values.tobytes()
+    assert all(outputs[0, largest] == outputs[1, largest] for largest in (True, False))
+
+
 @pytest.mark.parametrize("dtype,k,mode", [("float32", 1024, "fast"), ("bfloat16", 256, "fast"),
                                           ("float32", 256, "deterministic"), ("bfloat16", 1024, "deterministic")])
 def test_long_rows_refill_with_the_bound_of_a_later_pass(dtype, k, mode):
