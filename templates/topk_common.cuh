@@ -1306,6 +1306,13 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
   // 0.572 warp instructions per key, counted, 2 rows), once block_index and a per-pass
   // word_bins gave the sm_90 kernels back the register whose lack spilled 4-12 bytes.
   constexpr bool kRawCopy = kWholeCollect && kNanAfter;
+  constexpr bool kStreams = KR > 0 && SMEM_BYTES > 0 && THREADS < 1024;
+  // Where rows longer than shared memory stream (kStreams), float32's first pass over a raw
+  // copy keeps no nan_max (a max.NaN a word) and asks its bins after it whether the row may
+  // hold a NaN whose word misorders it (16384 K=256 float32, normal 0.700 -> 0.674 warp
+  // instructions per key, tie-heavy 1.061 -> 1.035, 90% -inf, whose copy is scanned, 0.659 ->
+  // 0.685, counted). bfloat16 gained 0.003 and spilled 4 bytes in the sm_90 fast kernels.
+  constexpr bool kNanBins = kRawCopy && kStreams && KEY_BITS == 32;
   constexpr unsigned kNanWord = KeyTraits<T>::kAll >> 1;  // a NaN in a raw copy: the top key either way
   bool copy_raw = false;
   auto copy_to_keys = [&] {  // block-uniform
@@ -1317,7 +1324,6 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
       copy_raw = false;
     }
   };
-  constexpr bool kStreams = KR > 0 && SMEM_BYTES > 0 && THREADS < 1024;
   const bool stream = kStreams && !resident && list_capacity - kStepKeys >= (k + THREADS - 1) / THREADS;
   int step = 0;  // the stream's next step of for_each
   // Counted once: the rounds' tests recomputed it after the first pass's NaN question came in
@@ -1473,7 +1479,9 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
       // bfloat16's carry test 0.782 -> 0.735 (counted); a row that held a NaN is counted again
       // below.
       unsigned seen = 0u;
-      if constexpr (kRawCopy) {
+      if constexpr (kNanBins) {
+        global_row.template for_each<false, true>(first_pass);
+      } else if constexpr (kRawCopy) {
         global_row.template for_each<false, true>(as_words_nan_after<T>(first_pass, seen));
       } else if constexpr (sizeof(Bits) == 2 || !kCopyPerDirection) {
         global_row.template for_each<false, true>(as_keys_nan_after<T, kNanAfter>(first_pass, largest, seen));
@@ -1482,7 +1490,36 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
       } else {
         global_row.template for_each<false, true>(as_keys_nan_after<T, kNanAfter, -1>(first_pass, false, seen));
       }
-      const bool row_nan = kNanAfter && __syncthreads_or(word_has_nan<T>(seen));
+      bool row_nan = kNanAfter && !kNanBins && __syncthreads_or(word_has_nan<T>(seen));
+      if constexpr (kNanBins) {
+        // The words whose exponent is all ones fill the bins from an infinity's up. A positive
+        // NaN's word orders as the NaN key does (the top key, the bottom one for smallest), a
+        // negative one's the other way: a resident row asks its copy only where a bin from
+        // -inf's up counted a word, and a row read from global memory (whose later passes make
+        // every NaN one key) where one from either infinity's did.
+        typedef KeyTraits<T> Tr;
+        constexpr int kShift = KEY_BITS - kDigitBits;
+        constexpr int kNanOnly = int((Tr::kAll >> 1) >> kShift) - int(Tr::kExp >> kShift);  // bins past an infinity's
+        const int t = thread_index();
+        __syncthreads();
+        bool maybe = false;
+        if (t <= kNanOnly) {
+          maybe = hist[((Tr::kSign | Tr::kExp) >> kShift) + t] != 0 ||
+                  (!resident && hist[(Tr::kExp >> kShift) + t] != 0);
+        }
+        if (__syncthreads_or(maybe)) {  // block-uniform: the row holds an infinity or a NaN
+          auto scan = [&](const uint4& q, int, int) {
+            seen = nan_max<T>(nan_max<T>(seen, q.x), nan_max<T>(q.y, nan_max<T>(q.z, q.w)));
+          };
+          if (resident) {
+            const View shared_row(copy, n);
+            shared_row.template for_each<true, true>(scan);
+          } else {
+            global_row.template for_each<false>(scan);
+          }
+          row_nan = __syncthreads_or(word_has_nan<T>(seen));
+        }
+      }
       if (row_nan) {  // block-uniform: a row with a NaN counts again, every NaN one key
         clear_bins<THREADS>(hist, bins);
         lo = ~0u;

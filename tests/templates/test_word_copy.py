@@ -113,3 +113,40 @@ def test_a_copy_read_whole_is_made_keys_first(dtype, sign, largest):
     near = (near.astype(np.float32) * sign).astype(np_dtype)
     shared = _spec(dtype).shared  # the launch rule's copy with its alignment room, then 16 bytes
     assert _run(dtype, near, largest, shared_bytes=shared.bytes_for(N) - shared.buffer_bytes + 16) == 1.0
+
+
+def _nans_of_one_sign(dtype: str) -> np.ndarray:
+    """Normal rows with words whose exponent is all ones: row 0 positive NaNs, with payloads, and
+    +inf; row 1 -inf; row 2 -inf and one negative NaN whose payload leaves it in -inf's
+    first-digit bin; row 3 a negative NaN alone."""
+    rng = np.random.default_rng(5)
+    x = rng.standard_normal((4, N)).astype(NUMPY_DTYPES[dtype])
+    bits = x.view(BITS[dtype])
+    drop = 32 - 8 * x.itemsize  # a 16-bit word is the float32 word's top half
+
+    def words(*ws: int) -> list[int]:
+        return [w >> drop for w in ws]
+
+    bits[0, [7, 70, 200, 201]] = words(0x7FC10000, 0x7F810000, 0x7FFFFFFF, 0x7F800000)
+    bits[1, 10:60] = words(0xFF800000)
+    bits[2, 10:60] = words(0xFF800000)
+    bits[2, [123]] = words(0xFF800001 if x.itemsize == 4 else 0xFF810000)
+    bits[3, [99]] = words(0xFFC00000)
+    return x
+
+
+@pytest.mark.parametrize("largest", [True, False], ids=["largest", "smallest"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_row_is_asked_about_nan_where_its_bins_say_it_may_hold_one(dtype, largest):
+    """float32's first pass keeps no NaN test a word: its bins of words whose exponent is all ones
+    say whether the row may hold a NaN whose word does not order as the NaN key (a negative
+    one), and only then is the copy (resident) or the row (not resident, shared_bytes 0: NaNs of
+    either sign) scanned. A positive NaN stays the word it is, so its output needs no second
+    read of the row, but for the word whose key is every NaN's key (0x7FFFFFFF); a negative NaN
+    in -inf's bin is found. bfloat16 tests each word (every NaN output reads its value again)."""
+    x = _nans_of_one_sign(dtype)
+    nan_outputs = int(np.isnan(reference.topk(x[:1], K, largest=largest)[0].astype(np.float32)).sum())
+    rereads = (1 if largest else 0) if dtype == "float32" else nan_outputs
+    assert _run(dtype, x[:1], largest) == 1.0 + rereads / N
+    _run(dtype, x, largest)
+    _run(dtype, x, largest, shared_bytes=0)
