@@ -150,3 +150,35 @@ def test_a_row_is_asked_about_nan_where_its_bins_say_it_may_hold_one(dtype, larg
     assert _run(dtype, x[:1], largest) == 1.0 + rereads / N
     _run(dtype, x, largest)
     _run(dtype, x, largest, shared_bytes=0)
+
+
+def _kth_at_a_zero_or_nan(dtype: str, largest: bool) -> np.ndarray:
+    """Row 0: 40 values of the direction's side, 30 of its zero, 30 of the other zero, the rest
+    beyond: the K-th key is a zero's, whose bucket holds that zero alone. Row 1: 70 NaNs, 100 of
+    the direction's infinity: the K-th key is the NaN key. Row 2: 150 NaNs, which smallest
+    leaves, and 90 values, 30 of them in the K-th smallest key's bucket ([1, 1.25)) and 40
+    below."""
+    rng = np.random.default_rng(7)
+    s = 1.0 if largest else -1.0
+    side = np.abs(rng.standard_normal(N)).astype(NUMPY_DTYPES[dtype])
+    zeros = np.concatenate([side[:40] * s, np.full(30, s * 0.0), np.full(30, -s * 0.0), -s * side[100:]])
+    nans = np.concatenate([np.full(70, np.nan), np.full(100, s * np.inf), s * side[170:]])
+    left = np.concatenate([np.full(150, np.nan), -50 - side[:40], 1 + np.arange(30) / 128, 2 + side[:20]])
+    return np.stack([rng.permutation(r) for r in (zeros, nans, left)]).astype(NUMPY_DTYPES[dtype])
+
+
+@pytest.mark.parametrize("largest", [True, False], ids=["largest", "smallest"])
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_a_bound_that_values_cannot_state_collects_keys(dtype, largest):
+    """sm_90 collects 16-bit words two a compare, as values: where the K-th key's bucket is a
+    zero's (+0 and -0 are one value and two keys) or the NaN key's (whose bound would be an
+    infinity), the copy is made keys and collected by key instead, which takes the K-th zero's
+    equals only, and the NaNs only; smallest's compare leaves NaNs. The candidate buffer has room
+    for 80: the 70 keys of the bucket and above, not the other zeros, infinities or NaNs too."""
+    shared = _spec(dtype).shared
+    _run(dtype, _kth_at_a_zero_or_nan(dtype, largest), largest,
+         shared_bytes=shared.bytes_for(N) - shared.buffer_bytes + 80 * 8)
+    # 40 values and 200 NaNs: smallest's K-th key is the NaN key, with the launch's buffer
+    values = np.abs(np.random.default_rng(8).standard_normal((1, N)))
+    values[:, 40:] = np.nan
+    _run(dtype, values.astype(NUMPY_DTYPES[dtype]), largest)
