@@ -1555,17 +1555,17 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
         // negative one's the other way: a resident row asks its copy only where a bin from
         // -inf's up counted a word, and a row read from global memory (whose later passes make
         // every NaN one key) where one from either infinity's did.
+        // Each thread reads the 4 bins of each end (16 bytes, aligned), so that the answer is
+        // block-uniform with no barrier past the one the bins need.
         typedef KeyTraits<T> Tr;
         constexpr int kShift = KEY_BITS - kDigitBits;
-        constexpr int kNanOnly = int((Tr::kAll >> 1) >> kShift) - int(Tr::kExp >> kShift);  // bins past inf's
-        const int t = thread_index();
+        static_assert(((Tr::kAll >> 1) >> kShift) - (Tr::kExp >> kShift) == 3, "4 bins from an infinity's");
         __syncthreads();
-        bool maybe = false;
-        if (t <= kNanOnly) {
-          maybe = hist[((Tr::kSign | Tr::kExp) >> kShift) + t] != 0 ||
-                  (!resident && hist[(Tr::kExp >> kShift) + t] != 0);
-        }
-        if (__syncthreads_or(maybe)) {  // block-uniform: the row holds an infinity or a NaN
+        const int4 low = *reinterpret_cast<const int4*>(hist + ((Tr::kSign | Tr::kExp) >> kShift));
+        const int4 high = *reinterpret_cast<const int4*>(hist + (Tr::kExp >> kShift));
+        const bool maybe =
+            (low.x | low.y | low.z | low.w) != 0 || (!resident && (high.x | high.y | high.z | high.w) != 0);
+        if (maybe) {  // block-uniform: the row holds an infinity or a NaN
           auto scan = [&](const uint4& q, int, int) {
             seen = nan_max<T>(nan_max<T>(seen, q.x), nan_max<T>(q.y, nan_max<T>(q.z, q.w)));
           };
