@@ -187,26 +187,16 @@ constexpr bool kPairCompare = true;
 #else
 constexpr bool kPairCompare = false;
 #endif
-template <typename T, bool UP>
+// KEY_ORDER (the collect from a resident copy): smallest tests v <= b (`__hle2_mask`), which a
+// NaN fails, as its key lies below every other: exact in the order of keys where w holds no
+// NaN but the one NaN word and b is not a zero (+0 and -0 are equal values and two keys).
+template <typename T, bool UP, bool KEY_ORDER = false>
 __device__ __forceinline__ unsigned pair_not_below(unsigned w, unsigned b2) {
   typedef typename KeyTraits<T>::Pair Pair;
   Pair v, b;
   memcpy(&v, &w, sizeof(Pair));
   memcpy(&b, &b2, sizeof(Pair));
-  return UP ? __hgeu2_mask(v, b) : __hleu2_mask(v, b);
-}
-
-// The halves of w whose keys are at or above the key of b, the value of b2's halves, in the
-// order UP (largest) or not: !(v < b) or v <= b, exact where w holds no NaN but the one NaN
-// word (which passes for largest, and not for smallest, as its key does) and b is not a zero
-// (+0 and -0 are equal values and two keys).
-template <typename T, bool UP>
-__device__ __forceinline__ unsigned pair_keys_not_below(unsigned w, unsigned b2) {
-  typedef typename KeyTraits<T>::Pair Pair;
-  Pair v, b;
-  memcpy(&v, &w, sizeof(Pair));
-  memcpy(&b, &b2, sizeof(Pair));
-  return UP ? __hgeu2_mask(v, b) : __hle2_mask(v, b);
+  return UP ? __hgeu2_mask(v, b) : KEY_ORDER ? __hle2_mask(v, b) : __hleu2_mask(v, b);
 }
 
 // A bound b such that every value x whose key is >= `floor` (of either direction) passes
@@ -476,7 +466,7 @@ __device__ __forceinline__ void gather_append(int* counters, unsigned above_bits
 
 // The collect from a resident row's copy: each step's words w that pass a compare with `bound`
 // (MODE 0: w >= bound, 1: w <= bound, 2 and 3 the same signed; 4 and 5: 16-bit values two a
-// word, pair_keys_not_below of largest and smallest, `bound` the value in both halves) are
+// word, pair_not_below in the order of keys, `bound` the value in both halves) are
 // marked and appended at its end (StepMarks) to out at counter's slots, as key_of makes them
 // keys, each key also given to on_key. WHOLE: RowView::for_each's. The compare is spelled on
 // the loop's line, so that the instruction counter charges its copies as one loop's.
@@ -493,7 +483,7 @@ __device__ __forceinline__ void collect_marked(const View& row, const Bits* copy
       const unsigned ws[4] = {words.x, words.y, words.z, words.w};
       unsigned keep = 0u;
 #pragma unroll
-      for (int w = 0; w < 4; ++w) keep |= pair_keys_not_below<T, MODE == 4>(ws[w], bound) & (0x20001u << (2 * w));
+      for (int w = 0; w < 4; ++w) keep |= pair_not_below<T, MODE == 4, true>(ws[w], bound) & (0x20001u << (2 * w));
       marks.mark((keep | (keep >> 16)) & ((1u << got) - 1u), 0u, first);
     };
     auto append_marked = [&] {
@@ -1447,7 +1437,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
         int* const counter = &counters[2];
         constexpr bool W = kWholeCollect;
         if constexpr (kPairCollect) {
-          // 16-bit words two an instruction, as values (pair_keys_not_below), where the prefix
+          // 16-bit words two an instruction, as values (pair_not_below), where the prefix
           // is not a zero's and holds no NaN key (largest: not above +inf's; smallest: not 0),
           // else from a copy made keys (block-uniform).
           if (copy_raw && prefix != kSign && (largest ? prefix <= (KeyTraits<T>::kExp | kSign) : prefix != 0u)) {

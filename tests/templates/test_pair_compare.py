@@ -1,9 +1,9 @@
 """pair_not_below (templates/topk_common.cuh): on sm_90 and later a stream tests a word of two
 16-bit keys with one `set.geu.u32.bf16x2` (`__hgeu2_mask`; `set.leu` for smallest), which the
 CPU emulator runs as the CUDA header's host code. The kernel's SASS is shown to hold those
-HSET2s in both directions, and those of the collect from a resident row's copy
-(pair_keys_not_below: `set.le` for smallest, which a NaN fails); sm_80, which has no bfloat16
-form, compiles the compare of a key at a time (test_counters.py runs that form on the emulator)."""
+HSET2s in both directions, and those of the collect from a resident row's copy (in the order
+of keys: `set.le` for smallest, which a NaN fails); sm_80, which has no bfloat16 form, compiles
+the compare of a key at a time (test_counters.py runs that form on the emulator)."""
 
 from __future__ import annotations
 
