@@ -2,8 +2,9 @@
 kernels whose collect walks whole steps keep the row's words in shared memory, not their keys,
 count the words' top digit (find_digit reads those bins through the flip), and collect by
 comparing words in the order of keys: one of four compares, chosen by the direction and the
-k-th key's sign (16-bit words two a register, each half in place). A copy that a later pass or
-the gather reads whole is made keys first. The default policy's sm_90 K=64 kernels of float32
+k-th key's sign (16-bit words two a register, each half in place; on sm_90 and later, 16-bit
+words as values, two keys a compare). A copy that a later pass or the gather reads whole is
+made keys first. The default policy's sm_90 K=64 kernels of float32
 and bfloat16 (they serve rows from 4096 on; shorter rows reach the same code), as the runtime
 compiles them, checked against the reference."""
 
@@ -38,11 +39,13 @@ def _spec(dtype: str) -> pol.KernelSpec:
     return spec
 
 
-def _run(dtype: str, x: np.ndarray, largest: bool, shared_bytes: int | None = None) -> float:
+def _run(dtype: str, x: np.ndarray, largest: bool, shared_bytes: int | None = None, key_compare: bool = False) -> float:
     """Runs the kernel under two schedules, checks each result; returns global bytes read per
-    input byte."""
+    input byte. key_compare: the collect of sm_75 to sm_89 (TOPKGEN_KEY_COMPARE=1), which
+    compares 16-bit keys one at a time where sm_90 and later compare two."""
     spec = _spec(dtype)
-    module = compile_source(render(spec), name=spec.name)
+    module = compile_source(render(spec), name=spec.name + ("_kc" if key_compare else ""),
+                            defines=("TOPKGEN_KEY_COMPARE=1",) if key_compare else ())
     for seed in (1, 2):
         values, indices, counters = launch_kernel(module, spec, x, K, largest, schedule_seed=seed, workers=1,
                                                   counters=True, shared_bytes=shared_bytes)
@@ -85,16 +88,18 @@ def _kth_at_the_floor(dtype: str, sign: float, largest: bool) -> np.ndarray:
 
 @pytest.mark.parametrize("sign", [1.0, -1.0], ids=["positive", "negative"])
 @pytest.mark.parametrize("largest", [True, False], ids=["largest", "smallest"])
-@pytest.mark.parametrize("dtype", DTYPES)
-def test_words_are_collected_in_the_order_of_keys(dtype, sign, largest):
+@pytest.mark.parametrize("dtype,key_compare", [("float32", False), ("bfloat16", False), ("bfloat16", True)],
+                         ids=["float32", "bfloat16", "bfloat16-key-at-a-time"])
+def test_words_are_collected_in_the_order_of_keys(dtype, key_compare, sign, largest):
     """Rows of one sign reach each of the four compares (largest of positive rows: signed at
     least P ^ 0x80000000; of negative rows: unsigned at most ~P; smallest of positive rows:
     signed at most ~P ^ 0x80000000; of negative rows: unsigned at least P), with the k-th key
-    at its bucket's floor (the bound itself). The row is read once, and once more for each NaN
-    output's payload."""
+    at its bucket's floor (the bound itself). bfloat16 takes them where no pair compare exists
+    (key_compare; sm_90's pair compare of values elsewhere). The row is read once, and once
+    more for each NaN output's payload."""
     for x in (_one_sign(dtype, sign), _kth_at_the_floor(dtype, sign, largest)):
         nan_outputs = int(np.isnan(reference.topk(x, K, largest=largest)[0].astype(np.float32)).sum())
-        assert _run(dtype, x, largest) == 1.0 + nan_outputs / x.size
+        assert _run(dtype, x, largest, key_compare=key_compare) == 1.0 + nan_outputs / x.size
 
 
 @pytest.mark.parametrize("sign", [1.0, -1.0], ids=["positive", "negative"])
