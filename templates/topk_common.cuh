@@ -154,6 +154,12 @@ __device__ __forceinline__ unsigned nan_max(unsigned acc, unsigned w) {
   else return nan_max_f16x2(acc, w);
 }
 
+// nan_max of a piece's four words.
+template <typename T>
+__device__ __forceinline__ unsigned nan_max4(unsigned acc, const uint4& q) {
+  return nan_max<T>(nan_max<T>(acc, q.x), nan_max<T>(q.y, nan_max<T>(q.z, q.w)));
+}
+
 // The input bits of a key, so that output values need no second read. Every NaN shares one
 // key, so its payload is not in the key: `is_nan` tells the caller to read that value.
 template <typename T>
@@ -197,6 +203,26 @@ __device__ __forceinline__ unsigned pair_not_below(unsigned w, unsigned b2) {
   memcpy(&v, &w, sizeof(Pair));
   memcpy(&b, &b2, sizeof(Pair));
   return UP ? __hgeu2_mask(v, b) : KEY_ORDER ? __hle2_mask(v, b) : __hleu2_mask(v, b);
+}
+
+// pair_not_below's b2: `value` (a value of T) in both halves.
+template <typename T>
+__device__ __forceinline__ unsigned pair_bound(float value) {
+  unsigned b16;
+  if constexpr (KeyTraits<T>::kExp == 0x7f80u) b16 = __float_as_uint(value) >> 16;
+  else b16 = __half_as_ushort(__float2half(value));
+  return b16 | (b16 << 16);
+}
+
+// Bit j: element j < got of a piece of 16-bit values passes pair_not_below: each word's two
+// results gathered to bits 2w (low half) and 2w + 17 (high), then folded to bits 0-7.
+template <typename T, bool UP, bool KEY_ORDER = false>
+__device__ __forceinline__ unsigned pair_marks(const uint4& q, unsigned b2, int got) {
+  const unsigned words[4] = {q.x, q.y, q.z, q.w};
+  unsigned keep = 0u;
+#pragma unroll
+  for (int w = 0; w < 4; ++w) keep |= pair_not_below<T, UP, KEY_ORDER>(words[w], b2) & (0x20001u << (2 * w));
+  return (keep | (keep >> 16)) & ((1u << got) - 1u);
 }
 
 // A bound b such that every value x whose key is >= `floor` (of either direction) passes
@@ -260,7 +286,7 @@ template <typename T, bool NAN_AFTER, int DIRECTION = 0, typename F>
 __device__ __forceinline__ auto as_keys_nan_after(F& f, bool largest, unsigned& seen) {
   const bool up = DIRECTION == 0 ? largest : DIRECTION > 0;
   return [&f, &seen, up](const uint4& q, int first, int got) {
-    if constexpr (NAN_AFTER) seen = nan_max<T>(nan_max<T>(seen, q.x), nan_max<T>(q.y, nan_max<T>(q.z, q.w)));
+    if constexpr (NAN_AFTER) seen = nan_max4<T>(seen, q);
     f(piece_keys<T, !NAN_AFTER>(q, up), first, got);
   };
 }
@@ -270,7 +296,7 @@ __device__ __forceinline__ auto as_keys_nan_after(F& f, bool largest, unsigned& 
 template <typename T, typename F>
 __device__ __forceinline__ auto as_words_nan_after(F& f, unsigned& seen) {
   return [&f, &seen](const uint4& q, int first, int got) {
-    seen = nan_max<T>(nan_max<T>(seen, q.x), nan_max<T>(q.y, nan_max<T>(q.z, q.w)));
+    seen = nan_max4<T>(seen, q);
     f(q, first, got);
   };
 }
@@ -466,7 +492,7 @@ __device__ __forceinline__ void gather_append(int* counters, unsigned above_bits
 
 // The collect from a resident row's copy: each step's words w that pass a compare with `bound`
 // (MODE 0: w >= bound, 1: w <= bound, 2 and 3 the same signed; 4 and 5: 16-bit values two a
-// word, pair_not_below in the order of keys, `bound` the value in both halves) are
+// word, pair_marks in the order of keys, `bound` the value in both halves) are
 // marked and appended at its end (StepMarks) to out at counter's slots, as key_of makes them
 // keys, each key also given to on_key. WHOLE: RowView::for_each's. The compare is spelled on
 // the loop's line, so that the instruction counter charges its copies as one loop's.
@@ -476,24 +502,6 @@ __device__ __forceinline__ void collect_marked(const View& row, const Bits* copy
                                                OnKey on_key, int* counter, u64* out) {
   constexpr int V = View::V;
   StepMarks<THREADS, V, UNROLL> marks;
-  // Modes 4 and 5 gather a word's two 0xffff halves to bits 2w and 2w + 17, then fold them to
-  // bits 0-7, as stream_above does.
-  if constexpr (MODE >= 4) {
-    auto mark = [&](const uint4& words, int first, int got) {
-      const unsigned ws[4] = {words.x, words.y, words.z, words.w};
-      unsigned keep = 0u;
-#pragma unroll
-      for (int w = 0; w < 4; ++w) keep |= pair_not_below<T, MODE == 4, true>(ws[w], bound) & (0x20001u << (2 * w));
-      marks.mark((keep | (keep >> 16)) & ((1u << got) - 1u), 0u, first);
-    };
-    auto append_marked = [&] {
-      marks.template append<Bits>(0, counter, copy, out, 0x7fffffff, on_key, key_of);
-      marks.next_step();
-      return false;  // every step is walked
-    };
-    row.template for_each<true, WHOLE>(mark, 0, 0x7fffffff, append_marked);
-    return;
-  }
   // 16-bit keys are compared in place, two a word: the high half's as the word against the
   // bound in the top half (below it, all ones where the compare is <=), the low half's as the
   // word shifted up; each bit set by a select of its constant, where extracting each half and
@@ -503,13 +511,17 @@ __device__ __forceinline__ void collect_marked(const View& row, const Bits* copy
   const unsigned b = kHalves ? (bound << 16) | (MODE % 2 == 1 ? 0xffffu : 0u) : bound;
   auto mark = [&](const uint4& words, int first, int got) {
     unsigned keep = 0u;
+    if constexpr (MODE >= 4) {
+      keep = pair_marks<T, MODE == 4, true>(words, bound, got);
+    } else {
 #pragma unroll
-    for (int j = 0; j < V; ++j) {
-      const unsigned word = piece_element<unsigned>(words, kHalves ? j / 2 : j);
-      const unsigned w = kHalves && j % 2 == 0 ? word << 16 : word;
-      const bool pass = MODE == 0 ? w >= b : MODE == 1 ? w <= b : MODE == 2 ? int(w) >= int(b) : int(w) <= int(b);
-      if constexpr (kHalves) keep |= j < got && pass ? 1u << j : 0u;
-      else keep |= unsigned(j < got && pass) << j;
+      for (int j = 0; j < V; ++j) {
+        const unsigned word = piece_element<unsigned>(words, kHalves ? j / 2 : j);
+        const unsigned w = kHalves && j % 2 == 0 ? word << 16 : word;
+        const bool pass = MODE == 0 ? w >= b : MODE == 1 ? w <= b : MODE == 2 ? int(w) >= int(b) : int(w) <= int(b);
+        if constexpr (kHalves) keep |= j < got && pass ? 1u << j : 0u;
+        else keep |= unsigned(j < got && pass) << j;
+      }
     }
     marks.mark(keep, 0u, first);
   };
@@ -808,28 +820,13 @@ __device__ __forceinline__ int stream_above(const View& row, int step, float bou
   const int list = thread_index();
   int end = list + held * THREADS;  // the list's next slot
   // Bit j: element j < got of the piece passes the bound. 16-bit keys are tested two a word
-  // (pair_not_below, against the bound in both halves of `bound2`), and the word's results
-  // gathered to bits 2w (low half) and 2w + 17 (high), then folded to bits 0-7.
+  // (pair_marks, against the bound in both halves of `bound2`).
   constexpr bool kPairs = kPairCompare && sizeof(Bits) == 2;
-  unsigned bound2 = 0u;
-  if constexpr (kPairs) {
-    const float b = up ? bound : -bound;  // a value of T: keep_bound's
-    unsigned b16;
-    if constexpr (KeyTraits<T>::kExp == 0x7f80u) b16 = __float_as_uint(b) >> 16;
-    else b16 = __half_as_ushort(__float2half(b));
-    bound2 = b16 | (b16 << 16);
-  }
+  const unsigned bound2 = kPairs ? pair_bound<T>(up ? bound : -bound) : 0u;  // a value of T: keep_bound's
   auto passing = [&](const uint4& q, int got) {
     unsigned keep = 0u;
     if constexpr (kPairs) {
-      const unsigned words[4] = {q.x, q.y, q.z, q.w};
-#pragma unroll
-      for (int w = 0; w < 4; ++w) {
-        const unsigned halves =
-            up ? pair_not_below<T, true>(words[w], bound2) : pair_not_below<T, false>(words[w], bound2);
-        keep |= halves & (0x20001u << (2 * w));
-      }
-      keep = (keep | (keep >> 16)) & ((1u << got) - 1u);
+      keep = up ? pair_marks<T, true>(q, bound2, got) : pair_marks<T, false>(q, bound2, got);
     } else {
 #pragma unroll
       for (int j = 0; j < V; ++j) {
@@ -1442,10 +1439,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
           // else from a copy made keys (block-uniform).
           if (copy_raw && prefix != kSign && (largest ? prefix <= (KeyTraits<T>::kExp | kSign) : prefix != 0u)) {
             const float v = keep_bound<T>(prefix, largest);
-            unsigned b16;
-            if constexpr (KeyTraits<T>::kExp == 0x7f80u) b16 = __float_as_uint(largest ? v : -v) >> 16;
-            else b16 = __half_as_ushort(__float2half(largest ? v : -v));
-            const unsigned b2 = b16 | (b16 << 16);
+            const unsigned b2 = pair_bound<T>(largest ? v : -v);
             if (largest) {
               collect_marked<T, THREADS, UNROLL, W, 4>(shared_row, copy, b2, key_of, count_key, counter, buffer);
             } else {
@@ -1556,9 +1550,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
         const bool maybe =
             (low.x | low.y | low.z | low.w) != 0 || (!resident && (high.x | high.y | high.z | high.w) != 0);
         if (maybe) {  // block-uniform: the row holds an infinity or a NaN
-          auto scan = [&](const uint4& q, int, int) {
-            seen = nan_max<T>(nan_max<T>(seen, q.x), nan_max<T>(q.y, nan_max<T>(q.z, q.w)));
-          };
+          auto scan = [&](const uint4& q, int, int) { seen = nan_max4<T>(seen, q); };
           if (resident) {
             const View shared_row(copy, n);
             shared_row.template for_each<true, true>(scan);
