@@ -1404,12 +1404,20 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     // of its copy) collects them, each lane its own keys with one atomic a piece (a step, from
     // the copy: StepMarks), and this pass, the later ones and the gather read the buffer
     // alone. A key is at or above the prefix when key >= prefix: the prefix has no bits below
-    // the mask. The collect from the copy counts this pass as it appends (`counted`), where a
-    // walk over the lists cost 16384 K=256 tie-heavy float32 (1024 ties of the k-th key) 0.1
-    // warp instructions a key; the collect from the row leaves it to the lists: counting there
-    // took the sm_100 kernels of K=1024 and 2048 on 256 threads past the radix budget of 96
-    // registers.
-    bool counted = false;
+    // the mask. float32's collect from the copy counts this pass as it appends (`counted`),
+    // where a walk over the lists cost 16384 K=256 tie-heavy float32 (1024 ties of the k-th
+    // key) 0.1 warp instructions a key; the collect from the row leaves it to the lists:
+    // counting there took the sm_100 kernels of K=1024 and 2048 on 256 threads past the radix
+    // budget of 96 registers. 16-bit keys count in a walk of the buffer after the collect
+    // (`count_walk`, nothing to drop): their pair collect's appends take a few lanes a trip,
+    // each paying the count, where the walk takes 32 keys (4096 x 16384 K=256 bfloat16 normal
+    // 0.611 -> 0.594, tie-heavy 0.901 -> 0.865 warp instructions per key; float32 0.675 -> 0.687,
+    // counted).
+    constexpr bool kCountInCollect = KEY_BITS == 32;
+    auto on_collect = [&](unsigned key) {
+      if constexpr (kCountInCollect) count_key(key);
+    };
+    bool counted = false, count_walk = false;
     bool word_bins = false;  // the first pass's bins count words (find_digit)
     if (SMEM_BYTES > 0 && pass > 0 && source != kBuffer && state.bucket <= buffer_capacity - (k - state.remaining)) {
       auto collect = [&](const uint4& keys, int first, int got) {
@@ -1441,31 +1449,32 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
             const float v = keep_bound<T>(prefix, largest);
             const unsigned b2 = pair_bound<T>(largest ? v : -v);
             if (largest) {
-              collect_marked<T, THREADS, UNROLL, W, 4>(shared_row, copy, b2, key_of, count_key, counter, buffer);
+              collect_marked<T, THREADS, UNROLL, W, 4>(shared_row, copy, b2, key_of, on_collect, counter, buffer);
             } else {
-              collect_marked<T, THREADS, UNROLL, W, 5>(shared_row, copy, b2, key_of, count_key, counter, buffer);
+              collect_marked<T, THREADS, UNROLL, W, 5>(shared_row, copy, b2, key_of, on_collect, counter, buffer);
             }
           } else {
             copy_to_keys();
-            collect_marked<T, THREADS, UNROLL, W, 0>(shared_row, copy, prefix, key_of, count_key, counter, buffer);
+            collect_marked<T, THREADS, UNROLL, W, 0>(shared_row, copy, prefix, key_of, on_collect, counter, buffer);
           }
         } else if constexpr (!kRawCopy) {
-          collect_marked<T, THREADS, UNROLL, W, 0>(shared_row, copy, prefix, key_of, count_key, counter, buffer);
+          collect_marked<T, THREADS, UNROLL, W, 0>(shared_row, copy, prefix, key_of, on_collect, counter, buffer);
         } else if (!copy_raw || (!largest && prefix >= kSign)) {  // block-uniform
-          collect_marked<T, THREADS, UNROLL, W, 0>(shared_row, copy, prefix, key_of, count_key, counter, buffer);
+          collect_marked<T, THREADS, UNROLL, W, 0>(shared_row, copy, prefix, key_of, on_collect, counter, buffer);
         } else if (largest && prefix >= kSign) {
-          collect_marked<T, THREADS, UNROLL, W, 2>(shared_row, copy, prefix ^ kSign, key_of, count_key, counter,
+          collect_marked<T, THREADS, UNROLL, W, 2>(shared_row, copy, prefix ^ kSign, key_of, on_collect, counter,
                                                    buffer);
         } else if (largest) {
-          collect_marked<T, THREADS, UNROLL, W, 1>(shared_row, copy, ~prefix, key_of, count_key, counter, buffer);
+          collect_marked<T, THREADS, UNROLL, W, 1>(shared_row, copy, ~prefix, key_of, on_collect, counter, buffer);
         } else {
-          collect_marked<T, THREADS, UNROLL, W, 3>(shared_row, copy, ~prefix ^ kSign, key_of, count_key, counter,
+          collect_marked<T, THREADS, UNROLL, W, 3>(shared_row, copy, ~prefix ^ kSign, key_of, on_collect, counter,
                                                    buffer);
         }
       } else {
         global_row.template for_each<false>(as_keys<T>(collect, largest));
       }
-      counted = source == kSharedRow;
+      counted = kCountInCollect && source == kSharedRow;
+      count_walk = !kCountInCollect;
       source = kBuffer;
       __syncthreads();
       held = (counters[2] - thread_index() + THREADS - 1) / THREADS;  // the compact fill's lists
@@ -1626,6 +1635,16 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
         lo = min(lo, key);
         hi = max(hi, key);
         hist_add(hist, (key >> shift) & unsigned(bins - 1));
+      }
+    } else if (SMEM_BYTES > 0 && count_walk) {
+#pragma unroll 2
+      for (int s = thread_index(); s < thread_index() + held * THREADS; s += THREADS) {
+        const unsigned key = unpack_key(buffer[s]);
+        if ((key & mask) == prefix) {
+          lo = min(lo, key);
+          hi = max(hi, key);
+          hist_add(hist, (key >> shift) & unsigned(bins - 1));
+        }
       }
     } else if (SMEM_BYTES > 0 && !counted) {
       // Each thread also drops the keys of its list below the prefix's bucket (never one of the
