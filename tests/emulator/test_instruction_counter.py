@@ -426,3 +426,44 @@ def test_a_lambda_with_no_parameter_list_is_charged_per_call(counter, rounds):
     shfl = counter.count(c, "captured_lambda", "SHFL")
     assert shfl.static_instructions == 5
     assert shfl.warp_instructions == c.shuffles
+
+
+@pytest.mark.parametrize("rounds", [1, 5])
+def test_a_block_only_the_gpu_compiles_is_charged_as_its_enclosing_one(counter, rounds):
+    """device_arm: the shuffle lies in an `if constexpr` arm under `#if defined(__CUDA_ARCH__)`;
+    the emulator runs the #else. The instrumenter gave that arm a site, which the emulator
+    never entered, so the shuffle's SASS was charged nothing (a compare and a predicated or a
+    key in the resident collect, so written, took 16384 K=256 normal float32 from 0.684 to a
+    counted 0.622 warp instructions per key). The arm's lines now belong to the function."""
+    x = np.arange(THREADS, dtype=np.int32)
+    out = np.zeros(THREADS, np.int32)
+    c = counter.module().launch("device_arm", 1, THREADS, [x, out, np.int32(rounds)], counters=True)
+    assert c.shuffles == WARPS * rounds
+    shfl = counter.count(c, "device_arm", "SHFL")
+    assert shfl.static_instructions == 1
+    assert shfl.warp_instructions == c.shuffles
+
+
+def test_no_site_lies_where_only_the_gpu_compiles():
+    """The instrumenter's sites, over a source with each form of a GPU-only arm: none lies in
+    one, and the host arms and the code around them keep theirs."""
+    source = "\n".join([
+        "__device__ int f(int v) {",                                   # 1 function
+        "#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800",
+        "  if (v) {", "    v += 1;", "  }",                             # 3-5 GPU only
+        "#else",
+        "  if (v) {", "    v += 2;", "  }",                             # 7-9 host
+        "#endif",
+        "#ifndef __CUDA_ARCH__",
+        "  for (int i = 0; i < v; ++i) {", "    v -= i;", "  }",       # 12-14 host
+        "#else",
+        "  for (int i = 0; i < v; ++i) {", "    v += i;", "  }",       # 16-18 GPU only
+        "#endif",
+        "#if (defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 900) || !defined(__CUDA_ARCH__)",
+        "  while (v > 3) {", "    v >>= 1;", "  }",                    # 21-23 both
+        "#endif",
+        "  return v;",
+        "}",
+    ])
+    sites = {(s.kind, s.first_line) for s in instrument(source).sites}
+    assert sites == {("function", 1), ("branch", 8), ("loop", 12), ("loop", 21)}

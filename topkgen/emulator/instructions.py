@@ -7,7 +7,10 @@ The method, in three steps (sass.py reads the SASS; benchmarks/README.md words i
    so line numbers stay those of the source NVRTC compiles. A loop under `#pragma unroll`
    (one SASS copy per iteration) gets a site of kind "unrolled", left out of paths (`_fold`);
    under `#pragma unroll N` the SASS says (tests: a runtime trip count is charged per trip);
-   a braced branch written on one line gets none (the compiler predicates such code).
+   a braced branch written on one line gets none (the compiler predicates such code), nor
+   does a block in a preprocessor arm only the GPU's compile keeps (`#if
+   defined(__CUDA_ARCH__)`): the emulator runs the #else, and the block's lines are charged
+   as the enclosing block's (tests: an asm's shuffle in an `if constexpr` arm there).
    On the emulator a site counts a *warp* execution once per distinct instance among the
    warp's lanes (include/topkgen_sim.h, WarpSite): a warp issues a block when any lane runs it.
 2. `sass(source, name, arch)` compiles the very same source with NVRTC and `-lineinfo` (the
@@ -98,6 +101,40 @@ def _tokens(source: str) -> list[tuple[str, str, int, int]]:
     return out
 
 
+# `#if` conditions whose arm only the GPU compiles: defined(__CUDA_ARCH__), alone or ANDed.
+_DEVICE_IF = re.compile(r"defined\s*\(\s*__CUDA_ARCH__\s*\)(?:\s*&&[^|]*)?")
+_HOST_IF = re.compile(r"!\s*defined\s*\(\s*__CUDA_ARCH__\s*\)")
+
+
+def _device_only(toks: list[tuple[str, str, int, int]]) -> list[bool]:
+    """Per token: whether it lies in a preprocessor arm that only the GPU's compile keeps
+    (`#if defined(__CUDA_ARCH__)`, `#ifdef __CUDA_ARCH__`, the `#else` of their negations). The
+    emulator never runs a block there, so a site in it would count nothing, and the SASS of its
+    lines would be charged nothing (an asm in an `if constexpr` arm under such an `#if` counted
+    0.622 warp instructions per key for 0.684). Such blocks get no site: their lines belong to
+    the enclosing block, which the emulator runs where the GPU runs them."""
+    frames: list[list[bool]] = []  # per open #if: [this arm device-only, its #else device-only]
+    flags = []
+    for kind, text, _, _ in toks:
+        if kind == "pre":
+            m = re.match(r"\s*#\s*(ifdef|ifndef|if|elif|else|endif)\b(.*)", text, re.DOTALL)
+            if m:
+                directive, cond = m.group(1), " ".join(m.group(2).split())
+                if directive in ("if", "ifdef", "ifndef"):
+                    arch = cond == "__CUDA_ARCH__"
+                    device = (directive == "ifdef" and arch) or (directive == "if" and bool(_DEVICE_IF.fullmatch(cond)))
+                    host = (directive == "ifndef" and arch) or (directive == "if" and bool(_HOST_IF.fullmatch(cond)))
+                    frames.append([device, host])
+                elif frames and directive == "elif":
+                    frames[-1] = [False, False]
+                elif frames and directive == "else":
+                    frames[-1] = [frames[-1][1], False]
+                elif frames and directive == "endif":
+                    frames.pop()
+        flags.append(any(arm for arm, _ in frames))
+    return flags
+
+
 def instrument(source: str) -> Instrumented:
     """The source with a counting site at the start of every code block (see the module's
     docstring), and the sites' line ranges. Line numbers are unchanged.
@@ -162,6 +199,7 @@ def instrument(source: str) -> Instrumented:
             functions.pop()
         return functions[-1][1] if functions else -1
 
+    device_only = _device_only(toks)
     next_id = 1
     for i, (kind, text, offset, line) in enumerate(toks):
         if kind == "pre":
@@ -169,6 +207,10 @@ def instrument(source: str) -> Instrumented:
             if m:
                 # `#pragma unroll N`: the SASS says whether a back-edge is left (SiteMap)
                 pending_unroll = m.group(1) is None
+            continue
+        if device_only[i]:
+            if kind == "ident" and text in _LOOPS:
+                pending_unroll = False  # the pragma was this loop's
             continue
         if kind == "ident" and text in _LOOPS:
             unrolled[i] = pending_unroll

@@ -135,3 +135,28 @@ extern "C" __global__ void captured_lambda(const int* in, int* out, int rounds) 
   }
   out[threadIdx.x] = acc;
 }
+
+// A shuffle the GPU's compile takes from an `if constexpr` arm under `#if defined(__CUDA_ARCH__)`
+// (as the templates write their asm), the emulator from the #else: `rounds` calls, one
+// shuffle each. The arm is a braced block the emulator never compiles.
+template <bool UP>
+__device__ __forceinline__ int device_arm_shuffle(int v) {
+#if defined(__CUDA_ARCH__)
+  if constexpr (UP) {
+    v += __shfl_xor_sync(0xffffffffu, v, 1);
+  } else {
+    v -= __shfl_xor_sync(0xffffffffu, v, 1);
+  }
+  return v;
+#else
+  const int other = __shfl_xor_sync(0xffffffffu, v, 1);
+  return UP ? v + other : v - other;
+#endif
+}
+
+extern "C" __global__ void device_arm(const int* in, int* out, int rounds) {
+  int acc = in[threadIdx.x];
+#pragma unroll 1
+  for (int r = 0; r < rounds; ++r) acc = device_arm_shuffle<true>(acc);
+  out[threadIdx.x] = acc;
+}
