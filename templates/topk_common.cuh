@@ -1391,8 +1391,9 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     int source = state.source;
     unsigned lo = ~0u, hi = 0u;
     // A later pass counts a key of the prefix's bucket by its digit; the span of those keys.
-    // The collect from the copy calls it; the passes below spell it out, where calling it took
-    // the sm_100 K=1024 kernel on 256 threads (test_large_k_build's) from 96 to 101 registers.
+    // The collect from the copy and the walk after it (count_walk) call it; the passes below
+    // spell it out, where calling it took the sm_100 K=1024 kernel on 256 threads
+    // (test_large_k_build's) from 96 to 101 registers.
     auto count_key = [&](unsigned key) {
       if ((key & mask) == prefix) {
         lo = min(lo, key);
@@ -1638,14 +1639,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
       }
     } else if (SMEM_BYTES > 0 && count_walk) {
 #pragma unroll 2
-      for (int s = thread_index(); s < thread_index() + held * THREADS; s += THREADS) {
-        const unsigned key = unpack_key(buffer[s]);
-        if ((key & mask) == prefix) {
-          lo = min(lo, key);
-          hi = max(hi, key);
-          hist_add(hist, (key >> shift) & unsigned(bins - 1));
-        }
-      }
+      for (int s = thread_index(); s < thread_index() + held * THREADS; s += THREADS) count_key(unpack_key(buffer[s]));
     } else if (SMEM_BYTES > 0 && !counted) {
       // Each thread also drops the keys of its list below the prefix's bucket (never one of the
       // top k; the prefix has no bits below the mask, so key >= prefix is key & mask >= prefix).
