@@ -314,6 +314,36 @@ def test_a_resident_row_of_one_key_takes_one_histogram(kernel):
     assert counters.shared_atomics >= 2 * n * 2, counters.shared_atomics
 
 
+def _top_ties(n: int, top: int, below: int, odd: int = 0) -> np.ndarray:
+    """float32 rows of n keys: `top` copies of 3.75, `below` of 3.5 (the same first digit, so
+    one bucket collects both) and the rest normal under 3; `odd` of the 3.75s become the next
+    float up, which differs from 3.75 in the last digit alone."""
+    x = np.clip(_normal("float32", 2, n, seed=n), -3.0, 3.0)
+    x[:, :top] = 3.75
+    x[:, top:top + below] = 3.5
+    x[:, :odd] = np.nextafter(np.float32(3.75), np.float32(4.0))
+    rng = np.random.default_rng(top)
+    return np.stack([rng.permutation(row) for row in x])
+
+
+@pytest.mark.parametrize("mode", ["fast", "deterministic"])
+@pytest.mark.parametrize("largest", [True, False])
+def test_a_top_bin_of_one_key_needs_no_last_pass(mode, largest):
+    """float32 rows whose k-th key's first bucket holds 3.5 and 3.75 with more than k 3.75s
+    (tie-heavy data): once the buffer holds that bucket, the second pass finds 3.75's bin at
+    the top, and a walk of the buffer finds no other key in it, so no third histogram counts
+    it. Where 3.75's bin also holds the next float up, the third pass separates them."""
+    kernel = ("sm_90", "float32", mode)
+    sign = 1 if largest else -1
+    one = sign * _top_ties(3000, 100, 20)
+    two = sign * _top_ties(3000, 100, 20, odd=40)
+    later = [_run(kernel, x, largest=largest).phases["histogram, later passes"] for x in (one, two)]
+    assert _reads(_run(kernel, one, largest=largest), one) == 2.0  # the bucket was collected
+    # the later passes differ by the third's histogram of the 100 keys of 3.75's bin, a row
+    assert later[1].shared_atomics - later[0].shared_atomics == 2 * 100, (later[0], later[1])
+    assert later[0].barriers < later[1].barriers
+
+
 @pytest.mark.parametrize("kernel", KERNELS, ids=["-".join(k) for k in KERNELS])
 def test_every_pattern_around_the_thresholds(kernel):
     """n around the resident threshold and the block's vector tiles; k = 1, middle and 64."""
