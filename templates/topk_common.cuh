@@ -1731,9 +1731,10 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     const unsigned low_xor = words ? (largest ? 0x7ffu : 0x3ffu) : 0u, high_xor = words && largest ? 0x400u : 0u;
     // Where no key counted lies above the k-th key's bin, float32 asks whether that bin is one
     // key (below), which the third pass would otherwise count whole: 16384 K=256 tie-heavy
-    // float32 1.025 -> 0.939, normal 0.6955 -> 0.6977 warp instructions per key (counted, 2
-    // rows). 16-bit keys have no third pass; on 1024 threads (64 registers) the walk spilled
-    // 20 bytes in the K=4096 deterministic kernel.
+    // float32 1.025 -> 0.941, normal 0.6955 -> 0.6956 warp instructions per key (counted, 2
+    // rows; its five conditions in one branch cost normal 0.698). 16-bit keys have no third
+    // pass; on 1024 threads (64 registers) the walk spilled 20 bytes in the K=4096
+    // deterministic kernel.
     constexpr bool kTopBinCheck = PASSES > 2 && SMEM_BYTES > 0 && THREADS < 1024;
     const int wanted = state.remaining;
     const int in_bins = find_digit<THREADS, kNanAfter>(hist, bins, wanted, warp_sums, found, low_xor, high_xor);
@@ -1752,26 +1753,27 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
       state.source = pass == 0 && resident ? int(kSharedRow) : source;
     }
     if (single_key || take == in_bin) break;  // the k-th key is known, or its bucket is taken whole
-    if (kTopBinCheck && take == wanted && pass + 1 < PASSES && source == kBuffer && !refill &&
-        in_bin < in_bins) {
-      // Block-uniform: no key counted lies above the bin, so the largest one counted is in it,
-      // and others lie below it (where the bin holds every key counted, the span answered
-      // above). The bin is that one key where a walk of the buffer finds no other in it: the
-      // next pass, which would count it whole, is not needed (16 values, ties of the top one).
-      reduce_span();
-      __syncthreads();
-      const unsigned top = span[1], bin_mask = mask | (unsigned(bins - 1) << shift);
-      unsigned differ = 0u;
-      for (int s = thread_index(); s < thread_index() + held * THREADS; s += THREADS) {
-        const unsigned key = unpack_key(buffer[s]);
-        differ |= (key & bin_mask) == (top & bin_mask) ? key ^ top : 0u;
-      }
-      if (!__syncthreads_or(differ != 0u)) {
-        if (thread_index() == 0) {
-          state.prefix = top;
-          state.mask = KeyTraits<T>::kAll;
+    if (kTopBinCheck && take == wanted) {  // a branch of its own: normal rows pay this compare alone
+      if (pass + 1 < PASSES && source == kBuffer && !refill && in_bin < in_bins) {
+        // Block-uniform: no key counted lies above the bin, so the largest one counted is in
+        // it, and others lie below it (where the bin holds every key counted, the span answered
+        // above). The bin is that one key where a walk of the buffer finds no other in it: the
+        // next pass, which would count it whole, is not needed (16 values, ties of the top one).
+        reduce_span();
+        __syncthreads();
+        const unsigned top = span[1], bin_mask = mask | (unsigned(bins - 1) << shift);
+        unsigned differ = 0u;
+        for (int s = thread_index(); s < thread_index() + held * THREADS; s += THREADS) {
+          const unsigned key = unpack_key(buffer[s]);
+          differ |= (key & bin_mask) == (top & bin_mask) ? key ^ top : 0u;
         }
-        break;
+        if (!__syncthreads_or(differ != 0u)) {
+          if (thread_index() == 0) {
+            state.prefix = top;
+            state.mask = KeyTraits<T>::kAll;
+          }
+          break;
+        }
       }
     }
   }
