@@ -179,6 +179,26 @@ def test_threads_by_k_past_8_candidates_a_thread_is_refused():
                                                                         1024: 128, 4096: 512}
 
 
+def test_shared_buffer_per_k_by_k_sizes_the_buffer_of_the_rungs_it_names(default_policy):
+    """The default's K=128 and 256 rungs get shared_buffer_per_k_by_k's 32 and 16 candidates per K
+    (32 KB, as K=64's 64 a K), so that a bfloat16 row of 16384 takes 64 KB, not 96; rungs it
+    does not name keep shared_buffer_per_k, and without the map K=256's 64 a K fill all 96 KB."""
+    def buffers(policy):
+        return {k: pol.select(policy, "sm_90", "bfloat16", k, 16384, rows=4096).kernel.shared
+                for k in (64, 128, 256, 512)}
+
+    shared = buffers(default_policy)
+    assert {k: s.buffer_bytes for k, s in shared.items()} == {64: 32768, 128: 32768, 256: 32768, 512: 98304}
+    assert shared[256].bytes_for(16384) == 32784 + 32768  # the copy with 7 keys of alignment room
+    without = pol.loads(_variant("shared_buffer_per_k_by_k: {128: 32, 256: 16}", "shared_buffer_per_k_by_k: {}"),
+                        source="p.yaml")
+    assert {k: s.buffer_bytes for k, s in buffers(without).items()} == {64: 32768, 128: 65536, 256: 98304, 512: 98304}
+    assert buffers(without)[256].bytes_for(16384) == 98304
+    with pytest.raises(pol.PolicyError, match=r"p\.yaml:\d+:\d+: archs\.sm_90\.shared_buffer_per_k_by_k\.256"):
+        pol.loads(_variant("shared_buffer_per_k_by_k: {128: 32, 256: 16}",
+                           "shared_buffer_per_k_by_k: {128: 32, 256: 2000}"), source="p.yaml")
+
+
 def test_a_family_template_other_than_its_kernels_is_refused(cli, tmp_path):
     path = tmp_path / "p.yaml"
     path.write_text(_variant("template: register_select.cu.j2", "template: radix_select.cu.j2"))

@@ -115,6 +115,7 @@ def _build(doc: dict, loc: _Locator, source: str, sha: str, text: str) -> Policy
                             f"(at most {room})")
         loads_by_k = {int(k): v for k, v in t.get("loads_in_flight_by_k", {}).items()}
         threads_by_k = {int(k): v for k, v in t.get("threads_by_k", {}).items()}
+        buffer_by_k = {int(k): v for k, v in t.get("shared_buffer_per_k_by_k", {}).items()}
         for k, threads in threads_by_k.items():
             if k > threads * MAX_SORT_CANDIDATES_PER_THREAD:
                 raise loc.error(("archs", name, "threads_by_k", str(k)),
@@ -140,7 +141,7 @@ def _build(doc: dict, loc: _Locator, source: str, sha: str, text: str) -> Policy
                                  tail["policy"], tail.get("max_iterations"), ctas, shared,
                                  t.get("loads_in_flight", 1), loads_by_k, split,
                                  bool(t.get("ship_ptx", False)), bool(t.get("arch_specific", False)),
-                                 t.get("shared_buffer_per_k"), threads_by_k)
+                                 t.get("shared_buffer_per_k"), threads_by_k, buffer_by_k)
 
     aot = tuple(doc["dtypes"]["aot"])
     jit = tuple(doc["dtypes"].get("jit", []))

@@ -160,6 +160,7 @@ class ArchTuning:
     arch_specific: bool = False  # compile for sm_XYa: runs on exactly this arch
     shared_buffer_per_k: int | None = None  # radix: a resident row's candidate buffer, in candidates per K (None: all)
     threads_by_k: dict[int, int] = field(default_factory=dict)  # radix: block size per K rung, over max(K, threads)
+    shared_buffer_per_k_by_k: dict[int, int] = field(default_factory=dict)  # per K rung, over shared_buffer_per_k
 
     @property
     def target(self) -> str:

@@ -88,11 +88,13 @@ def _kernel(policy: Policy, rule: Rule, tuning: ArchTuning, family: Family, dtyp
 
 def _shared_buffer_bytes(tuning: ArchTuning, dynamic: int, k: int) -> int:
     """A radix kernel's candidate buffer past a resident row's copy (split.SharedMemory): the
-    arch's shared_buffer_per_k candidates (8 bytes each) per K, in whole 16-byte units, or all
-    of its dynamic shared memory when the policy has none; at most all of it."""
-    if tuning.shared_buffer_per_k is None:
+    arch's shared_buffer_per_k candidates (8 bytes each) per K (shared_buffer_per_k_by_k[K] where it
+    names the rung), in whole 16-byte units, or all of its dynamic shared memory when the policy
+    has none; at most all of it."""
+    per_k = tuning.shared_buffer_per_k_by_k.get(k, tuning.shared_buffer_per_k)
+    if per_k is None:
         return dynamic
-    return min(dynamic, -(-tuning.shared_buffer_per_k * k * CANDIDATE_BYTES // VECTOR_BYTES) * VECTOR_BYTES)
+    return min(dynamic, -(-per_k * k * CANDIDATE_BYTES // VECTOR_BYTES) * VECTOR_BYTES)
 
 
 def _dynamic_shared_bytes(rule: Rule, tuning: ArchTuning, n_max: int, vec: int, size: int) -> int:
