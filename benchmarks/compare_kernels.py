@@ -1,6 +1,7 @@
 """Issue 28's target shapes from two bench-kernels runs side by side: global reads per element,
 warp instructions per key and the H200 model (a MODEL ESTIMATE, with its issue bound at 4 and
-at 2 warp instructions per clock) before -> after, and the small-batch splits.
+at 2 warp instructions per clock) before -> after, the small-batch splits, and every other radix
+row whose CTAs per SM or model estimate moved (a policy's shared memory or launch bounds).
 
     .venv/bin/python benchmarks/compare_kernels.py BEFORE.json AFTER.json [--md FILE]
 
@@ -53,6 +54,15 @@ def table(before: dict, after: dict) -> str:
                    f"| {o['stage1_reads_per_element']:.3f} -> {r['stage1_reads_per_element']:.3f} "
                    f"| {o['warp_instructions_per_key']:.2f} -> {r['warp_instructions_per_key']:.2f} "
                    f"| {o['model_us']:.1f} -> {r['model_us']:.1f} | {r['model_one_cta_us']:.1f} |")
+    moved = [(o, r) for r in after["rows"] if r["family"] == "radix" and (r["set"], r["n"], r["k"]) not in TARGETS
+             for o in [b.get((r["set"], r["dtype"], r["n"], r["k"], r["data"]))]
+             if o is not None and (o["ctas_per_sm"], round(o["model_us"], 1)) != (r["ctas_per_sm"], round(r["model_us"], 1))]
+    if moved:
+        out += ["", "The other rows whose CTAs per SM or model estimate moved:", "",
+                "| shape | data | CTAs/SM | warp instr/key | model us at 4/clock (bound) |", "|---|---|---|---|---|"]
+        out += [f"| {r['model_rows']}x{r['n']} K{r['k']} {r['dtype']} | {r['data']} | {o['ctas_per_sm']} -> {r['ctas_per_sm']} "
+                f"| {o['warp_instructions_per_key']:.3f} -> {r['warp_instructions_per_key']:.3f} "
+                f"| {o['model_us']:.1f} ({o['model_bound']}) -> {r['model_us']:.1f} ({r['model_bound']}) |" for o, r in moved]
     return "\n".join(out) + "\n"
 
 
