@@ -283,6 +283,24 @@ def test_the_resident_kernel_issues_under_half_its_issue_27_count(dtype):
     assert per_key < 0.5 * was
 
 
+def test_each_instruction_is_charged_its_share_of_the_census():
+    """Census.by_instruction, which benchmarks/kernel_sites.py sums by line and opcode, holds
+    every SASS instruction that can issue once, adds up to the census, and summed by each
+    instruction's innermost site gives by_site."""
+    spec, counter, x, c = _count_k256_fast("float32", 2, 16384)
+    census = counter.count(c, spec.name)
+    assert len(census.by_instruction) == census.static_instructions
+    assert sum(census.by_instruction.values()) == pytest.approx(census.warp_instructions, rel=1e-9)
+    by_site: dict[int, float] = {}
+    for ins, n in census.by_instruction.items():
+        path = counter.map.path_of(ins)
+        if path:
+            by_site[path[-1]] = by_site.get(path[-1], 0.0) + n
+    assert by_site == pytest.approx(dict(census.by_site), rel=1e-9)
+    assert census.by_site[next(s.id for s in counter.inst.sites if s.kind == "function"
+                               and "void hist_add(" in counter.inst.source.splitlines()[s.first_line - 1])] > 0
+
+
 @pytest.mark.parametrize("rounds", [1, 6])
 def test_fully_unrolled_loops_are_charged_once_per_trip(counter, rounds):
     """unrolled_shuffles: two butterflies the compiler unrolls fully on its own (one in the

@@ -387,6 +387,7 @@ class SiteMap:
         issued = _issued(instructions)
         total = 0.0
         by_site: dict[int, float] = {}
+        by_instruction: dict[Instruction, float] = {}
         unmatched = 0
         for ins in issued:
             path, share = self.weighted_path(ins)
@@ -394,9 +395,10 @@ class SiteMap:
             if path and path not in warp_sites:
                 unmatched += 1
             total += n
+            by_instruction[ins] = n
             if path:
                 by_site[path[-1]] = by_site.get(path[-1], 0.0) + n
-        return Census(total, len(issued), unmatched, by_site)
+        return Census(total, len(issued), unmatched, by_site, by_instruction)
 
 
 def _basic_blocks(instructions: list["Instruction"], labels: Mapping[str, int]) -> dict[tuple[int, str], int]:
@@ -423,6 +425,7 @@ class Census:
     static_instructions: int   # SASS instructions that can issue
     never_run: int             # of those, on a path the emulator never entered
     by_site: Mapping[int, float]  # warp instructions charged to each innermost site
+    by_instruction: Mapping[Instruction, float] = field(default_factory=dict)  # and to each SASS instruction
 
 
 class Counter:

@@ -1,0 +1,96 @@
+"""Where one kernel's warp instructions go: the kernel the default policy dispatches for a shape
+(sm_90, one CTA per row, the largest k, sorted: as `make bench-kernels` runs it), counted on the
+emulator, in warp instructions per key, by source site, source line or SASS opcode.
+
+    .venv/bin/python benchmarks/kernel_sites.py DTYPE N K [--data KIND] [--rows R] [--by site|line|opcode] [--top T]
+
+Every SASS instruction of the kernel's cubin is charged the warp executions the emulator counted
+on its path of sites (topkgen.emulator.instructions: exact for these rows and data; no stall,
+replay or dual issue), and the charges are summed by the innermost site (function body, loop or
+branch) the instruction lies in, by the line NVRTC names for it (the innermost, inlined or not),
+or by opcode. A site's figure is its own code, not the sites nested in it: the breakdown that
+tells which part of a kernel a change moved, where bench-kernels gives one figure a kernel.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+from collections import defaultdict
+from pathlib import Path
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+from bench_kernels import Kernels  # noqa: E402
+from shapes import DATA_KINDS, make_rows  # noqa: E402
+
+BY = ("site", "line", "opcode")
+MARK = re.compile(r"::tk::WarpSite tk_ws_\w*\(\d+\);\s*")  # the counter's marks, left out of labels
+
+
+def breakdown(census, counter, by: str) -> dict[str, float]:
+    """Warp instructions (summed over the launch) by site, line or opcode, each with a label that
+    names it in the instrumented source the counter compiled."""
+    lines = [MARK.sub("", line).strip() for line in counter.inst.source.splitlines()]
+    out: dict[str, float] = defaultdict(float)
+    if by == "site":
+        for sid, n in census.by_site.items():
+            s = counter.inst.by_id[sid]
+            out[f"site {sid} {s.kind} L{s.first_line}-{s.last_line}: {lines[s.first_line - 1]}"] += n
+    else:
+        for ins, n in census.by_instruction.items():
+            if by == "opcode":
+                out[ins.opcode.split(".")[0]] += n
+            else:
+                line = ins.chain[0][1] if ins.chain else 0
+                out[f"L{line}: {lines[line - 1] if 0 < line <= len(lines) else '(no line)'}"] += n
+    return dict(out)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("dtype", choices=("float32", "bfloat16"))
+    ap.add_argument("n", type=int)
+    ap.add_argument("k", type=int)
+    ap.add_argument("--data", default="normal", choices=DATA_KINDS)
+    ap.add_argument("--rows", type=int, default=4, help="rows run (the figures are per key of all of them)")
+    ap.add_argument("--by", default="site", choices=BY)
+    ap.add_argument("--top", type=int, default=25, help="print the T largest (0: all)")
+    a = ap.parse_args(argv)
+    if not (1 <= a.k <= a.n) or a.rows < 1:
+        ap.error("need 1 <= K <= N and --rows >= 1")
+
+    import ml_dtypes
+
+    from topkgen.runtime import launch_arguments, launch_shared_bytes, reference
+
+    kernels = Kernels()
+    spec = kernels.select(a.dtype, a.k, a.n)
+    if spec.family != "radix":
+        ap.error(f"{spec.name} is a register kernel: the counter serves the radix kernels")
+    counter = kernels.counter(spec)
+    x = make_rows(a.data, a.rows, a.n, seed=a.n + a.k + DATA_KINDS.index(a.data)).astype(
+        np.float32 if a.dtype == "float32" else ml_dtypes.bfloat16)
+    values, indices = np.zeros((a.rows, a.k), x.dtype), np.zeros((a.rows, a.k), np.int64)
+    c = kernels.module(spec).launch(spec.name, a.rows, spec.threads,
+                                    launch_arguments(spec, x, values, indices, a.rows, a.n, a.k, True),
+                                    shared_bytes=launch_shared_bytes(spec, a.n), counters=True)
+    expect, _ = reference.topk(x, a.k, largest=True)
+    if not np.array_equal(reference.select_keys(values, True), reference.select_keys(expect, True)):
+        raise SystemExit(f"kernel_sites: {spec.name} returned a wrong top-{a.k} on {a.data} rows of {a.n}")
+    census = counter.count(c, spec.name)
+    keys = a.rows * a.n
+    print(f"{spec.name}: {a.rows} {a.data} rows of {a.n}, k={a.k}: {census.warp_instructions / keys:.4f} warp "
+          f"instructions per key, by {a.by} (counted on the emulator; SASS for sm_90)")
+    parts = sorted(breakdown(census, counter, a.by).items(), key=lambda t: -t[1])
+    for label, n in parts[:a.top or None]:
+        print(f"{n / keys:8.4f} {100 * n / census.warp_instructions:5.1f}%  {label[:110]}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
