@@ -114,14 +114,14 @@ class Kernels:
         return ctas_per_sm(spec.threads, r.registers, r.static_shared_bytes, shared_bytes)
 
 
-def measure(kernels: Kernels, set_name: str, model_rows: int, rows: int, dtype: str, n: int, k: int,
-            kind: str) -> Row:
+def run_counted(kernels: Kernels, spec, rows: int, dtype: str, n: int, k: int, kind: str, who: str = "bench-kernels"):
+    """`rows` rows of `kind` data (the seed bench-kernels gives them) through spec's instrumented
+    module, the largest k, sorted, checked against the reference: (x, the launch's counters)."""
     from topkgen.runtime import reference
     from topkgen.runtime import launch_arguments, launch_shared_bytes
 
     import ml_dtypes
 
-    spec = kernels.select(dtype, k, n)
     x = make_rows(kind, rows, n, seed=n + k + DATA_KINDS.index(kind)).astype(
         np.float32 if dtype == "float32" else ml_dtypes.bfloat16)
     values, indices = np.zeros((rows, k), x.dtype), np.zeros((rows, k), np.int64)
@@ -131,7 +131,16 @@ def measure(kernels: Kernels, set_name: str, model_rows: int, rows: int, dtype: 
                                     shared_bytes=launch_shared_bytes(spec, n), counters=True)
     expect, _ = reference.topk(x, k, largest=True)
     if not np.array_equal(reference.select_keys(values, True), reference.select_keys(expect, True)):
-        raise SystemExit(f"bench-kernels: {spec.name} returned a wrong top-{k} on {kind} rows of {n}")
+        raise SystemExit(f"{who}: {spec.name} returned a wrong top-{k} on {kind} rows of {n}")
+    return x, c
+
+
+def measure(kernels: Kernels, set_name: str, model_rows: int, rows: int, dtype: str, n: int, k: int,
+            kind: str) -> Row:
+    from topkgen.runtime import launch_shared_bytes
+
+    spec = kernels.select(dtype, k, n)
+    x, c = run_counted(kernels, spec, rows, dtype, n, k, kind)
     first = c.phases.get(FIRST_PASS, c)
     elements = rows * n
     wavefronts = first.shared_atomic_instructions * first.bank_lanes_mean / elements

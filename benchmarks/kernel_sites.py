@@ -20,13 +20,11 @@ import sys
 from collections import defaultdict
 from pathlib import Path
 
-import numpy as np
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from bench_kernels import Kernels  # noqa: E402
-from shapes import DATA_KINDS, make_rows  # noqa: E402
+from bench_kernels import Kernels, run_counted  # noqa: E402
+from shapes import DATA_KINDS  # noqa: E402
 
 BY = ("site", "line", "opcode")
 MARK = re.compile(r"::tk::WarpSite tk_ws_\w*\(\d+\);\s*")  # the counter's marks, left out of labels
@@ -64,24 +62,12 @@ def main(argv: list[str] | None = None) -> int:
     if not (1 <= a.k <= a.n) or a.rows < 1:
         ap.error("need 1 <= K <= N and --rows >= 1")
 
-    import ml_dtypes
-
-    from topkgen.runtime import launch_arguments, launch_shared_bytes, reference
-
     kernels = Kernels()
     spec = kernels.select(a.dtype, a.k, a.n)
     if spec.family != "radix":
         ap.error(f"{spec.name} is a register kernel: the counter serves the radix kernels")
+    _, c = run_counted(kernels, spec, a.rows, a.dtype, a.n, a.k, a.data, who="kernel_sites")
     counter = kernels.counter(spec)
-    x = make_rows(a.data, a.rows, a.n, seed=a.n + a.k + DATA_KINDS.index(a.data)).astype(
-        np.float32 if a.dtype == "float32" else ml_dtypes.bfloat16)
-    values, indices = np.zeros((a.rows, a.k), x.dtype), np.zeros((a.rows, a.k), np.int64)
-    c = kernels.module(spec).launch(spec.name, a.rows, spec.threads,
-                                    launch_arguments(spec, x, values, indices, a.rows, a.n, a.k, True),
-                                    shared_bytes=launch_shared_bytes(spec, a.n), counters=True)
-    expect, _ = reference.topk(x, a.k, largest=True)
-    if not np.array_equal(reference.select_keys(values, True), reference.select_keys(expect, True)):
-        raise SystemExit(f"kernel_sites: {spec.name} returned a wrong top-{a.k} on {a.data} rows of {a.n}")
     census = counter.count(c, spec.name)
     keys = a.rows * a.n
     print(f"{spec.name}: {a.rows} {a.data} rows of {a.n}, k={a.k}: {census.warp_instructions / keys:.4f} warp "
