@@ -17,24 +17,39 @@ namespace topk {
 template <typename T>
 __device__ __forceinline__ T load_global_nc(const T* p) {
 #ifdef TOPKGEN_EMULATOR
-  ::tk::count_global_load(sizeof(T));
+  ::tk::global_load(p, sizeof(T), ::tk::kLoadNonCoherent);
 #endif
   return *p;
 }
 
-// A coherent load: for global data the launch itself writes (scratch buffers).
+// A load of global data the CTA itself wrote in this launch (scratch buffers): ld.global,
+// which may be served by the SM's L1.
 template <typename T>
 __device__ __forceinline__ T load_global(const T* p) {
 #ifdef TOPKGEN_EMULATOR
-  ::tk::count_global_load(sizeof(T));
+  ::tk::global_load(p, sizeof(T), ::tk::kLoadCached);
 #endif
   return *p;
+}
+
+// A load of global data other CTAs of this launch wrote, after their release and this CTA's
+// acquire (a global atomic, then __threadfence()): ld.global.cg reads L2, where their writes
+// are, past this SM's L1 and read-only caches, which no other SM's write updates. The
+// emulator's ordering check (Module.launch(check_ordering=True)) fails any other read of them.
+template <typename T>
+__device__ __forceinline__ T load_global_cg(const T* p) {
+#ifdef TOPKGEN_EMULATOR
+  ::tk::global_load(p, sizeof(T), ::tk::kLoadCoherent);
+  return *p;
+#else
+  return __ldcg(p);
+#endif
 }
 
 template <typename T>
 __device__ __forceinline__ void store_global(T* p, const T& value) {
 #ifdef TOPKGEN_EMULATOR
-  ::tk::count_global_store(sizeof(T));
+  ::tk::global_store(p, sizeof(T));
 #endif
   *p = value;
 }

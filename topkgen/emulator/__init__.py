@@ -11,6 +11,11 @@ EmulationError naming the kernel, block and thread or lane; so do misaligned acc
 bytes through the kernels' global-memory helpers, atomics, shared-memory bank lanes per warp
 atomic instruction, barriers, shuffles and votes, in total and per phase.
 
+`launch(..., check_ordering=True)` checks how blocks hand data to one another within a launch
+(the last block of a row merging what the others wrote): a read of another block's write
+fails unless the writer fenced before its global atomic, the reader fenced after its own, and
+the read bypassed the SM's incoherent caches (the header's "inter-CTA ordering check").
+
 Limits: kernels must not spin-wait on another CTA (reported as a watchdog timeout);
 __activemask() returns the lanes that had not returned when the warp last synchronised; reads that stay inside
 the few bytes of guard zone beside a buffer are not detected (writes there are).
@@ -313,7 +318,7 @@ class Module:
                                   ctypes.POINTER(ctypes.c_char_p), ctypes.c_int, ctypes.c_size_t, ctypes.c_int,
                                   ctypes.c_ulonglong, ctypes.c_double, ctypes.c_int, ctypes.c_char_p,
                                   ctypes.c_size_t, ctypes.c_int, ctypes.POINTER(PhaseStats),
-                                  ctypes.POINTER(ctypes.c_int)]
+                                  ctypes.POINTER(ctypes.c_int), ctypes.c_int]
         self._lib = lib
         self.kernels: dict[str, KernelInfo] = {}
         for i in range(lib.tk_kernel_count()):
@@ -325,11 +330,16 @@ class Module:
     def launch(self, symbol: str, grid: int | Sequence[int], block: int | Sequence[int], args: Sequence[Any], *,
                shared_bytes: int = 0, schedule_seed: int | None = None,
                timeout: float = DEFAULT_TIMEOUT_S, workers: int | None = None,
-               counters: bool = False) -> Counters | None:
+               counters: bool = False, check_ordering: bool = False) -> Counters | None:
         """Run a kernel. Arrays are passed as device pointers (writes land in them), None as a
         null pointer; numpy scalars carry their C type. schedule_seed shuffles the order in which threads run
         between barriers; None runs them in thread order. counters=True returns the launch's
         traffic counters (the same under every schedule seed and worker count).
+        check_ordering=True runs the blocks one at a time (in an order the schedule seed shuffles)
+        and fails any read of global memory another block wrote in the launch unless the
+        writer released it (stores, __threadfence(), global atomic), the reader acquired it
+        (global atomic, __threadfence()) and read it through load_global_cg (the header's
+        ordering check says why each).
 
         Kept whole: argument marshalling, the launch and the guard-zone checks share the
         regions it allocates and must free in one finally."""
@@ -384,7 +394,7 @@ class Module:
                 kernel.index, (ctypes.c_uint * 3)(*grid3), (ctypes.c_uint * 3)(*block3), argv, region_ptrs,
                 region_names, len(regions), shared_bytes, int(schedule_seed is not None),
                 (schedule_seed or 0) & (2**64 - 1), timeout, workers or os.cpu_count() or 1, err, len(err),
-                int(counters), phases, ctypes.byref(nphases)), lib.tk_cancel)
+                int(counters), phases, ctypes.byref(nphases), int(check_ordering)), lib.tk_cancel)
             if status != 0:
                 raise EmulationError(err.value.decode(errors="replace"))
             for region, i, arr in regions:

@@ -127,6 +127,10 @@ inline std::vector<Kernel>& registry() {
 
 struct Launch;
 
+struct OrderWrite {  // the ordering check: who wrote a byte of global memory, and as which of its stores
+  uint64_t block, store;
+};
+
 struct Block {
   Launch* launch = nullptr;
   uint3 bid{};
@@ -142,6 +146,11 @@ struct Block {
   unsigned exited_at_sync[32] = {};  // per warp: lanes that had returned when it last synchronised
   struct BlockCounters* counters = nullptr;  // null unless the launch counts
   uint32_t polls = 0;                        // watchdog calls: the clock is read every 1024th
+  // the ordering check (Launch::check_order): the block's linear id, its global stores so far,
+  // how many of them its last __threadfence() covered, and whether it has acquired (a
+  // __threadfence() after a global atomic of its own)
+  uint64_t id = 0, stores = 0, fenced = 0;
+  bool atomic_since_fence = false, acquired = false;
 };
 
 struct Region {  // a guarded allocation: [guard page][front zone | data | back zone][guard page]
@@ -314,6 +323,13 @@ struct Launch {
   int nphases = 0;
   PhaseStats phases[kMaxPhases] = {};
   std::unordered_map<uint64_t, struct SiteTotal> sites;  // counting sites: warp executions by path
+  // the ordering check (tk_launch's check_order; order_* below): blocks run one at a time, in
+  // `block_order` (a permutation of the grid when the launch is shuffled, else empty: in order)
+  bool check_order = false;
+  std::mutex order_mu;
+  std::unordered_map<uintptr_t, OrderWrite> order_writes;  // per byte written in this launch
+  std::vector<uint64_t> released;                          // per block: its stores [1, released[b]]
+  std::vector<uint64_t> block_order;
 };
 
 // ------------------------------------------------------------------ module and process state
@@ -488,6 +504,99 @@ inline void count_global_load(size_t bytes) {
 
 inline void count_global_store(size_t bytes) {
   if (BlockCounters* c = counting()) c->phases[t_block->cur->phase].global_store_bytes += bytes;
+}
+
+// ------------------------------------------------------------------ inter-CTA ordering check
+// A launch with check_order (Module.launch(check_ordering=True)) checks every read of global
+// memory that another block of the launch wrote, as the PTX memory model orders it between
+// CTAs: the writer stores, fences (__threadfence) and then signals with a global atomic (its
+// release: the stores its fence covered are released); the reader's global atomic, then its
+// __threadfence (its acquire), come before the read; and the read goes to L2 (load_global_cg,
+// ld.global.cg), since an SM's L1 and read-only caches are not coherent with other SMs' writes
+// within a launch. A read that breaks one of these fails, naming both blocks. Blocks run one
+// at a time (in a shuffled order under a schedule seed), so every block the reader depends on
+// has finished: the check is deterministic. A fence is taken as the whole block's (a barrier
+// before it orders the other threads' stores, as cumulativity does on the GPU).
+enum LoadPath : int { kLoadNonCoherent = 0, kLoadCached = 1, kLoadCoherent = 2 };
+
+inline const Region* region_of(const Launch* L, uintptr_t a) {
+  for (const Region* r : L->regions)
+    if (a >= uintptr_t(r->data) && a < uintptr_t(r->data) + r->nbytes) return r;
+  return nullptr;
+}
+
+inline std::string global_where(const Launch* L, uintptr_t a) {
+  const Region* r = region_of(L, a);
+  return r ? std::string(r->what) + " + " + std::to_string(a - uintptr_t(r->data)) + " bytes" : "global memory";
+}
+
+inline std::string block_name(const Launch* L, uint64_t id) {
+  return "block (" + std::to_string(id % L->grid.x) + "," + std::to_string(id / L->grid.x % L->grid.y) + "," +
+         std::to_string(id / (uint64_t(L->grid.x) * L->grid.y)) + ")";
+}
+
+inline void order_store(const void* p, size_t bytes) {
+  Block* b = t_block;
+  Launch* L = b->launch;
+  if (!L->check_order) return;
+  const uint64_t store = ++b->stores;
+  std::lock_guard<std::mutex> g(L->order_mu);
+  for (size_t i = 0; i < bytes; ++i) L->order_writes[uintptr_t(p) + i] = OrderWrite{b->id, store};
+}
+
+inline void order_load(const void* p, size_t bytes, LoadPath path) {
+  Block* b = t_block;
+  Launch* L = b->launch;
+  if (!L->check_order) return;
+  std::string why;
+  uintptr_t at = 0;
+  uint64_t writer = 0;
+  {
+    std::lock_guard<std::mutex> g(L->order_mu);
+    for (size_t i = 0; i < bytes && why.empty(); ++i) {
+      auto it = L->order_writes.find(uintptr_t(p) + i);
+      if (it == L->order_writes.end() || it->second.block == b->id) continue;
+      at = it->first;
+      writer = it->second.block;
+      if (path != kLoadCoherent)
+        why = "through a load that may hit a stale L1 or read-only cache line (load_global_cg reads L2)";
+      else if (it->second.store > L->released[writer])
+        why = "not released: the writer's stores must be covered by a __threadfence() before its global atomic";
+      else if (!b->acquired)
+        why = "not acquired: the reader needs a global atomic, then a __threadfence(), before the read";
+    }
+  }
+  if (!why.empty())
+    thread_fault("ordering: " + where(b, b->cur) + " reads " + global_where(L, at) + ", which " +
+                 block_name(L, writer) + " wrote in this launch, " + why);
+}
+
+inline void order_fence() {
+  Block* b = t_block;
+  if (!b || !b->launch->check_order) return;
+  b->fenced = b->stores;
+  if (b->atomic_since_fence) b->acquired = true;
+  b->atomic_since_fence = false;
+}
+
+inline void order_atomic(const void* p) {
+  Block* b = t_block;
+  Launch* L = b->launch;
+  if (!L->check_order || !region_of(L, uintptr_t(p))) return;  // a shared-memory atomic orders nothing here
+  std::lock_guard<std::mutex> g(L->order_mu);
+  L->released[b->id] = b->fenced;
+  b->atomic_since_fence = true;
+}
+
+// The kernels' global-memory helpers (templates/topk_memory.cuh): counted, and checked under check_order.
+inline void global_load(const void* p, size_t bytes, LoadPath path) {
+  count_global_load(bytes);
+  order_load(p, bytes, path);
+}
+
+inline void global_store(const void* p, size_t bytes) {
+  count_global_store(bytes);
+  order_store(p, bytes);
 }
 
 // How often this thread reached a call site since its last synchronisation point (0 the first time).
@@ -1218,8 +1327,10 @@ inline void run_blocks(Launch* L, uint64_t nblocks) {
   for (;;) {
     uint64_t id = L->next_block.fetch_add(1);
     if (id >= nblocks || L->failed.load()) break;
+    if (!L->block_order.empty()) id = L->block_order[id];
     Block b;
     b.launch = L;
+    b.id = id;
     b.bid = uint3{unsigned(id % L->grid.x), unsigned(id / L->grid.x % L->grid.y),
                   unsigned(id / (uint64_t(L->grid.x) * L->grid.y))};
     b.threads = w.threads.data();
@@ -1369,22 +1480,33 @@ inline void __nanosleep(unsigned) {
 }
 
 // ------------------------------------------------------------------ memory fences and atomics
-inline void __threadfence() { ::tk::poll_watchdog(); __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+inline void __threadfence() {
+  ::tk::poll_watchdog();
+  ::tk::order_fence();
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
 inline void __threadfence_block() { ::tk::poll_watchdog(); __atomic_thread_fence(__ATOMIC_SEQ_CST); }
-inline void __threadfence_system() { ::tk::poll_watchdog(); __atomic_thread_fence(__ATOMIC_SEQ_CST); }
+inline void __threadfence_system() {
+  ::tk::poll_watchdog();
+  ::tk::order_fence();
+  __atomic_thread_fence(__ATOMIC_SEQ_CST);
+}
 
 // Every atomic takes its call site (file and line, filled in by the compiler) for the
 // traffic counters, which group the lanes of a warp into instructions by site. Two atomics
 // on one line share a site; their arrivals alternate, so each lane's k-th arrival is still
 // the same instruction as every other lane's.
 #define TK_SITE const char* tk_file = __builtin_FILE(), unsigned tk_line = __builtin_LINE()
-#define TK_ATOMIC_ENTRY(p, ...)                                                  \
-  if (::tk::Block* tk_b = ::tk::poll_watchdog(); TK_COUNTERS && tk_b->counters) \
-  ::tk::note_atomic(tk_b->counters, p, tk_file, tk_line, ##__VA_ARGS__)
+#define TK_ATOMIC_ENTRY(p, ...)                                                    \
+  ::tk::Block* tk_b = ::tk::poll_watchdog();                                       \
+  if (tk_b->launch->check_order) ::tk::order_atomic(p);                            \
+  if (TK_COUNTERS && tk_b->counters) ::tk::note_atomic(tk_b->counters, p, tk_file, tk_line, ##__VA_ARGS__)
 #define TK_ATOMIC_INT(T)                                                                                       \
   inline ::tk::AtomicResult<T> atomicAdd(T* p, T v, TK_SITE) {                                                 \
     ::tk::AtomicNote note;                                                                                     \
-    if (::tk::Block* tk_b = ::tk::poll_watchdog(); TK_COUNTERS && tk_b->counters)                              \
+    ::tk::Block* tk_b = ::tk::poll_watchdog();                                                                 \
+    if (tk_b->launch->check_order) ::tk::order_atomic(p);                                                      \
+    if (TK_COUNTERS && tk_b->counters)                                                                         \
       note = ::tk::note_atomic(tk_b->counters, p, tk_file, tk_line, v == static_cast<T>(1) ? ::tk::kInc : ::tk::kAdd);      \
     return {__atomic_fetch_add(p, v, __ATOMIC_SEQ_CST), note};                                                 \
   }                                                                                                            \
@@ -1496,6 +1618,8 @@ inline long long __double_as_longlong(double d) { long long u; memcpy(&u, &d, 8)
 inline double __longlong_as_double(long long u) { double d; memcpy(&d, &u, 8); return d; }
 template <class T>
 inline T __ldg(const T* p) { return *p; }
+template <class T>
+inline T __ldcg(const T* p) { return *p; }
 
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
@@ -1551,12 +1675,14 @@ __attribute__((visibility("default"))) void tk_region_free(void* r) { ::tk::regi
 // args: like cuLaunchKernel's kernelParams, one pointer to each argument's value.
 // regions/region_names: the guarded buffers passed as pointer arguments, to name faults.
 // counting: collect traffic counters into phases[0, *nphases) (room for kMaxPhases).
+// check_order: check the ordering of reads of other blocks' writes (order_* above), running
+// the blocks one at a time, shuffled by the seed when `shuffle` is set.
 __attribute__((visibility("default"))) int tk_launch(int kernel, const unsigned* grid, const unsigned* block,
                                                      void** args, void** regions, const char** region_names,
                                                      int nregions, size_t shared_bytes, int shuffle,
                                                      unsigned long long seed, double timeout_s, int workers,
                                                      char* err, size_t errlen, int counting,
-                                                     ::tk::PhaseStats* phases, int* nphases) {
+                                                     ::tk::PhaseStats* phases, int* nphases, int check_order) {
   using namespace ::tk;
   cancel_flag().store(0);  // the host calls tk_cancel until this launch has returned
   if (counting && !TK_COUNTERS) {
@@ -1581,6 +1707,17 @@ __attribute__((visibility("default"))) int tk_launch(int kernel, const unsigned*
     L.regions.push_back(r);
   }
   uint64_t nblocks = uint64_t(L.grid.x) * L.grid.y * L.grid.z;
+  if (check_order) {
+    L.check_order = true;
+    L.released.assign(nblocks, 0);
+    workers = 1;
+    if (L.shuffle) {
+      uint64_t state = L.seed ^ 0x6a09e667f3bcc909ull;
+      L.block_order.resize(nblocks);
+      for (uint64_t i = 0; i < nblocks; ++i) L.block_order[i] = i;
+      for (uint64_t i = nblocks; i > 1; --i) std::swap(L.block_order[i - 1], L.block_order[splitmix(state) % i]);
+    }
+  }
   install_handlers();
   int nworkers = int(std::min<uint64_t>(nblocks, uint64_t(std::max(1, workers))));
   if (nworkers <= 1) {
