@@ -17,33 +17,22 @@ namespace topk {
 template <typename T>
 __device__ __forceinline__ T load_global_nc(const T* p) {
 #ifdef TOPKGEN_EMULATOR
-  ::tk::global_load(p, sizeof(T), ::tk::kLoadNonCoherent);
+  ::tk::global_load(p, sizeof(T), ::tk::kLoadReadOnly);
 #endif
   return *p;
 }
 
-// A load of global data the CTA itself wrote in this launch (scratch buffers): ld.global,
-// which may be served by the SM's L1.
+// A load of global data threads of this launch write: the CTA's own stores, or another CTA's
+// after their release and this CTA's acquire (a global atomic, then __threadfence(), which on
+// sm_70 and later drops the SM's L1 lines: CCTL.IVALL, tests/emulator/test_ordering_check.py).
+// A plain ld.global. The emulator's ordering check (Module.launch(check_ordering=True)) fails a
+// read of another CTA's stores through load_global_nc, or without the release and acquire.
 template <typename T>
 __device__ __forceinline__ T load_global(const T* p) {
 #ifdef TOPKGEN_EMULATOR
-  ::tk::global_load(p, sizeof(T), ::tk::kLoadCached);
+  ::tk::global_load(p, sizeof(T), ::tk::kLoadWritten);
 #endif
   return *p;
-}
-
-// A load of global data other CTAs of this launch wrote, after their release and this CTA's
-// acquire (a global atomic, then __threadfence()): ld.global.cg reads L2, where their writes
-// are, past this SM's L1 and read-only caches, which no other SM's write updates. The
-// emulator's ordering check (Module.launch(check_ordering=True)) fails any other read of them.
-template <typename T>
-__device__ __forceinline__ T load_global_cg(const T* p) {
-#ifdef TOPKGEN_EMULATOR
-  ::tk::global_load(p, sizeof(T), ::tk::kLoadCoherent);
-  return *p;
-#else
-  return __ldcg(p);
-#endif
 }
 
 template <typename T>

@@ -1,8 +1,9 @@
 """The emulator's inter-CTA ordering check (Module.launch(check_ordering=True)): a block that
 reads what another block of the launch wrote passes only when the hand-over is ordered as the
-GPU needs it (the writer's fence before its atomic, the reader's fence after its own, a read
-past the SM's incoherent caches). Each broken step is planted in a small kernel and must fail,
-naming both blocks; the correct hand-over must pass under every block order."""
+GPU needs it (the writer's fence before its atomic, the reader's fence after its own, a plain
+load, not the read-only path). Each broken step is planted in a small kernel and must fail,
+naming both blocks; the correct hand-over must pass under every block order. A plain load is
+enough because the reader's fence drops its SM's L1 lines: NVRTC's SASS shows it."""
 
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ def test_an_ordered_hand_over_passes_whichever_block_is_last(module):
     (1, "not released"),   # no fence between the store and the ticket
     (2, "not released"),   # the fence after the ticket
     (3, "not acquired"),   # the last block reads before fencing after its ticket
-    (4, "stale L1"),       # load_global, not load_global_cg
+    (4, "load_global_nc"),  # the read-only path, not load_global
 ])
 def test_each_broken_step_of_the_hand_over_fails_naming_both_blocks(module, variant, why):
     with pytest.raises(EmulationError, match=why) as caught:
@@ -62,3 +63,20 @@ def test_unchecked_launches_run_as_before(module):
     for variant in range(5):
         total, _, ticket, expect = _run(module, variant, check=False)
         assert (total, ticket) == (expect, 0), variant
+
+
+@pytest.mark.parametrize("arch", ["sm_90", "sm_100"])
+def test_a_fence_drops_the_l1_lines_so_a_plain_load_after_it_reads_l2(arch):
+    """What lets load_global (a plain ld.global) read another CTA's stores after the acquire:
+    __threadfence() compiles to a GPU-scope barrier followed by CCTL.IVALL, which invalidates
+    the SM's L1, so the loads after it miss there and read L2, where the stores are."""
+    from topkgen.emulator.sass import nvrtc_cubin, sass_text
+
+    source = (template_dir() / "topk_memory.cuh").read_text() + (KERNELS / "ordering.cu").read_text()
+    unpredicated = [line.split(" ", 1)[1] if line.startswith("@") else line
+                    for line in sass_text(nvrtc_cubin(source, "last_block_sum", arch))]
+    lines = [line for line in unpredicated if line.split(".")[0].split(" ")[0] in ("MEMBAR", "CCTL", "LDG", "ATOMG")]
+    fences = [i for i, line in enumerate(lines) if line.startswith("MEMBAR.SC.GPU")]
+    assert fences, lines
+    for i in fences:
+        assert any(line.startswith("CCTL.IVALL") for line in lines[i + 1:i + 3]), lines

@@ -14,7 +14,7 @@ atomic instruction, barriers, shuffles and votes, in total and per phase.
 `launch(..., check_ordering=True)` checks how blocks hand data to one another within a launch
 (the last block of a row merging what the others wrote): a read of another block's write
 fails unless the writer fenced before its global atomic, the reader fenced after its own, and
-the read bypassed the SM's incoherent caches (the header's "inter-CTA ordering check").
+the read was not through the read-only path (the header's "inter-CTA ordering check").
 
 Limits: kernels must not spin-wait on another CTA (reported as a watchdog timeout);
 __activemask() returns the lanes that had not returned when the warp last synchronised; reads that stay inside
@@ -338,8 +338,8 @@ class Module:
         check_ordering=True runs the blocks one at a time (in an order the schedule seed shuffles)
         and fails any read of global memory another block wrote in the launch unless the
         writer released it (stores, __threadfence(), global atomic), the reader acquired it
-        (global atomic, __threadfence()) and read it through load_global_cg (the header's
-        ordering check says why each).
+        (global atomic, __threadfence()) and read it through load_global, not load_global_nc
+        (the header's ordering check says why each).
 
         Kept whole: argument marshalling, the launch and the guard-zone checks share the
         regions it allocates and must free in one finally."""

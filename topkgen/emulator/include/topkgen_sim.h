@@ -511,13 +511,14 @@ inline void count_global_store(size_t bytes) {
 // memory that another block of the launch wrote, as the PTX memory model orders it between
 // CTAs: the writer stores, fences (__threadfence) and then signals with a global atomic (its
 // release: the stores its fence covered are released); the reader's global atomic, then its
-// __threadfence (its acquire), come before the read; and the read goes to L2 (load_global_cg,
-// ld.global.cg), since an SM's L1 and read-only caches are not coherent with other SMs' writes
-// within a launch. A read that breaks one of these fails, naming both blocks. Blocks run one
-// at a time (in a shuffled order under a schedule seed), so every block the reader depends on
-// has finished: the check is deterministic. A fence is taken as the whole block's (a barrier
-// before it orders the other threads' stores, as cumulativity does on the GPU).
-enum LoadPath : int { kLoadNonCoherent = 0, kLoadCached = 1, kLoadCoherent = 2 };
+// __threadfence (its acquire), come before the read; and the read is a plain ld.global
+// (load_global: the acquire's fence drops the SM's L1 lines, CCTL.IVALL), not one the
+// compiler may serve from the read-only cache (load_global_nc, whose data no thread of the
+// launch may write). A read that breaks one of these fails, naming both blocks. Blocks run
+// one at a time (in a shuffled order under a schedule seed), so every block the reader
+// depends on has finished: the check is deterministic. A fence is taken as the whole block's
+// (a barrier before it orders the other threads' stores, as cumulativity does on the GPU).
+enum LoadPath : int { kLoadReadOnly = 0, kLoadWritten = 1 };
 
 inline const Region* region_of(const Launch* L, uintptr_t a) {
   for (const Region* r : L->regions)
@@ -558,8 +559,8 @@ inline void order_load(const void* p, size_t bytes, LoadPath path) {
       if (it == L->order_writes.end() || it->second.block == b->id) continue;
       at = it->first;
       writer = it->second.block;
-      if (path != kLoadCoherent)
-        why = "through a load that may hit a stale L1 or read-only cache line (load_global_cg reads L2)";
+      if (path == kLoadReadOnly)
+        why = "through load_global_nc, for data no thread of the launch writes (read it with load_global)";
       else if (it->second.store > L->released[writer])
         why = "not released: the writer's stores must be covered by a __threadfence() before its global atomic";
       else if (!b->acquired)
@@ -1618,8 +1619,6 @@ inline long long __double_as_longlong(double d) { long long u; memcpy(&u, &d, 8)
 inline double __longlong_as_double(long long u) { double d; memcpy(&d, &u, 8); return d; }
 template <class T>
 inline T __ldg(const T* p) { return *p; }
-template <class T>
-inline T __ldcg(const T* p) { return *p; }
 
 inline int min(int a, int b) { return a < b ? a : b; }
 inline int max(int a, int b) { return a > b ? a : b; }
