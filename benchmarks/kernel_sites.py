@@ -15,7 +15,6 @@ tells which part of a kernel a change moved, where bench-kernels gives one figur
 from __future__ import annotations
 
 import argparse
-import re
 import sys
 from collections import defaultdict
 from pathlib import Path
@@ -27,13 +26,12 @@ from bench_kernels import Kernels, run_counted  # noqa: E402
 from shapes import DATA_KINDS  # noqa: E402
 
 BY = ("site", "line", "opcode")
-MARK = re.compile(r"::tk::WarpSite tk_ws_\w*\(\d+\);\s*")  # the counter's marks, left out of labels
 
 
 def breakdown(census, counter, by: str) -> dict[str, float]:
     """Warp instructions (summed over the launch) by site, line or opcode, each with a label that
-    names it in the instrumented source the counter compiled."""
-    lines = [MARK.sub("", line).strip() for line in counter.inst.source.splitlines()]
+    names it in the kernel's source (the counter's instrumented copy has the same lines)."""
+    lines = [line.strip() for line in counter.source.splitlines()]
     out: dict[str, float] = defaultdict(float)
     if by == "site":
         for sid, n in census.by_site.items():

@@ -69,6 +69,11 @@ def loads(text: str | bytes, source: str = "<policy>") -> Policy:
     return policy
 
 
+def _by_k(mapping: dict) -> dict[int, int]:
+    """A per-K-rung map as YAML gives it (keys the schema checked are digits) with int keys."""
+    return {int(k): v for k, v in mapping.items()}
+
+
 def _build(doc: dict, loc: _Locator, source: str, sha: str, text: str) -> Policy:
     """A schema-valid document -> a Policy, every cross-key check made on the way.
 
@@ -100,7 +105,7 @@ def _build(doc: dict, loc: _Locator, source: str, sha: str, text: str) -> Policy
         if tail["policy"] == "runtime" and "max_iterations" in tail:
             raise loc.error(("archs", name, "vector_tail", "max_iterations"),
                             "max_iterations only applies to policy 'fixed'")
-        ctas = {int(k): v for k, v in t.get("min_ctas_per_sm", {}).items()}
+        ctas = _by_k(t.get("min_ctas_per_sm", {}))
         shared = t.get("shared_row_bytes", 0)
         if shared % VECTOR_BYTES:
             raise loc.error(("archs", name, "shared_row_bytes"), f"{shared} is not a multiple of {VECTOR_BYTES}")
@@ -113,9 +118,9 @@ def _build(doc: dict, loc: _Locator, source: str, sha: str, text: str) -> Policy
                             f"{shared} bytes leave no room for the radix kernels' {RADIX_STATIC_SHARED_BYTES} bytes "
                             f"of static shared memory within {name}'s {SHARED_BYTES_PER_BLOCK[name]} per block "
                             f"(at most {room})")
-        loads_by_k = {int(k): v for k, v in t.get("loads_in_flight_by_k", {}).items()}
-        threads_by_k = {int(k): v for k, v in t.get("threads_by_k", {}).items()}
-        buffer_by_k = {int(k): v for k, v in t.get("shared_buffer_per_k_by_k", {}).items()}
+        loads_by_k = _by_k(t.get("loads_in_flight_by_k", {}))
+        threads_by_k = _by_k(t.get("threads_by_k", {}))
+        buffer_by_k = _by_k(t.get("shared_buffer_per_k_by_k", {}))
         for k, threads in threads_by_k.items():
             if k > threads * MAX_SORT_CANDIDATES_PER_THREAD:
                 raise loc.error(("archs", name, "threads_by_k", str(k)),
@@ -128,7 +133,7 @@ def _build(doc: dict, loc: _Locator, source: str, sha: str, text: str) -> Policy
                 raise loc.error(("archs", name, "split"), "split rows run on radix kernels, and the policy "
                                                           "declares none (add the radix family, or remove split)")
             fields = dict(t["split"])
-            fields["rows_below_by_k"] = {int(k): v for k, v in fields.get("rows_below_by_k", {}).items()}
+            fields["rows_below_by_k"] = _by_k(fields.get("rows_below_by_k", {}))
             split = SplitTuning(**fields)
         if t.get("arch_specific") and expected < ARCH_SPECIFIC_FROM:
             raise loc.error(("archs", name, "arch_specific"), f"{name} has no arch-specific target (NVRTC compiles "

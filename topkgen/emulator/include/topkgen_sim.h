@@ -1500,13 +1500,13 @@ inline void __threadfence_system() {
 #define TK_SITE const char* tk_file = __builtin_FILE(), unsigned tk_line = __builtin_LINE()
 #define TK_ATOMIC_ENTRY(p, ...)                                                    \
   ::tk::Block* tk_b = ::tk::poll_watchdog();                                       \
-  if (tk_b->launch->check_order) ::tk::order_atomic(p);                            \
+  ::tk::order_atomic(p);                                                           \
   if (TK_COUNTERS && tk_b->counters) ::tk::note_atomic(tk_b->counters, p, tk_file, tk_line, ##__VA_ARGS__)
 #define TK_ATOMIC_INT(T)                                                                                       \
   inline ::tk::AtomicResult<T> atomicAdd(T* p, T v, TK_SITE) {                                                 \
     ::tk::AtomicNote note;                                                                                     \
     ::tk::Block* tk_b = ::tk::poll_watchdog();                                                                 \
-    if (tk_b->launch->check_order) ::tk::order_atomic(p);                                                      \
+    ::tk::order_atomic(p);                                                                                     \
     if (TK_COUNTERS && tk_b->counters)                                                                         \
       note = ::tk::note_atomic(tk_b->counters, p, tk_file, tk_line, v == static_cast<T>(1) ? ::tk::kInc : ::tk::kAdd);      \
     return {__atomic_fetch_add(p, v, __ATOMIC_SEQ_CST), note};                                                 \
