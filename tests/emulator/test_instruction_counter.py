@@ -485,3 +485,26 @@ def test_no_site_lies_where_only_the_gpu_compiles():
     ])
     sites = {(s.kind, s.first_line) for s in instrument(source).sites}
     assert sites == {("function", 1), ("branch", 8), ("loop", 12), ("loop", 21)}
+
+
+@pytest.mark.parametrize("rounds", [1, 3])
+def test_a_function_kept_as_a_call_is_charged_once_per_call(counter, rounds):
+    """called_function: a `__noinline__` butterfly, called `rounds` times by every warp and once
+    more by the 4 even warps. NVRTC keeps one copy after the kernel's EXIT whose line
+    information names the function's lines only, so its paths start at its own site: the
+    counter once matched them to no path the emulator saw (charged nothing) and cut the copy
+    off as padding past the EXIT. Each of its instructions up to its RET issues once a call."""
+    x = np.arange(THREADS, dtype=np.int32)
+    out = np.zeros(THREADS, np.int32)
+    c = counter.module().launch("called_function", 1, THREADS, [x, out, np.int32(rounds)], counters=True)
+    calls = WARPS * rounds + WARPS // 2
+    assert c.shuffles == 5 * calls
+    shfl = counter.count(c, "called_function", "SHFL")
+    assert shfl.static_instructions == 5
+    assert shfl.warp_instructions == c.shuffles
+    census = counter.count(c, "called_function")
+    body = {ins: n for ins, n in census.by_instruction.items() if ins.callee}
+    assert body and body.keys() == {ins for ins in census.by_instruction if "called_butterfly" in ins.callee}
+    assert set(body.values()) == {calls}
+    assert max(body, key=lambda i: i.address).opcode.startswith("RET")
+    assert census.never_run == 0

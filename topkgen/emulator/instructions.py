@@ -20,7 +20,9 @@ The method, in three steps (sass.py reads the SASS; benchmarks/README.md words i
 3. `path_of` turns that chain into the path of sites the emulator saw live there: for each
    inlined level, the blocks of that level's function that hold the line; a loop's header
    line belongs to its body (its compare, increment and branch run once per trip). Each SASS
-   instruction is then issued as often as its path executed (`count`).
+   instruction is then issued as often as its path executed (`count`). A function NVRTC
+   keeps as a call (`__noinline__`) has one copy, whose chains start at its own lines: its
+   paths start at its site, charged for every call (tests: called in a loop and a branch).
 
 What it cannot see: stalls, replays (bank conflicts, uncoalesced accesses), dual issue and
 scheduling; code the compiler moved across blocks (hoisted out of a loop it is still charged
@@ -260,7 +262,7 @@ class SiteMap:
                  labels: Mapping[str, int]) -> None:
         self.inst, self.name = inst, name
         self.ranges: dict[int, list[tuple[int, int]]] = {}
-        for ins in instructions:
+        for ins in _issued(instructions):  # past an EXIT or RET, a slow path branches back: no loop
             if ins.opcode != "BRA":
                 continue
             m = re.search(r"(\.L_x_\d+)", ins.text)
@@ -279,6 +281,10 @@ class SiteMap:
                         if s.kind == "unrolled" or (s.kind == "loop" and s.id not in self.ranges
                                                     and not _ENDLESS.search(source_lines[s.first_line - 1]))}
         self.block = _basic_blocks(instructions, labels)
+        # The function sites NVRTC kept as calls: their code's line information starts at
+        # their own lines, so its paths start at their site (_fold keys the emulator's so).
+        self.called = {raw[0] for ins in instructions if ins.callee and ins.chain and self._own(ins.chain[-1][0])
+                       and (raw := self._raw(*ins.chain[-1]))}
         self.copy_blocks: dict[int, set[int]] = {}
         self.copies = self._copies(instructions)
 
@@ -453,10 +459,10 @@ class Counter:
             raise ValueError(f"{self.name}: no function {kernel!r} in the SASS")
         if opcode is not None:  # of what can issue (the padding after EXIT holds a BRA)
             own = [i for i in _issued(own) if i.opcode.startswith(opcode)]
-        return self.map.count(own, _fold(counters, self.inst, self.map.dropped))
+        return self.map.count(own, _fold(counters, self.inst, self.map.dropped, self.map.called))
 
 
-def _fold(counters, inst: Instrumented, dropped: set[int]) -> dict[tuple[int, ...], float]:
+def _fold(counters, inst: Instrumented, dropped: set[int], called: set[int] = frozenset()) -> dict[tuple[int, ...], float]:
     """Warp executions by path, spread over the SASS copies of a block. The compiler copies a
     block once per call of its function from one block (four calls on one line are four
     inlined copies no line information tells apart) and once per iteration of an unrolled
@@ -469,7 +475,10 @@ def _fold(counters, inst: Instrumented, dropped: set[int]) -> dict[tuple[int, ..
     is entered under its enclosing block's, a function body at the least), and each copy runs
     once per execution of that block. Folding it in as well charged the whole enclosing block
     twice per such loop. Deeper paths are folded: (A, B, C) with B unrolled is charged to
-    (A, C), divided by B's trips (C has one copy per iteration)."""
+    (A, C), divided by B's trips (C has one copy per iteration).
+
+    A function NVRTC kept as a call (`called`) has one copy, whatever calls it: a path through
+    it is charged from its site on, undivided there, summed over the callers."""
     out: dict[tuple[int, ...], float] = {}
     entries = counters.site_entries
     for path, n in counters.warp_sites.items():
@@ -477,9 +486,10 @@ def _fold(counters, inst: Instrumented, dropped: set[int]) -> dict[tuple[int, ..
             continue
         weight = float(n)
         kept = []
-        for i, site in enumerate(path):
+        start = max((i for i, site in enumerate(path) if site in called), default=0)
+        for i, site in enumerate(path[start:], start):
             kind = inst.by_id[site].kind if site in inst.by_id else "function"
-            if site in dropped or kind == "function":
+            if (site in dropped or kind == "function") and site not in called:
                 copies = entries.get(path[:i + 1], 1.0)
                 weight /= copies if copies > 0 else 1.0
             if site not in dropped:

@@ -20,6 +20,7 @@ class Instruction:
     text: str                        # opcode and operands
     chain: tuple[tuple[str, int], ...]  # (file, line): innermost first, then each inlined-at
     function: str = ""               # the kernel (or device function) it belongs to
+    callee: str = ""                 # the function NVRTC kept as a call (`__noinline__`) it lies in, if any
 
     @property
     def opcode(self) -> str:
@@ -72,6 +73,7 @@ def nvrtc_cubin(source: str, name: str, arch: str, extra: Sequence[str] = (), pt
 
 _LINE = re.compile(r'//## File "([^"]*)", line (\d+)(?: inlined at "([^"]*)", line (\d+))?')
 _INSTR = re.compile(r"^\s*/\*([0-9a-f]{4,})\*/\s+(.*?)\s*;")
+_CALLEE = re.compile(r"^\$[^$\s]+\$(\S+):\s*$")  # `$kernel$function:`, where a called function's code starts
 
 
 def disassemble(cubin: bytes, lineinfo: bool = True) -> list[Instruction]:
@@ -86,11 +88,15 @@ def disassemble(cubin: bytes, lineinfo: bool = True) -> list[Instruction]:
     out: list[Instruction] = []
     chain: list[tuple[str, int]] = []
     fresh = True
-    function = ""
+    function = callee = ""
     for raw in text.splitlines():
         m = re.match(r"^\.text\.(\S+):", raw)
         if m:
-            function, chain = m.group(1), []
+            function, callee, chain = m.group(1), "", []
+            continue
+        m = _CALLEE.match(raw)
+        if m:
+            callee, chain = m.group(1), []
             continue
         m = _LINE.search(raw)
         if m:
@@ -104,7 +110,7 @@ def disassemble(cubin: bytes, lineinfo: bool = True) -> list[Instruction]:
         m = _INSTR.match(raw)
         if m:
             fresh = True
-            out.append(Instruction(int(m.group(1), 16), m.group(2), tuple(chain), function))
+            out.append(Instruction(int(m.group(1), 16), m.group(2), tuple(chain), function, callee))
     return out
 
 
@@ -114,13 +120,15 @@ def sass_text(cubin: bytes) -> list[str]:
 
 
 def _issued(instructions: list[Instruction]) -> list[Instruction]:
-    """What a warp can issue: each function's padding after its last EXIT (the self-branch,
-    NOPs) is not."""
+    """What a warp can issue: a kernel's code up to its last EXIT, a called function's up to
+    its last RET. Past them lie the padding (a self-branch, NOPs) and the slow paths of
+    divergent shuffles, which a converged warp never takes."""
     out: list[Instruction] = []
-    for function in dict.fromkeys(i.function for i in instructions):
-        own = [i for i in instructions if i.function == function]
-        last_exit = max((k for k, i in enumerate(own) if i.opcode == "EXIT"), default=len(own) - 1)
-        out.extend(own[:last_exit + 1])
+    for part in dict.fromkeys((i.function, i.callee) for i in instructions):
+        own = [i for i in instructions if (i.function, i.callee) == part]
+        end = "RET" if part[1] else "EXIT"
+        last = max((k for k, i in enumerate(own) if i.opcode.split(".")[0] == end), default=len(own) - 1)
+        out.extend(own[:last + 1])
     return out
 
 

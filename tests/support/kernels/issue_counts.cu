@@ -160,3 +160,28 @@ extern "C" __global__ void device_arm(const int* in, int* out, int rounds) {
   for (int r = 0; r < rounds; ++r) acc = device_arm_shuffle<true>(acc);
   out[threadIdx.x] = acc;
 }
+
+// A function NVRTC keeps as a call (`__noinline__`): one SASS copy after the kernel's EXIT,
+// ending in RET, whose line information names its own lines only. It is called `rounds`
+// times in a loop and once more in a branch the even warps take; each call is a butterfly of
+// 5 shuffles (unrolled) inside a helper inlined into it.
+__device__ __forceinline__ int called_butterfly_step(int acc) {
+  for (int d = 1; d < 32; d <<= 1) acc += __shfl_xor_sync(0xffffffffu, acc, d);
+  return acc;
+}
+
+__device__ __noinline__ int called_butterfly(int acc) {
+  return called_butterfly_step(acc) ^ 1;
+}
+
+extern "C" __global__ void called_function(const int* in, int* out, int rounds) {
+  int acc = in[threadIdx.x];
+#pragma unroll 1
+  for (int r = 0; r < rounds; ++r) {
+    acc = called_butterfly(acc);
+  }
+  if (((threadIdx.x >> 5) & 1) == 0) {
+    acc = called_butterfly(acc + 3);
+  }
+  out[threadIdx.x] = acc;
+}
