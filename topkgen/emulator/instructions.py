@@ -281,10 +281,11 @@ class SiteMap:
                         if s.kind == "unrolled" or (s.kind == "loop" and s.id not in self.ranges
                                                     and not _ENDLESS.search(source_lines[s.first_line - 1]))}
         self.block = _basic_blocks(instructions, labels)
-        # The function sites NVRTC kept as calls: their code's line information starts at
-        # their own lines, so its paths start at their site (_fold keys the emulator's so).
-        self.called = {raw[0] for ins in instructions if ins.callee and ins.chain and self._own(ins.chain[-1][0])
-                       and (raw := self._raw(*ins.chain[-1]))}
+        # The sites of functions NVRTC kept as calls, by their entry's line (_fold keys their
+        # paths from there). Deeper in a large one (the split's merge) a chain may skip levels:
+        # such instructions match no path and are charged nothing.
+        entry = {(i.function, i.callee): i.chain[-1] for i in reversed(instructions) if i.callee and i.chain}
+        self.called = {raw[0] for file, line in entry.values() if self._own(file) and (raw := self._raw(file, line))}
         self.copy_blocks: dict[int, set[int]] = {}
         self.copies = self._copies(instructions)
 
