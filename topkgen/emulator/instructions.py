@@ -262,7 +262,7 @@ class SiteMap:
                  labels: Mapping[str, int]) -> None:
         self.inst, self.name = inst, name
         self.ranges: dict[int, list[tuple[int, int]]] = {}
-        for ins in _issued(instructions):  # past an EXIT or RET, a slow path branches back: no loop
+        for ins in (issued := _issued(instructions)):  # past an EXIT or RET, a slow path branches back: no loop
             if ins.opcode != "BRA":
                 continue
             m = re.search(r"(\.L_x_\d+)", ins.text)
@@ -287,7 +287,7 @@ class SiteMap:
         entry = {(i.function, i.callee): i.chain[-1] for i in reversed(instructions) if i.callee and i.chain}
         self.called = {raw[0] for file, line in entry.values() if self._own(file) and (raw := self._raw(file, line))}
         self.copy_blocks: dict[int, set[int]] = {}
-        self.copies = self._copies(instructions)
+        self.copies = self._copies(issued)
 
     def _own(self, file: str) -> bool:
         return Path(file).name == f"{self.name}.cu"
@@ -319,7 +319,7 @@ class SiteMap:
                 ranges = self.ranges.get(sid)
                 yield sid, ranges is None or any(lo <= ins.address <= hi for lo, hi in ranges)
 
-    def _copies(self, instructions: list["Instruction"]) -> dict[int, tuple[int, int]]:
+    def _copies(self, issued: list["Instruction"]) -> dict[int, tuple[int, int]]:
         """(U, R) of every loop the compiler unrolled partially: U copies of the body inside
         its back-edge ranges, R remainder copies outside them (trips left over, run before or
         after). Copies are told by the instructions never merged between them (memory,
@@ -336,7 +336,7 @@ class SiteMap:
         inside: dict[int, dict[tuple, int]] = {}
         outside: dict[int, dict[tuple, int]] = {}
         enclosed: dict[tuple, set[int]] = {}  # (loop, key) inside a fully unrolled loop: the ranges hit
-        for ins in _issued(instructions):
+        for ins in issued:
             if not _NEVER_MERGED.match(ins.opcode):
                 continue
             walk = list(self._walk(ins, dropped=True))
@@ -463,7 +463,7 @@ class Counter:
         return self.map.count(own, _fold(counters, self.inst, self.map.dropped, self.map.called))
 
 
-def _fold(counters, inst: Instrumented, dropped: set[int], called: set[int] = frozenset()) -> dict[tuple[int, ...], float]:
+def _fold(counters, inst: Instrumented, dropped: set[int], called: set[int]) -> dict[tuple[int, ...], float]:
     """Warp executions by path, spread over the SASS copies of a block. The compiler copies a
     block once per call of its function from one block (four calls on one line are four
     inlined copies no line information tells apart) and once per iteration of an unrolled
