@@ -8,7 +8,9 @@ ladder's rung. The emulator runs a few rows of each (the counts are per row); th
 takes the batch a shape set stands for. The "small batch" set (1, 4, 16 and 64 rows of
 131072 and 262144, K 16-1024) is planned per batch: the policy splits those rows across
 CTAs, and its table gives the CTAs per row, stage 1's global reads per element, what the
-merge reads, and the model for both launches beside one CTA per row. Columns:
+merge reads, and the model for both launches (or, where the policy's split asks for
+one_launch, the one: stage 1, then the merge on the last CTA of each row, the two launches'
+counts less a launch) beside one CTA per row. Columns:
   reads/elem    global bytes loaded / input bytes (the k output values re-read included)
   atom/elem     shared atomics (lanes) per input element, all passes
   lanes p1      bank lanes of the first-pass histogram: mean and max over warp atomic
@@ -34,7 +36,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(ROOT))
 
-from h200_model import HBM_BYTES_PER_S, KernelFacts, ctas_per_sm, estimate_seconds, issue_seconds  # noqa: E402
+from h200_model import HBM_BYTES_PER_S, LAUNCH_S, KernelFacts, ctas_per_sm, estimate_seconds, issue_seconds  # noqa: E402
 from shapes import DATA_KINDS, SETS, make_rows, select_sets  # noqa: E402
 
 ARCH = "sm_90"
@@ -202,25 +204,29 @@ def _facts(kernels: Kernels, spec, counts, elements: int, ctas: int, input_bytes
                        barriers_per_row=counts.barriers / ctas)
 
 
-def run_split_row(module, spec, x: np.ndarray, k: int, chunks: int, expect: np.ndarray, who: str) -> list:
+def run_split_row(module, spec, x: np.ndarray, k: int, chunks: int, expect: np.ndarray, who: str,
+                  one_launch: bool = False) -> list:
     """The launches of one row of x (1 x n) in `chunks` chunks (1: one CTA), as
-    topkgen.policy.split.stages plans them and the runtime binds them, with counters; stops
-    with `who`'s message when the top k's keys differ from `expect`'s."""
+    topkgen.policy.split.stages plans them and the runtime binds them (`one_launch`: the split's
+    one launch, its hand-over checked: check_ordering), with counters; stops with `who`'s
+    message when the top k's keys differ from `expect`'s."""
     from topkgen.manifest.params import params
     from topkgen.policy.split import ChunkPlan, stages
     from topkgen.runtime import arguments, reference
 
     n = x.shape[1]
     values, indices = np.zeros((1, k), x.dtype), np.zeros((1, k), np.int64)
-    plan = ChunkPlan(1, n, k, chunks, x.itemsize) if chunks > 1 else None
+    plan = ChunkPlan(1, n, k, chunks, x.itemsize, one_launch=one_launch) if chunks > 1 else None
     pointers = {"x": x, "values": values, "indices": indices}
     if plan is not None:
         workspace = np.zeros(plan.workspace_bytes, np.uint8)
         count = plan.candidates
         pointers["candidate_indices"] = workspace[:count * 8].view(np.int64)
         pointers["candidate_values"] = workspace[plan.values_offset:plan.values_offset + count * x.itemsize].view(x.dtype)
+        if one_launch:
+            pointers["tickets"] = workspace[plan.tickets_offset:plan.workspace_bytes].view(np.uint32)
     counts = [module.launch(spec.name, stage.grid_rows, spec.threads, arguments(params(spec), stage, pointers, None),
-                            shared_bytes=stage.shared_bytes, counters=True)
+                            shared_bytes=stage.shared_bytes, counters=True, check_ordering=one_launch)
               for stage in stages(1, n, k, True, plan, shared=spec.shared)]
     if not np.array_equal(reference.select_keys(values, True), reference.select_keys(expect, True)):
         raise SystemExit(f"{who}: {spec.name} in {chunks} chunks returned a wrong top-{k} of {n}")
@@ -268,14 +274,17 @@ def measure_split(kernels: Kernels, dtype: str, n: int, k: int, batches: tuple[i
                                 unsplit_s * 1e6, unsplit_s * 1e6, whole_per_key, floor_us(rows), kind))
             continue
         plan = sel.split
-        first, second = run(plan.chunks)
+        first, second = run(plan.chunks)  # one launch's two parts are counted apart, as two launches
+        if spec.merges:
+            run_split_row(module, spec, x, k, plan.chunks, expect, "bench-kernels (one launch)", one_launch=True)
         stage1 = replace(_facts(kernels, spec, first, n, plan.chunks, x.nbytes, spec.shared.bytes_for(plan.last_chunk)),
                          warp_instructions_per_row=issued(first, plan.chunks))
         merged = plan.candidates * x.itemsize
         stage2 = replace(_facts(kernels, spec, second, plan.candidates, 1, merged, spec.shared.bytes_for(plan.candidates)),
                          warp_instructions_per_row=issued(second, 1))
+        # one launch: the merge's CTA starts where its row's last chunk ends, no launch between
         seconds = (estimate_seconds(rows * plan.chunks, plan.chunk, k, x.itemsize, stage1)[0]
-                   + estimate_seconds(rows, plan.candidates, k, x.itemsize, stage2)[0])
+                   + estimate_seconds(rows, plan.candidates, k, x.itemsize, stage2)[0] - LAUNCH_S * spec.merges)
         out.append(SplitRow(dtype, n, k, rows, spec.name, plan.chunks, plan.chunk, stage1.reads_per_element,
                             plan.candidates, second.global_load_bytes / plan.candidates, seconds * 1e6,
                             unsplit_s * 1e6, per_key([first, second]), floor_us(rows), kind))
@@ -285,7 +294,7 @@ def measure_split(kernels: Kernels, dtype: str, n: int, k: int, batches: tuple[i
 def print_split_table(rows: list[SplitRow]) -> None:
     print("\n### radix kernels, small batch, split across CTAs (model: each line's batch)\n")
     head = ("| dtype | N | K | rows | data | kernel | CTAs/row | chunk | stage-1 reads/elem | merge candidates/row "
-            "| merge bytes read/candidate | warp instr/key (both launches) | HBM floor us | model us (H200) "
+            "| merge bytes read/candidate | warp instr/key (stage 1 and merge) | HBM floor us | model us (H200) "
             "| model us, one CTA/row | model ratio |")
     print(head)
     print("|" + "---|" * (head.count("|") - 1))

@@ -5,7 +5,8 @@ default policy's split section (rows_below, min_n, ctas_per_sm, chunk_per_k) com
 
 For each batch it takes the chunks per row the policy's `select` gives (and, beside them, the
 other powers of two) and models stage 1 (rows x chunks CTAs on chunks of n / chunks) plus
-stage 2 (rows CTAs on chunks x k candidates) against one CTA per row. The kernel facts are
+stage 2 (rows CTAs on chunks x k candidates; in the same launch where the kernel merges, the
+policy's split one_launch) against one CTA per row. The kernel facts are
 assumed, not counted (`make bench-kernels` counts them for float32): one read per element
 when a row or chunk is resident in shared memory, two otherwise; the first pass's atomic
 wavefronts and the barriers per row as bench-kernels counted them on normal data; the warp
@@ -27,7 +28,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-from h200_model import KernelFacts, ctas_per_sm, estimate_seconds  # noqa: E402
+from h200_model import LAUNCH_S, KernelFacts, ctas_per_sm, estimate_seconds  # noqa: E402
 
 from topkgen import policy as pol  # noqa: E402
 
@@ -78,8 +79,9 @@ def seconds(spec: pol.KernelSpec, rows: int, n: int, k: int, chunks: int) -> flo
     if chunks == 1:
         return estimate_seconds(rows, n, k, size, facts(spec, n))[0]
     chunk, merge = n // chunks, chunks * k
+    # one launch (schema 7): the merge's CTA starts where its row's last chunk ends
     return (estimate_seconds(rows * chunks, chunk, k, size, facts(spec, chunk))[0]
-            + estimate_seconds(rows, merge, k, size, facts(spec, merge))[0])
+            + estimate_seconds(rows, merge, k, size, facts(spec, merge))[0] - LAUNCH_S * spec.merges)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -10,8 +10,8 @@
    the shapes of benchmarks/shapes.py (those of `make bench-kernels`, the seed grid at 132
    and 4096 rows) and its four data kinds; the "small batch" set is issue 14's point 6:
    rows {1, 4, 16, 64} x n {131072, 262144} x K {16, 256, 1024}, whose rows the policy
-   splits across CTAs (both launches timed, with a workspace passed in, as a CUDA graph
-   would capture them); the table's "chunks" column says how each case ran. With nvbench's Python package (cuda-bench):
+   splits across CTAs (its launches timed: one where the kernel merges (schema 7), with a
+   workspace passed in, as a CUDA graph would capture them); the table's "chunks" column says how each case ran. With nvbench's Python package (cuda-bench):
    cold runs (L2 flushed), a noise threshold, throttled samples dropped. Without it: CUDA
    events around the launch alone, while a spin kernel holds the GPU so that the Python
    dispatch stays outside the window, with an L2 flush before every sample, until the
@@ -319,7 +319,7 @@ def main(argv: list[str] | None = None) -> int:
     dram = {}
     if "ncu" not in args.skip:
         step("ncu: DRAM bytes per row")
-        dram = guarded("ncu", ncu_dram_per_row, args, deadline, chunks, failed={})
+        dram = guarded("ncu", ncu_dram_per_row, args, deadline, launches_per_call(args.cases, arch), failed={})
     table = format_table(args.cases, timings, dram, chunks)
     print("\n" + table)
     (args.results / "gpu_check_table.md").write_text(table + "\n")
@@ -911,7 +911,20 @@ def chunks_per_row(all_cases: list[Case], arch: str) -> dict[str, int]:
     return {c.id: policy.select(loaded, arch, c.dtype, c.k, c.n, rows=c.rows).chunks for c in all_cases}
 
 
-def ncu_dram_per_row(args, deadline: float, chunks: dict[str, int]) -> dict[str, tuple[float, float]]:
+def launches_per_call(all_cases: list[Case], arch: str) -> dict[str, int]:
+    """The launches the runtime makes for each case: a split's one where its kernel merges
+    (schema 7: it takes tickets), else two; one unsplit."""
+    from topkgen import policy
+
+    loaded = policy.load()
+    out = {}
+    for c in all_cases:
+        sel = policy.select(loaded, arch, c.dtype, c.k, c.n, rows=c.rows)
+        out[c.id] = 1 if sel.chunks == 1 or sel.kernel.merges else 2
+    return out
+
+
+def ncu_dram_per_row(args, deadline: float, per_call: dict[str, int]) -> dict[str, tuple[float, float]]:
     tool = ncu_tool()
     if tool is None:
         print("ncu not found: skipped")
@@ -933,7 +946,7 @@ def ncu_dram_per_row(args, deadline: float, chunks: dict[str, int]) -> dict[str,
         print(f"ncu failed or was refused (exit {rc}): no DRAM figures")
         return {}
     per_launch = parse_ncu_csv(log.read_text())
-    launches = [2 if chunks.get(c.id, 1) > 1 else 1 for c in chosen]  # a split is two launches
+    launches = [per_call[c.id] for c in chosen]
     if len(per_launch) != sum(launches):
         print(f"ncu reported {len(per_launch)} topk launches for {sum(launches)} expected: no DRAM figures")
         return {}

@@ -678,8 +678,10 @@ struct NeverStop {
 //                 (the tail holds fewer than V elements: one step, or none where the body
 //                 ends the row).
 //   UNROLL:       vectors each thread loads before it uses any (loads in flight).
+//   WRITTEN:      other CTAs of the launch wrote the row (a split's merge): plain loads, not
+//                 the read-only path (load_global_nc) of rows nothing in the launch writes.
 // Index arithmetic stays below n, so it holds for every n up to 2^31 - 1.
-template <typename Bits, int THREADS, int BODY_VECTORS, int TAIL_STEPS, int UNROLL>
+template <typename Bits, int THREADS, int BODY_VECTORS, int TAIL_STEPS, int UNROLL, bool WRITTEN = false>
 struct RowView {
   static constexpr int V = 16 / int(sizeof(Bits));
   static constexpr int kUnroll = UNROLL;
@@ -697,7 +699,7 @@ struct RowView {
 
   template <bool SHARED, typename U>
   __device__ __forceinline__ U read(const U* q) const {
-    return SHARED ? *q : load_global_nc(q);
+    return SHARED ? *q : WRITTEN ? load_global(q) : load_global_nc(q);
   }
 
   __device__ __forceinline__ int body_steps(int nvec) const {
@@ -1177,6 +1179,28 @@ __device__ __forceinline__ Part part_of_window(int n, int chunk, long long row_s
   return part;
 }
 
+// A split in one launch (topkgen.policy.split, tickets): whether this CTA is the last of its
+// row's chunks to have stored its candidates, and so merges them. The hand-over of the PTX
+// memory model: the barrier orders every thread's stores before thread 0's fence (fences are
+// cumulative), the fence before its ticket (release); the last ticket's fence orders the other
+// chunks' stores before this CTA's reads of them (acquire), plain loads (load_global: the fence
+// drops the SM's L1 lines). Each chunk takes one ticket, so the last finds chunks - 1 and
+// returns the word to 0 for the next launch. The emulator checks each step (check_ordering).
+__device__ __forceinline__ bool last_of_row(unsigned* tickets, int row, int chunks) {
+  __shared__ int last;
+  __syncthreads();
+  if (thread_index() == 0) {
+    __threadfence();
+    last = atomic_add_global(tickets + row, 1u) == unsigned(chunks - 1);
+    if (last) {
+      atomic_exch_global(tickets + row, 0u);
+      __threadfence();
+    }
+  }
+  __syncthreads();
+  return last != 0;
+}
+
 // Output slots [from, to) of a row with fewer than k candidates: index -1 and the value
 // below every value (-inf for the largest, +inf for the smallest). Thread t of `stride`.
 template <typename T>
@@ -1199,6 +1223,27 @@ struct RadixState {
   int source;             // where the next pass reads
 };
 
+// radix_topk's shared variables, one set per kernel whichever copies it holds: a split's merge
+// (MERGE) runs after the chunk's selection, in the same CTA, and takes the same memory.
+template <int KR>
+struct RadixShared {
+  __align__(16) int hist[kMaxBins];  // find_digit reads 16-byte runs
+  int warp_sums[33];
+  int found[3];
+  unsigned span[2];  // smallest and largest key a pass counted
+  int counters[3];   // output candidates, tie slots, collected candidates
+  RadixState state;
+  float stream_bound;      // the stream keeps values x with !(s x < bound) (keep_bound)
+  bool stream_steps_done;  // the stream's top k can take no later key
+  u64 cand[KR > 0 ? KR : 1];
+};
+
+template <int KR>
+__device__ __forceinline__ RadixShared<KR>& radix_shared() {
+  __shared__ RadixShared<KR> shared;
+  return shared;
+}
+
 // Radix select, one CTA per row, reading the input once where it can. Its dynamic shared memory
 // is the launch's `shared_bytes` (topkgen.policy.split.SharedMemory), within the SMEM_BYTES it
 // was compiled for (0: none, the global-memory paths alone):
@@ -1218,30 +1263,34 @@ struct RadixState {
 // Row access goes through RowView alone, so a part of a row is served the same way: a CTA
 // takes a chunk of a row when `chunk` splits it (Part), and writes the chunk's top k at
 // blockIdx.x * k with indices in the row; with x_indices (a split's merge) the indices it
-// writes are those x_indices holds for the elements it took.
+// writes are those x_indices holds for the elements it took. MERGE: a split's merge in the
+// launch whose CTAs wrote the candidates (the last CTA of the row's `chunks`, radix_select.cu.j2):
+// it reads them with plain loads (RowView WRITTEN), never streams (its row is chunks x k
+// candidates), and its row is blockIdx.x / chunks.
 template <typename T, int KR, int THREADS, bool DETERMINISTIC, int BODY_VECTORS, int TAIL_STEPS, int EXACT_N,
-          int SMEM_BYTES, int UNROLL, int MIN_CTAS>
+          int SMEM_BYTES, int UNROLL, int MIN_CTAS, bool MERGE = false>
 __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long long* __restrict__ x_indices,
                                            T* __restrict__ values, long long* __restrict__ indices, int rows, int n_arg,
                                            int k_out, bool largest, int chunk, long long row_stride,
                                            unsigned char* dynamic_shared, int shared_bytes, int flags, u64* scratch,
-                                           const Window window) {
+                                           const Window window, int chunks = 1) {
   typedef typename KeyTraits<T>::Bits Bits;
-  typedef RowView<Bits, THREADS, BODY_VECTORS, TAIL_STEPS, UNROLL> View;
+  typedef RowView<Bits, THREADS, BODY_VECTORS, TAIL_STEPS, UNROLL, MERGE> View;
   constexpr int V = View::V;
   constexpr int KEY_BITS = KeyTraits<T>::kBits;
   constexpr int PASSES = (KEY_BITS + kDigitBits - 1) / kDigitBits;
   // The launch's dynamic shared memory, whole 16-byte units within the compiled maximum.
   const int smem = SMEM_BYTES > 0 ? min(max(shared_bytes, 0), SMEM_BYTES) & ~15 : 0;
   const int row_capacity = smem / int(sizeof(Bits));  // keys of a resident row
-  __shared__ __align__(16) int hist[kMaxBins];  // find_digit reads 16-byte runs
-  __shared__ int warp_sums[33];
-  __shared__ int found[3];
-  __shared__ unsigned span[2];  // smallest and largest key a pass counted
-  __shared__ int counters[3];   // output candidates, tie slots, collected candidates
-  __shared__ RadixState state;
-  __shared__ float stream_bound;      // the stream keeps values x with !(s x < bound) (keep_bound)
-  __shared__ bool stream_steps_done;  // the stream's top k can take no later key
+  RadixShared<KR>& shared = radix_shared<KR>();
+  int (&hist)[kMaxBins] = shared.hist;
+  int (&warp_sums)[33] = shared.warp_sums;
+  int (&found)[3] = shared.found;
+  unsigned (&span)[2] = shared.span;
+  int (&counters)[3] = shared.counters;
+  RadixState& state = shared.state;
+  float& stream_bound = shared.stream_bound;
+  bool& stream_steps_done = shared.stream_steps_done;
 {% if large %}
   // The large-k path (KR = 0): the k candidates are gathered into this row's slots of the
   // indices output (8 bytes each, what a packed candidate takes) and sorted there; int32
@@ -1249,22 +1298,22 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
   u64* const cand = (scratch != nullptr ? scratch : reinterpret_cast<u64*>(indices)) +
                     (unsigned long long)blockIdx.x * (unsigned long long)k_out;
 {% else %}
-  __shared__ u64 cand[KR];
+  u64 (&cand)[KR] = shared.cand;
 {% endif %}
 
   // block_index (a fresh read where used) below 1024 threads; at 1024 (the large-k path, K=4096)
   // blockIdx, which ptxas may keep: block_index took 1 x 163840 k=40000 unsorted float32 from
   // 2.73 to 2.94 warp instructions per key, counted (its output loop).
-  const Part part =
-      part_of_window(n_arg, chunk, row_stride, rows, k_out, window, THREADS < 1024 ? block_index() : int(blockIdx.x));
+  const int block = MERGE ? int(blockIdx.x) / chunks : THREADS < 1024 ? block_index() : int(blockIdx.x);
+  const Part part = part_of_window(n_arg, chunk, row_stride, rows, k_out, window, block);
   if (part.row >= rows) return;
   const int n = EXACT_N > 0 && window.lengths == nullptr ? EXACT_N : part.n;
   // A window shorter than k yields its n candidates, then padding (k == k_out when dense).
   const int k = min(k_out, n);
   if (k == 0) {  // an empty window: a stage-1 chunk past it writes nothing (stage 2 skips it)
     if (!(chunk > 0 && chunk < n_arg))
-      pad_slots<T>(values, indices, (unsigned long long)blockIdx.x * k_out, 0, k_out, largest, thread_index(), THREADS,
-                   flags);
+      pad_slots<T>(values, indices, (unsigned long long)(MERGE ? block : int(blockIdx.x)) * k_out, 0, k_out, largest,
+                   thread_index(), THREADS, flags);
     return;
   }
   const Bits* row_bits = reinterpret_cast<const Bits*>(x) + part.offset;
@@ -1326,7 +1375,7 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
   // 0.572 warp instructions per key, counted, 2 rows), once block_index and a per-pass
   // word_bins gave the sm_90 kernels back the register whose lack spilled 4-12 bytes.
   constexpr bool kRawCopy = kWholeCollect && kNanAfter;
-  constexpr bool kStreams = KR > 0 && SMEM_BYTES > 0 && THREADS < 1024;
+  constexpr bool kStreams = !MERGE && KR > 0 && SMEM_BYTES > 0 && THREADS < 1024;
   // Where rows longer than shared memory stream (kStreams), float32's first pass over a raw
   // copy keeps no nan_max (a max.NaN a word) and asks its bins after it whether the row may
   // hold a NaN whose word misorders it (16384 K=256 float32, normal 0.700 -> 0.674 warp
@@ -1924,17 +1973,20 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
   // are read again, from the row in global memory (the copy holds keys).
   counter_phase("sort and output");
   const int t = thread_index();
-  const unsigned long long out_base = (unsigned long long)blockIdx.x * (unsigned long long)k_out;
+  const int out_block = MERGE ? block : int(blockIdx.x);
+  const unsigned long long out_base = (unsigned long long)out_block * (unsigned long long)k_out;
   // Once: it may read memory.
-  const Part where = part_of_window(n_arg, chunk, row_stride, rows, k_out, window, int(blockIdx.x));
+  const Part where = part_of_window(n_arg, chunk, row_stride, rows, k_out, window, out_block);
   auto emit = [&](int i, u64 entry) {
     const int index = unpack_index(entry);  // in the chunk
     bool is_nan;
     Bits bits = key_bits<T>(unpack_key(entry), largest, is_nan);
-    if (is_nan) bits = load_global_nc(row_bits + index);  // the copy holds keys, not the payload
+    // the copy holds keys, not the payload; a merge's rows (MERGE) other CTAs wrote: load_global
+    if (is_nan) bits = MERGE ? load_global(row_bits + index) : load_global_nc(row_bits + index);
     store_global(reinterpret_cast<Bits*>(values) + out_base + i, bits);
-    store_index(indices, out_base + i, x_indices != nullptr ? load_global_nc(x_indices + where.offset + index)
-                                                            : (long long)(where.first + index), flags);
+    store_index(indices, out_base + i, x_indices == nullptr ? (long long)(where.first + index)
+                                       : MERGE ? load_global(x_indices + where.offset + index)
+                                               : load_global_nc(x_indices + where.offset + index), flags);
   };
   // sorted=False skips the sort (see kUnsorted); the set is the sorted call's.
   const bool sort = DETERMINISTIC || (flags & kUnsorted) == 0;

@@ -43,6 +43,12 @@ __device__ __forceinline__ void store_global(T* p, const T& value) {
   *p = value;
 }
 
+// The global atomics of a split in one launch (its tickets): the emulator orders them itself
+// (its atomics are the hand-over's release and acquire points, check_ordering).
+__device__ __forceinline__ unsigned atomic_add_global(unsigned* p, unsigned value) { return atomicAdd(p, value); }
+
+__device__ __forceinline__ unsigned atomic_exch_global(unsigned* p, unsigned value) { return atomicExch(p, value); }
+
 __device__ __forceinline__ void counter_phase(const char* label) {
 #ifdef TOPKGEN_EMULATOR
   ::tk::counter_phase(label);

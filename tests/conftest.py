@@ -82,6 +82,20 @@ def tiny_bundle(tmp_path_factory, tiny_policy) -> Path:
 
 
 @pytest.fixture(scope="session")
+def one_launch_bundle(tmp_path_factory) -> Path:
+    """A bundle of one kernel that merges a split in one launch (schema 7), built by the CLI
+    beside its policy (policy.yaml)."""
+    from .support.tiny import ONE_LAUNCH_POLICY
+
+    base = tmp_path_factory.mktemp("one_launch")
+    (base / "policy.yaml").write_text(ONE_LAUNCH_POLICY)
+    proc = subprocess.run([sys.executable, "-m", "topkgen", "build", "--policy", str(base / "policy.yaml"),
+                           "--out", str(base / "out")], capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    return base / "out"
+
+
+@pytest.fixture(scope="session")
 def cpp():
     """`make cpp`, once per session; a lock keeps pytest-xdist workers from building twice."""
     from .support.cpp import CPP

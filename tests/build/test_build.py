@@ -20,7 +20,7 @@ from topkgen import policy as pol
 from topkgen.build.compile import CompileError, compile_kernel, options
 from topkgen.manifest.checks import elf_sm
 from topkgen.build.render import render
-from topkgen.manifest.params import PARAMS
+from topkgen.manifest.params import MERGE_PARAMS, PARAMS
 from topkgen.common.schema import load_schema
 
 from ..conftest import DEFAULT_POLICY, LEGACY_POLICY, ROOT
@@ -108,15 +108,19 @@ def test_jit_kernels_ship_their_rendered_source_and_exact_options(default_bundle
 
 def test_the_readme_gives_loaders_each_familys_parameters_in_the_manifests_order(default_bundle):
     """A loader passes arguments in `params` order; README listed the radix kernels'
-    x_indices, chunk and row_stride after largest, as if appended (x_indices is second)."""
+    x_indices, chunk and row_stride after largest, as if appended (x_indices is second). The
+    kernels that merge a split in one launch (schema 7, a policy's one_launch; not the
+    default's) take the merge's parameters after those."""
     base, _ = default_bundle
     manifest, _ = manifests.load_manifest(base / "out")
     readme = " ".join((ROOT / "README.md").read_text().split())
-    listed = re.search(r"\(register kernels: (.+?); radix kernels: (.+?\))\)", readme)
+    listed = re.search(r"\(register kernels: (.+?); radix kernels: (.+?\)); those that merge a split: (.+?\))\)", readme)
     assert listed, "README no longer lists each family's parameters"
-    for family, names in zip(("register", "radix"), listed.groups()):
+    register, radix, merging = (tuple(re.sub(r" \([a-z]+\)", "", names).split(", ")) for names in listed.groups())
+    for family, names in (("register", register), ("radix", radix)):
         (order,) = {tuple(p["name"] for p in e["params"]) for e in manifest["kernels"] if e["family"] == family}
-        assert tuple(re.sub(r" \([a-z]+\)", "", names).split(", ")) == order, names
+        assert names == order, names
+    assert merging == MERGE_PARAMS, merging
 
 
 def test_two_clean_builds_are_byte_identical(default_bundle, tmp_path):

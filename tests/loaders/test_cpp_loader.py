@@ -1046,6 +1046,40 @@ def test_both_loaders_refuse_a_schema_5_manifest_by_its_version(cpp, built_bundl
                                        "the row); rebuild the bundle (topkgen build)")
 
 
+def test_both_loaders_refuse_a_schema_6_manifest_by_its_version(cpp, built_bundle, tmp_path):
+    """Schema 7 adds a split in one launch (tickets, merged_*: issue 28); a schema-6 bundle is
+    refused by its version, in the same words, before anything else."""
+    root = tmp_path / "bundle"
+    shutil.copytree(built_bundle, root)
+    doc = json.loads((root / "manifest.json").read_text())
+    doc["schema_version"] = 6
+    (root / "manifest.json").write_text(json.dumps(doc))
+    assert _both_refuse(cpp, root) == (": schema_version: 6 has no tickets or merged_* parameters (a split always "
+                                       "takes two launches); rebuild the bundle (topkgen build)")
+
+
+def test_the_cpp_loader_serves_a_one_launch_bundle_as_two_launches(cpp, one_launch_bundle):
+    """A kernel that merges (schema 7) lists tickets, merged_values, merged_indices and
+    merged_flags: loaders/cpp loads the bundle (its load checks know their C types) and plans
+    its splits as two launches (it passes null tickets): the workspace of the candidates
+    alone, and each launch's shared memory, as the Python planner gives two launches."""
+    from dataclasses import replace
+
+    from topkgen.policy.split import stages
+
+    policy = pol.load(one_launch_bundle.parent / "policy.yaml")
+    rows, n, k = 4, 262144, 16
+    sel = pol.select(policy, "sm_90", "float32", k, n, rows=rows)
+    assert sel.kernel.merges and sel.split is not None and sel.split.one_launch
+    two = replace(sel.split, one_launch=False)
+    shared = ",".join(str(stage.shared_bytes) for stage in stages(rows, n, k, True, two, shared=sel.kernel.shared))
+    assert shared.count(",") == 1 and two.workspace_bytes < sel.split.workspace_bytes
+    assert cpp_select(cpp, one_launch_bundle, [("sm_90", "float32", k, n, False, False, rows),
+                                               ("sm_90", "float32", k, 5000, False, False, rows)]) == [
+        f"{sel.kernel.name} {two.chunks} {two.workspace_bytes} {two.values_offset} [{shared}]",
+        python_select(policy, ("sm_90", "float32", k, 5000, False, False, rows))]
+
+
 def test_every_kernel_takes_the_ragged_parameters_after_its_flags(built_bundle):
     """Schema 5 (issue 30) adds the ragged-batch parameters to every kernel's params, right
     after the output flags (issue 29), where both loaders pass them."""

@@ -157,7 +157,7 @@ class DeviceArray:
 
 @pytest.fixture
 def fake_core(monkeypatch):
-    log: dict = {"launches": [], "buffers": []}
+    log: dict = {"launches": [], "buffers": [], "cleared": []}
 
     def launch(stream, config, kernel, *args):
         log["launches"].append((stream, config, kernel, args))
@@ -174,6 +174,12 @@ def fake_core(monkeypatch):
         kernel.max_dynamic_shared = nbytes
 
     monkeypatch.setattr(cuda_backend._CudaBackend, "_allow_dynamic_shared", allow)
+
+    def clear(self, address, nbytes, stream):  # a memset on the launch stream (a split's tickets)
+        assert isinstance(stream, FakeStream)
+        log["cleared"].append((address, nbytes, stream, len(log["launches"])))
+
+    monkeypatch.setattr(cuda_backend._CudaBackend, "_clear", clear)
     return log
 
 
@@ -262,6 +268,52 @@ def test_cuda_backend_split_rows_pass_the_workspace_as_both_stages_expect(built_
     rule = _shared_rule(entry["launch"], dtype)  # schema 6: stage 1 reads its last chunk, stage 2 the candidates
     assert (one["shared_bytes"], two["shared_bytes"]) == (rule.bytes_for(plan.last_chunk), rule.bytes_for(plan.candidates))
     assert (first[1].shmem_size, second[1].shmem_size) == (one["shared_bytes"], two["shared_bytes"])
+
+
+@pytest.mark.parametrize("ragged", [False, True])
+def test_cuda_backend_split_rows_launch_once_with_the_tickets_zeroed_in_the_workspace(one_launch_bundle, fake_core,
+                                                                                        ragged):
+    """A split whose kernel merges (schema 7): one launch, stage 1's, its candidates in the
+    workspace (allocated on the stream, or the caller's), its tickets past them zeroed on the
+    same stream before the launch, the output and the request's flags as the merge's, the
+    larger of the two stages' shared memory, and a ragged batch's windows."""
+    from topkgen.manifest.params import OUTPUT_FLAGS
+
+    manifest = json.loads((one_launch_bundle / "manifest.json").read_text())
+    (entry,) = manifest["kernels"]
+    assert [p["name"] for p in entry["params"]][-4:] == ["tickets", "merged_values", "merged_indices", "merged_flags"]
+    op = runtime.TopK(one_launch_bundle, backend="cuda")
+    dtype, k, n, rows = "float32", 16, 262144, 4
+    plan = op.plan(dtype, k, n, rows)
+    assert plan is not None and plan.chunks == 32 and plan.one_launch
+    assert op.workspace_bytes(dtype, k, n, rows) == plan.workspace_bytes == plan.tickets_offset + 4 * rows
+    x, values, indices = _arrays(dtype, rows, n, k)
+    windows = {}
+    if ragged:
+        windows = {"lengths": DeviceArray((rows,), "<i4", 0x4000_0000), "starts": DeviceArray((rows,), "<i4", 0x5000_0000),
+                   "workspace": DeviceArray((plan.workspace_bytes,), "|u1", 0x6000_0000)}
+    op(x, k, out=(values, indices), stream=FakeStream(7), sorted=not ragged, **windows)
+    (launch,) = fake_core["launches"]
+    if ragged:
+        assert fake_core["buffers"] == []  # the caller's workspace: no allocation
+        base = 0x6000_0000
+    else:
+        (buffer,) = fake_core["buffers"]  # no workspace passed: one allocation on the stream, freed behind the launch
+        assert buffer.size >= plan.workspace_bytes and buffer.closed_on is launch[0]
+        base = buffer.handle
+    assert fake_core["cleared"] == [(base + plan.tickets_offset, 4 * rows, launch[0], 0)]
+    one = _check_launch(launch, entry, entry["resources"]["static_shared_bytes"])
+    assert (one["x"], one["x_indices"], one["values"], one["indices"]) == \
+        (0x1000_0000, 0, base + plan.values_offset, base)
+    assert (one["tickets"], one["merged_values"], one["merged_indices"]) == \
+        (base + plan.tickets_offset, 0x2000_0000, 0x3000_0000)
+    assert (one["flags"], one["merged_flags"]) == (OUTPUT_FLAGS["unsorted"], OUTPUT_FLAGS["unsorted"] * ragged)
+    assert launch[1].grid * entry["launch"]["rows_per_block"] >= rows * plan.chunks
+    assert (one["n"], one["chunk"], one["row_stride"], one["split_n"]) == (n, plan.chunk, n, 0)
+    assert (one["lengths"], one["starts"], one["window_bytes"]) == ((0x4000_0000, 0x5000_0000, 4) if ragged else (0, 0, 0))
+    rule = _shared_rule(entry["launch"], dtype)  # schema 6: the larger of the chunk's and the merge's
+    assert one["shared_bytes"] == launch[1].shmem_size == max(rule.bytes_for(plan.last_chunk),
+                                                              rule.bytes_for(plan.candidates))
 
 
 @pytest.mark.parametrize("k,n,rows", [(16, 1000, 2), (256, 5000, 2), (16, 262144, 4), (5000, 20000, 2)])

@@ -6,6 +6,8 @@ feature detection, and these tests fail if the installed version lacks one of th
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import importlib
 import warnings
 
@@ -134,6 +136,20 @@ def test_the_shared_memory_opt_in_binds_its_arguments_for_every_handle_type():
         driver.cuKernelSetAttribute(attribute, 200_000, driver.CUkernel(0x7F00_1234), "0")
 
 
+def test_the_tickets_memset_binds_its_arguments():
+    """The cuda backend zeroes a split's tickets without torch with cuMemsetD8Async(address,
+    0, bytes, stream handle): cuda-bindings converts each argument before it seeks libcuda, so
+    the call reaches the driver (absent here); a stream that is no handle is refused before."""
+    from cuda.bindings import driver
+
+    absent = _driver_absent()
+    with pytest.raises(Exception) as info:
+        driver.cuMemsetD8Async(0x7F00_1234, 0, 64, 0x7F00_5678)
+    assert (type(info.value), str(info.value)) == absent
+    with pytest.raises(TypeError):
+        driver.cuMemsetD8Async(0x7F00_1234, 0, 64, "stream")
+
+
 def _param_holder():
     """cuda.core's packer of launch arguments (what launch() hands cuLaunchKernelEx)."""
     for name in ("cuda.core._kernel_arg_handler", "cuda.core.experimental._kernel_arg_handler"):
@@ -146,22 +162,29 @@ def _param_holder():
 
 
 def test_launch_arguments_are_packed_with_the_kernels_c_types():
-    """Both launches of a split radix kernel: runtime.arguments' list packed by the installed
-    cuda.core (as launch() packs it), read back at each parameter's C type."""
+    """Both launches of a split radix kernel, and its one launch (tickets): runtime.arguments'
+    list packed by the installed cuda.core (as launch() packs it), read back at each
+    parameter's C type."""
     import ctypes
 
     from topkgen import policy
     from topkgen.manifest.params import params
     from topkgen.policy.split import ChunkPlan, stages
 
-    spec = next(s for s in policy.all_kernels(policy.load(), "sm_90")
-                if "chunk" in [p["name"] for p in params(s)] and s.dtype == "float32")
+    merging = policy.loads(policy.default_policy_path().read_text().replace("one_launch: false", "one_launch: true"),
+                           source="one_launch")
+    spec = next(s for s in policy.all_kernels(merging, "sm_90")
+                if "tickets" in [p["name"] for p in params(s)] and s.dtype == "float32")
     plan = ChunkPlan(3, 262144, 1000, 8, 4)
     pointers = {"x": 0x7F00_0000_1000, "values": 0x7F00_0000_2000, "indices": 0x7F00_0000_3000,
-                "candidate_indices": 0x7F00_0000_4000, "candidate_values": 0x7F00_0000_8000}
+                "candidate_indices": 0x7F00_0000_4000, "candidate_values": 0x7F00_0000_8000,
+                "tickets": 0x7F00_0000_9000}
     ctypes_of = {"int": ctypes.c_int32, "long long": ctypes.c_int64}
     ParamHolder = _param_holder()
-    for stage in stages(3, 262144, 1000, True, plan, shared=spec.shared):  # shared_bytes: each launch's
+    launches = [*stages(3, 262144, 1000, True, plan, shared=spec.shared),  # shared_bytes: each launch's
+                *stages(3, 262144, 1000, True, replace(plan, one_launch=True), shared=spec.shared, flags=2)]
+    assert [stage.buffers["tickets"] for stage in launches] == [None, None, "tickets"]
+    for stage in launches:
         args = runtime.arguments(params(spec), stage, pointers, 0)
         holder = ParamHolder(args)
         slots = (ctypes.c_void_p * len(args)).from_address(holder.ptr)

@@ -29,8 +29,8 @@ class Refused(Exception):
 class IndependentLoader:
     def __init__(self, bundle_dir: str | Path) -> None:
         self.manifest = json.loads((Path(bundle_dir) / "manifest.json").read_text())
-        if self.manifest["schema_version"] != 6:
-            raise Refused("schema_version is not 6")
+        if self.manifest["schema_version"] != 7:
+            raise Refused("schema_version is not 7")
         self.launches = {e["name"]: e["launch"] for e in self.manifest["kernels"] + self.manifest["jit_kernels"]}
 
     def pick(self, arch: str, dtype: str, k: int, n: int, deterministic: bool, jit: bool,

@@ -55,3 +55,29 @@ def each_command(tiny_policy: Path, tiny_bundle: Path, tmp_path: Path) -> dict[s
         "run": ["run", "--bundle", tiny_bundle, "--arch", "sm_90", "--backend", "emulator", "--k", "1",
                 tmp_path / "x.npy", "-o", tmp_path / "o.npz"],
     }
+
+
+# One AOT kernel (sm_90, float32, K=16) that merges a split in one launch (the split section's
+# one_launch, manifest schema 7), the rest JIT: what the cuda backend's and the C++ loader's
+# tests of a one-launch bundle need, at one kernel's compile.
+ONE_LAUNCH_POLICY = """
+version: 1
+name: one_launch
+archs:
+  sm_90:
+    capability: [9, 0]
+    threads: 128
+    warps_per_block: 4
+    vector_tail: {policy: runtime}
+    shared_row_bytes: 98304
+    split: {sm_count: 132, ctas_per_sm: 2, rows_below: 80, min_n: 131072, max_chunks: 32, min_chunk: 4096,
+            chunk_per_k: 16, one_launch: true}
+dtypes: {aot: [float32]}
+families:
+  radix: {template: radix_select.cu.j2, budget: {max_registers: 96, spills: false}}
+rules:
+  - {name: radix_dynamic, family: radix, work: dynamic, k: [16], n: {min: 1, max: 2147483647}, modes: [fast]}
+  - {name: jit_rest, family: radix, work: dynamic, k: [1024], n: {min: 1, max: 2147483647}, modes: [fast, deterministic],
+     aot: false, reason: "one AOT kernel is all this test needs"}
+dispatch_order: [radix_dynamic, jit_rest]
+"""

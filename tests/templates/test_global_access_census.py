@@ -1,5 +1,6 @@
 """Every global load and store of every template comes from a counted helper
-(templates/topk_memory.cuh: load_global_nc, load_global, store_global), so that the
+(templates/topk_memory.cuh: load_global_nc, load_global, store_global, and the split's ticket
+atomics atomic_add_global and atomic_exch_global), so that the
 emulator's traffic counters see all of it: a census of the PTX NVRTC emits for compute_90,
 each ld.global / st.global mapped by its line information (-lineinfo, the innermost .loc)
 to the helper it was inlined from. A planted raw load makes the census fail."""
@@ -13,11 +14,12 @@ import pytest
 from topkgen.emulator.instructions import instrument
 from topkgen.emulator.sass import nvrtc_cubin
 
-HELPERS = ("load_global_nc", "load_global", "store_global")
+HELPERS = ("load_global_nc", "load_global", "store_global", "atomic_add_global", "atomic_exch_global")
 
 
 def _kernels():
-    """One kernel of each template, dtype and mode of the default policy's sm_90 plan."""
+    """One kernel of each template, dtype and mode of the default policy's sm_90 plan, and one
+    that merges a split in one launch (the policy's one_launch: its ticket atomics)."""
     from topkgen import policy
 
     pol = policy.load()
@@ -28,7 +30,11 @@ def _kernels():
         spec = policy.select(pol, "sm_90", dtype, k, n, deterministic=det).kernel
         picked[spec.name] = spec
     assert {s.family for s in picked.values()} >= {"radix", "register"}
-    return list(picked.values())
+    merging = policy.loads(policy.default_policy_path().read_text().replace("one_launch: false", "one_launch: true"),
+                           source="one_launch")
+    spec = policy.select(merging, "sm_90", "float32", 256, 131072).kernel
+    assert spec.merges
+    return [*picked.values(), spec]
 
 
 def helper_lines(source: str) -> set[int]:
@@ -64,7 +70,7 @@ def census(source: str, name: str) -> tuple[list[tuple[str, int]], list[tuple[st
     return counted, raw
 
 
-@pytest.mark.parametrize("spec", _kernels(), ids=lambda s: s.name)
+@pytest.mark.parametrize("spec", _kernels(), ids=lambda s: s.name + "_merges" * s.merges)
 def test_every_global_access_is_counted(spec):
     from topkgen.build.render import render
 
@@ -84,7 +90,7 @@ def test_a_planted_raw_load_is_found():
 
     spec = policy.select(policy.load(), "sm_90", "float32", 256, 16384).kernel
     source = render(spec)
-    planted = source.replace("return SHARED ? *q : load_global_nc(q);", "return *q;", 1)
+    planted = source.replace("return SHARED ? *q : WRITTEN ? load_global(q) : load_global_nc(q);", "return *q;", 1)
     assert planted != source
     _, raw = census(planted, spec.name)
     assert raw and all(op.startswith("ld.global") for op, _ in raw)

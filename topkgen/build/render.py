@@ -129,6 +129,7 @@ def context(spec: KernelSpec) -> dict[str, object]:
         # The large-k path renders K rung 0: its candidates live in global memory, not shared.
         "k": 0 if spec.work == "large" else _int(spec.k, 1, K_RUNG_MAX, "k"),
         "large_k": spec.work == "large",
+        "merges": spec.merges,
         "threads": _int(spec.threads, 32, 1024, "threads"),
         "min_ctas_per_sm": _int(spec.min_ctas_per_sm, 1, 32, "min_ctas_per_sm"),
         "rows_per_block": _int(spec.rows_per_block, 1, 32, "rows_per_block"),

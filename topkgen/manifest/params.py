@@ -33,6 +33,12 @@ PARAM_TYPES = {
     "split_n": "int",                 # 0; in a split's stage 2, stage 1's n (it finds the windows' candidates)
     "shared_bytes": "int",            # radix (schema 6): the launch's dynamic shared memory (split.SharedMemory)
     "scratch": "void*",               # the large-k path: null, or rows x k x 8 bytes for its candidates
+    # A split in one launch (schema 7, topkgen.policy.split): stage 1 with these, its last CTA of
+    # each row merging the row's candidates into the output; null tickets: no merge here.
+    "tickets": "unsigned int*",       # null, or rows zeroed words (the kernel leaves them zero)
+    "merged_values": "{t}*",          # the output of the merge: rows x k values
+    "merged_indices": "long long*",   # and their indices
+    "merged_flags": "int",            # the output's flags (`flags` is stage 1's)
 }
 # The `flags` bits: sorted=False (the final sort is skipped; deterministic kernels sort anyway,
 # the order they return is the sorted one) and index_dtype="int32" (the kernel writes int32
@@ -42,7 +48,8 @@ OUTPUT_FLAGS = {"unsorted": UNSORTED_FLAG, "int32_indices": 2}
 # A ragged batch's parameters, after `flags` in every kernel's list (schema 5).
 RAGGED_PARAMS = ("lengths", "starts", "window_bytes", "split_n")
 # The parameters of each family's kernels, in order. Radix kernels also run split rows, and take
-# the dynamic shared memory their launch was given (`shared_bytes`, schema 6) after split_n.
+# the dynamic shared memory their launch was given (`shared_bytes`, schema 6) after split_n, then
+# what a split in one launch needs where the kernel can split (KernelSpec.merges, schema 7).
 # The large-k path's radix kernels (work "large") also take `scratch`: with int32 indices its
 # candidates (8 bytes each) no longer fit in the indices output it gathers them into.
 PARAMS = {
@@ -52,11 +59,12 @@ PARAMS = {
     "large": ("x", "x_indices", "values", "indices", "rows", "n", "k", "largest", "chunk", "row_stride", "flags",
               *RAGGED_PARAMS, "shared_bytes", "scratch"),
 }
+MERGE_PARAMS = ("tickets", "merged_values", "merged_indices", "merged_flags")
 
 
 def param_names(spec: KernelSpec) -> tuple[str, ...]:
     """The names of the kernel's parameters, in order."""
-    return PARAMS["large" if spec.work == "large" else spec.family]
+    return PARAMS["large" if spec.work == "large" else spec.family] + (MERGE_PARAMS if spec.merges else ())
 
 
 def output_flags(sorted_: bool, index_dtype: str) -> int:

@@ -21,9 +21,10 @@ from topkgen.policy import Policy
 from topkgen.common.schema import SchemaViolation, format_path, load_schema, validate
 
 MANIFEST = "manifest.json"
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 SCHEMAS = {1: "manifest-1.schema.json", 2: "manifest-2.schema.json", 3: "manifest-3.schema.json",
-           4: "manifest-4.schema.json", 5: "manifest-5.schema.json", 6: "manifest.schema.json"}
+           4: "manifest-4.schema.json", 5: "manifest-5.schema.json", 6: "manifest-6.schema.json",
+           7: "manifest.schema.json"}
 # How a loader serves the request options (schema 4's `options`, the kernels' `flags` since
 # schema 5; the schema words each). The bits are topkgen.manifest.params.OUTPUT_FLAGS.
 MANIFEST_OPTIONS = {"unsorted": "kernel_flag", "index_dtypes": ["int64", "int32"], "int32_indices": "kernel_flag",
@@ -96,6 +97,9 @@ def version_problem(version: object) -> str:
     if type(version) is int and version == 5:
         return ("schema_version: 5 launches every radix kernel with all of its dynamic shared memory and has no "
                 "shared_bytes parameter (its kernels size nothing to the row); rebuild the bundle (topkgen build)")
+    if type(version) is int and version == 6:
+        return ("schema_version: 6 has no tickets or merged_* parameters (a split always takes two launches); "
+                "rebuild the bundle (topkgen build)")
     return f"schema_version: {json.dumps(version)} is not supported (this topkgen reads version {SCHEMA_VERSION})"
 
 

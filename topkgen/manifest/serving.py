@@ -12,8 +12,11 @@ from topkgen.policy import SHARED_BYTES_PER_BLOCK, Policy, arch_capability
 
 
 def split_rules(policy: Policy, archs: list[str]) -> dict[str, dict | None]:
-    """Per arch, its split section as plain data (None: the arch splits nothing)."""
-    return {arch: (None if policy.archs[arch].split is None else asdict(policy.archs[arch].split)) for arch in archs}
+    """Per arch, its split section as plain data (None: the arch splits nothing), but
+    one_launch: a loader learns it from each kernel's params (tickets), and may launch twice."""
+    rules = {arch: policy.archs[arch].split for arch in archs}
+    return {arch: None if rule is None else {key: value for key, value in asdict(rule).items() if key != "one_launch"}
+            for arch, rule in rules.items()}
 
 
 def shared_needed(kernels: list[dict]) -> dict[str, int]:

@@ -73,7 +73,8 @@ class Explanation:
     def grid_words(self) -> str:
         """The launches' grids as the loader computes them (README, Writing a loader): CTAs x
         threads and what each CTA takes, for every family (register kernels take several rows
-        per CTA; a split runs rows x chunks CTAs, then one per row)."""
+        per CTA; a split runs rows x chunks CTAs, then one per row, or in one launch (a kernel
+        that merges, schema 7) each row's last CTA merging it)."""
         spec, rows = self.kernel, self.rows
         threads, per_cta = spec.threads, spec.rows_per_block
         if rows == 0:
@@ -83,6 +84,9 @@ class Explanation:
             ctas = "rows CTAs" if per_cta == 1 else f"ceil(rows / {per_cta}) CTAs"
             return f"{ctas} x {threads} threads, {rows_word} per CTA (no batch size given)"
         plan = self.selection.split
+        if plan is not None and spec.merges:
+            return (f"one launch: {plan.rows * plan.chunks} CTAs x {threads} threads, 1 chunk per CTA, each row's "
+                    f"last CTA then merging (as two: then {_ctas(rows)} x {threads} threads, 1 row per CTA)")
         if plan is not None:
             return (f"stage 1: {plan.rows * plan.chunks} CTAs x {threads} threads, 1 chunk per CTA; "
                     f"stage 2: {_ctas(rows)} x {threads} threads, 1 row per CTA")

@@ -103,6 +103,7 @@ class SplitTuning:
     min_chunk: int
     chunk_per_k: int
     rows_below_by_k: dict[int, int] = field(default_factory=dict)  # per K rung, over rows_below
+    one_launch: bool = False  # its radix kernels merge a split in stage 1's launch (take tickets)
 
     def rows_below_for(self, k_rung: int) -> int:
         """Split only batches of fewer rows than this for a kernel of this K rung."""
@@ -233,6 +234,7 @@ class KernelSpec:
     loads_in_flight: int = 1
     target: str = ""        # the NVRTC target when not the arch: its arch-specific sm_XYa (policy arch_specific)
     ship_ptx: bool = False  # its PTX (compute_XY) ships beside the cubin (policy ship_ptx)
+    merges: bool = False    # it runs a split in one launch (takes tickets): its arch splits rows it serves
 
     @property
     def nvrtc_target(self) -> str:

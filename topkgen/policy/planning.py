@@ -83,6 +83,9 @@ def _kernel(policy: Policy, rule: Rule, tuning: ArchTuning, family: Family, dtyp
         target=tuning.target if tuning.arch_specific else "", ship_ptx=tuning.ship_ptx,
         dynamic_shared_bytes=shared, shared_buffer_bytes=_shared_buffer_bytes(tuning, shared, k),
         loads_in_flight=loads,
+        # the merge is compiled where the policy asks for one launch and a split can happen: rows of its min_n
+        merges=rule.family == "radix" and tuning.split is not None and tuning.split.one_launch
+        and n_max >= tuning.split.min_n,
     )
 
 

@@ -153,7 +153,7 @@ def _split(policy: Policy, arch: str, spec: KernelSpec, rows: int | None, n: int
     chunks = tuning.chunks(rows, n, spec.k, resident_elements(spec))
     if chunks < 2:
         return None
-    plan = ChunkPlan(rows, n, k, chunks, DTYPE_SIZES[spec.dtype])
+    plan = ChunkPlan(rows, n, k, chunks, DTYPE_SIZES[spec.dtype], one_launch=spec.merges)
     if not spec.n_min <= min(plan.chunk, plan.candidates) or plan.candidates > spec.n_max:
         return None
     return plan

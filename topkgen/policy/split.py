@@ -13,7 +13,13 @@ follows from it by the arithmetic here, which manifest schema 3 states for every
   candidate values from `values_offset`;
 - stage 2 launches the same kernel on rows CTAs over those rows of chunks * k candidates
   (x = the candidate values, x_indices = the candidate indices, chunk = row_stride =
-  chunks * k) and writes the output.
+  chunks * k) and writes the output;
+- or, schema 7, the two in one launch: stage 1's, given `tickets` (rows zeroed 32-bit words,
+  which the kernel leaves zero) and the output (merged_values, merged_indices, merged_flags):
+  the last CTA of each row to store its candidates runs stage 2's selection on them, with
+  the dynamic shared memory of the larger stage. It saves the second launch's latency.
+  topkgen.runtime keeps the tickets in the workspace (`one_launch`: tickets_offset, past the
+  candidates) and zeroes them on the stream before each launch.
 
 In deterministic mode stage 1 orders a chunk's candidates by (key desc, index asc) and
 chunks lie in chunk order, so a lower position among stage 2's candidates is a lower index
@@ -28,6 +34,7 @@ ROWS_MAX = 2**31 - 1          # rows per request: the runtime refuses more
 WORKSPACE_ALIGN = 256         # the candidate values start at a multiple of this many bytes
 WORKSPACE_ALIGNMENT = 16      # and the workspace itself at a multiple of this (16-byte loads)
 INDEX_BYTES = 8               # candidate indices are int64, as the output's are
+TICKET_BYTES = 4              # a split in one launch: a 32-bit ticket per row
 UNSORTED_FLAG = 1             # topkgen.manifest.params.OUTPUT_FLAGS["unsorted"] (the policy stage comes first)
 SHARED_ALIGN = 16             # a resident row's copy (with its alignment room) ends at a multiple of this
 # How a launch's dynamic shared memory follows from the elements e (of s bytes) its CTA reads, in
@@ -75,6 +82,7 @@ class ChunkPlan:
     k: int
     chunks: int    # per row: stage 1 runs rows * chunks CTAs
     itemsize: int  # bytes per element of x
+    one_launch: bool = False  # its kernel merges in stage 1's launch (takes tickets): the workspace holds them too
 
     @property
     def chunk(self) -> int:
@@ -97,7 +105,17 @@ class ChunkPlan:
         return -(-index_bytes // WORKSPACE_ALIGN) * WORKSPACE_ALIGN
 
     @property
+    def tickets_offset(self) -> int:
+        """Where a split in one launch keeps its tickets (rows 32-bit words, zeroed before
+        the launch): past the candidate values, at a multiple of 16 bytes."""
+        end = self.values_offset + self.rows * self.candidates * self.itemsize
+        return -(-end // WORKSPACE_ALIGNMENT) * WORKSPACE_ALIGNMENT
+
+    @property
     def workspace_bytes(self) -> int:
+        """The candidates' bytes (the manifest's W), and a split in one launch's tickets."""
+        if self.one_launch:
+            return self.tickets_offset + TICKET_BYTES * self.rows
         return self.values_offset + self.rows * self.candidates * self.itemsize
 
     def record(self) -> dict[str, int]:
@@ -126,7 +144,9 @@ def stages(rows: int, n: int, k: int, largest: bool, plan: ChunkPlan | None, *, 
            scratch: bool = False, window_bytes: int = 0, starts: bool = False,
            shared: SharedMemory = NO_SHARED) -> list[Stage]:
     """The launches of a request: one, or a split's two (stage 1 over chunks into the
-    workspace's candidates, stage 2 over the candidates into the output). `flags` is the
+    workspace's candidates, stage 2 over the candidates into the output), or the split's
+    one (plan.one_launch: stage 1 merging into the output, through the buffer "tickets":
+    rows zeroed 32-bit words at the workspace's tickets_offset). `flags` is the
     output's (topkgen.manifest.params.OUTPUT_FLAGS: 1 unsorted, 2 int32 indices); stage 1
     writes int64 candidate indices in no order stage 2 needs, so it gets the unsorted bit
     whatever the request asks: stage 2 selects again and sorts (a deterministic kernel sorts
@@ -137,25 +157,30 @@ def stages(rows: int, n: int, k: int, largest: bool, plan: ChunkPlan | None, *, 
     `starts` when it has window starts: both stages read them on the device, and stage 2
     gets stage 1's n (`split_n`) to find each row's candidates. `shared`: the kernel's dynamic
     shared memory rule; a launch's CTA reads n elements (one CTA per row), the last chunk (a
-    split's stage 1: the largest) or chunks x k candidates (stage 2)."""
+    split's stage 1: the largest) or chunks x k candidates (stage 2; one launch: the larger)."""
     flag = int(bool(largest))
-    ragged = {"lengths": "lengths" if window_bytes else None, "starts": "starts" if window_bytes and starts else None}
-    window = {"window_bytes": window_bytes}
+    common = {"lengths": "lengths" if window_bytes else None, "starts": "starts" if window_bytes and starts else None,
+              "scratch": None, "tickets": None, "merged_values": None, "merged_indices": None}
+    no_merge = {"window_bytes": window_bytes, "merged_flags": 0}
     if plan is None:
         one = shared.bytes_for(n)
-        return [Stage(rows, {"x": "x", "x_indices": None, "values": "values", "indices": "indices", **ragged,
-                             "scratch": "scratch" if scratch else None},
+        return [Stage(rows, {"x": "x", "x_indices": None, "values": "values", "indices": "indices",
+                             **common, "scratch": "scratch" if scratch else None},
                       {"rows": rows, "n": n, "k": k, "largest": flag, "chunk": n, "row_stride": n, "flags": flags,
-                       **window, "split_n": 0, "shared_bytes": one}, one)]
+                       **no_merge, "split_n": 0, "shared_bytes": one}, one)]
     m = plan.candidates
     first, second = shared.bytes_for(plan.last_chunk), shared.bytes_for(m)
-    return [Stage(rows * plan.chunks,
-                  {"x": "x", "x_indices": None, "values": "candidate_values", "indices": "candidate_indices", **ragged,
-                   "scratch": None},
-                  {"rows": rows, "n": n, "k": k, "largest": flag, "chunk": plan.chunk, "row_stride": n,
-                   "flags": UNSORTED_FLAG, **window, "split_n": 0, "shared_bytes": first}, first),
+    stage1 = {"x": "x", "x_indices": None, "values": "candidate_values", "indices": "candidate_indices", **common}
+    stage1_scalars = {"rows": rows, "n": n, "k": k, "largest": flag, "chunk": plan.chunk, "row_stride": n,
+                      "flags": UNSORTED_FLAG, **no_merge, "split_n": 0}
+    if plan.one_launch:
+        both = max(first, second)
+        return [Stage(rows * plan.chunks,
+                      {**stage1, "tickets": "tickets", "merged_values": "values", "merged_indices": "indices"},
+                      {**stage1_scalars, "shared_bytes": both, "merged_flags": flags}, both)]
+    return [Stage(rows * plan.chunks, stage1, {**stage1_scalars, "shared_bytes": first}, first),
             Stage(rows,
                   {"x": "candidate_values", "x_indices": "candidate_indices", "values": "values", "indices": "indices",
-                   **ragged, "scratch": None},
+                   **common},
                   {"rows": rows, "n": m, "k": k, "largest": flag, "chunk": m, "row_stride": m, "flags": flags,
-                   **window, "split_n": n if window_bytes else 0, "shared_bytes": second}, second)]
+                   **no_merge, "split_n": n if window_bytes else 0, "shared_bytes": second}, second)]

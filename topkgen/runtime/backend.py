@@ -65,6 +65,11 @@ def arguments(params: list[dict[str, str]], stage: Stage, pointers: dict[str, An
     return out
 
 
+def takes_tickets(params: list[dict[str, str]]) -> bool:
+    """Whether the kernel runs a split in one launch (its `tickets` parameter, schema 7)."""
+    return any(param["name"] == "tickets" for param in params)
+
+
 @dataclass(frozen=True)
 class _Work:
     """What a call launches: the kernel, its launch configuration and parameters, and the

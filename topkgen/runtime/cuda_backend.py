@@ -223,6 +223,9 @@ class _CudaBackend(_Backend):
             base, release = self._workspace(work.plan.workspace_bytes, arrays.workspace, cuda_stream, torch,
                                             view.array)
             pointers["candidate_indices"], pointers["candidate_values"] = base, base + work.plan.values_offset
+            if work.plan.one_launch:  # its tickets: zeroed on the stream before the launch
+                pointers["tickets"] = base + work.plan.tickets_offset
+                self._clear(pointers["tickets"], work.plan.workspace_bytes - work.plan.tickets_offset, cuda_stream)
         elif work.scratch_bytes:  # the large-k path's candidates, beside int32 indices
             pointers["scratch"], release = self._workspace(work.scratch_bytes, arrays.workspace, cuda_stream, torch,
                                                            view.array)
@@ -259,6 +262,14 @@ class _CudaBackend(_Backend):
             return buffer.data_ptr(), lambda: None  # dropped after the launches: reused in stream order
         buffer = self.device.allocate(nbytes, stream=cuda_stream)
         return int(buffer.handle), lambda: buffer.close(cuda_stream)
+
+    def _clear(self, address: int, nbytes: int, cuda_stream: Any) -> None:
+        """Zeroes `nbytes` of device memory on the launch stream (a split's tickets)."""
+        from cuda.bindings import driver
+
+        (err,) = driver.cuMemsetD8Async(address, 0, nbytes, int(cuda_stream.handle))
+        if err != driver.CUresult.CUDA_SUCCESS:
+            raise TopKError(f"cannot zero the split's tickets ({err.name})")
 
     def _allow_dynamic_shared(self, kernel: Any, nbytes: int) -> None:
         allow_dynamic_shared(_kernel_handle(kernel), nbytes, self.device.device_id)

@@ -96,7 +96,9 @@ class _EmulatorBackend(_Backend):
         for stage in work.stages:
             work.kernel.launch(work.name, work.launch.grid(stage.grid_rows), work.launch.threads,
                                arguments(work.params, stage, pointers, None),
-                               shared_bytes=stage.shared_bytes)
+                               shared_bytes=stage.shared_bytes,
+                               # a split in one launch: its CTAs hand candidates over, checked
+                               check_ordering=stage.buffers.get("tickets") is not None)
         if out is not None:  # the bits, into uint16 values too
             out[0][...] = values.reshape(shape).view(out[0].dtype)
             out[1][...] = indices.reshape(shape)  # of out[1]'s type (check): a copy, no conversion
@@ -111,8 +113,12 @@ class _EmulatorBackend(_Backend):
             workspace = np.empty(plan.workspace_bytes, dtype=np.uint8)
         raw = workspace.reshape(-1).view(np.uint8)
         count = plan.rows * plan.candidates
-        return {"candidate_indices": raw[:count * 8].view(np.int64),
-                "candidate_values": raw[plan.values_offset:plan.values_offset + count * dtype.itemsize].view(dtype)}
+        out = {"candidate_indices": raw[:count * 8].view(np.int64),
+               "candidate_values": raw[plan.values_offset:plan.values_offset + count * dtype.itemsize].view(dtype)}
+        if plan.one_launch:  # zeroed before each launch, as the cuda backend's memset does
+            out["tickets"] = raw[plan.tickets_offset:plan.workspace_bytes].view(np.uint32)
+            out["tickets"][:] = 0
+        return out
 
 
 def _announce(name: str) -> None:

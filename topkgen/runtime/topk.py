@@ -1,7 +1,8 @@
 """`TopK`, the front end: load a bundle, choose each call's kernel from the manifest's dispatch
 table, check the arguments, load or JIT-compile the kernel once, and hand the launch to a
 backend. Both backends launch what `topkgen.policy.split.stages` plans: one launch, or a
-split's two through a workspace (the caller's, or one allocated on the stream), with
+split through a workspace (the caller's, or one allocated on the stream): one launch where the
+kernel takes tickets (zeroed by the backend), else two, with
 arguments passed by the names and in the order of the kernel's manifest `params`."""
 
 from __future__ import annotations
@@ -24,7 +25,7 @@ from topkgen.build.render import render
 from topkgen.policy.split import ChunkPlan, scratch_bytes, stages
 from topkgen.manifest.params import output_flags
 from topkgen.common.suggest import did_you_mean
-from topkgen.runtime.backend import Launch, TopKError, _Backend, _Work, _dtype, index_dtype_of
+from topkgen.runtime.backend import Launch, TopKError, _Backend, _Work, _dtype, index_dtype_of, takes_tickets
 from topkgen.runtime.binary import Binary, NoBinaryError, resolve_manifest
 from topkgen.runtime.cuda_backend import _CudaBackend
 from topkgen.runtime.emulator_backend import _EmulatorBackend
@@ -150,8 +151,14 @@ class TopK:
         if rows is None:  # choose's "batch unknown": never split, but a call on 1 row of 262144 is
             raise TopKError("rows: expected the batch's row count (an integer), got None: how a batch splits, "
                             "and the workspace it needs, depend on it")
-        choice = self.choose(dtype, k, n, deterministic, rows)
-        return ChunkPlan(rows, n, k, choice.chunks, DTYPE_SIZES[dtype]) if choice.chunks > 1 else None
+        return self._plan(self.choose(dtype, k, n, deterministic, rows), rows, n, k, dtype)
+
+    def _plan(self, choice: Choice, rows: int, n: int, k: int, dtype: str) -> ChunkPlan | None:
+        """A choice's split, in one launch where its kernel takes tickets (their room in the workspace)."""
+        if choice.chunks == 1:
+            return None
+        one_launch = takes_tickets(self._entries[choice.kernel]["params"])
+        return ChunkPlan(rows, n, k, choice.chunks, DTYPE_SIZES[dtype], one_launch=one_launch)
 
     def workspace_bytes(self, dtype: str, k: int, n: int, rows: int, deterministic: bool = False,
                         index_dtype: str = "int64") -> int:
@@ -202,9 +209,11 @@ class TopK:
         sorted by value: largest first (smallest first with largest=False); deterministic=True
         takes the lowest-indexed of equal values at the k-th place; k = 0 returns empty arrays
         of shape [..., 0], as torch.topk does.
-        A small batch of long rows may be split (two launches on the stream): `workspace`, an
-        array of at least `workspace_bytes(...)` bytes, serves it without an allocation;
-        without one the backend allocates it on the stream. Nothing waits for the GPU.
+        A small batch of long rows may be split (one launch on the stream, two where the kernel
+        takes no tickets): `workspace`, an array of at least `workspace_bytes(...)` bytes
+        (its candidates, and for one launch its tickets, zeroed on the stream before it),
+        serves it without an allocation; without one the backend allocates it on the stream.
+        Nothing waits for the GPU.
         `out`: (values, indices), contiguous, of x's leading shape and k; values of x's type
         (or uint16 bits for 16-bit types), indices int64. Neither `out` nor `workspace` may
         share memory with x or with each other. `dtype` (short spellings too: bf16, fp16)
@@ -242,7 +251,7 @@ class TopK:
             arrays = self._backend.check(view, 0, out, workspace, None, index_dtype)
             return self._backend.run(_Work(None, "", Launch(1, 1, 0), [], [], None, index_dtype), view, 0, arrays, stream)
         choice = self.choose(view.dtype, k, view.n, deterministic, view.rows)
-        plan = ChunkPlan(view.rows, view.n, k, choice.chunks, DTYPE_SIZES[view.dtype]) if choice.chunks > 1 else None
+        plan = self._plan(choice, view.rows, view.n, k, view.dtype)
         scratch = 0 if plan is not None else self._scratch_bytes(choice.kernel, view.rows, k, index_dtype)
         arrays = self._backend.check(view, k, out, workspace, plan, index_dtype, scratch)
         kernel = self._kernel(choice) if view.rows else None  # an empty batch loads and compiles nothing

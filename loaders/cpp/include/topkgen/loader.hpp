@@ -65,7 +65,7 @@ class Error : public std::runtime_error {
 
 constexpr std::int64_t N_MAX = 2147483647;
 constexpr std::int64_t ROWS_MAX = 2147483647;
-constexpr int SCHEMA_VERSION = 6;  // 6: shared memory sized to the row (launch.shared_bytes); 5: output flags, ragged batches, split_rules and load_order; 4: k up to n (K rungs to 4096, the large-k path), options
+constexpr int SCHEMA_VERSION = 7;  // 7: a split in one launch (tickets, merged_*); 6: shared memory sized to the row (launch.shared_bytes); 5: output flags, ragged batches, split_rules and load_order; 4: k up to n (K rungs to 4096, the large-k path), options
 constexpr std::int64_t SM_COUNT_MAX = 1024;  // as the policy schema bounds split.sm_count
 constexpr std::uint64_t WORKSPACE_ALIGN = 256;  // candidate values start at a multiple of it (topkgen.policy.split)
 constexpr std::uint64_t WORKSPACE_ALIGNMENT = 16;  // and the workspace itself at a multiple of this
@@ -1433,7 +1433,8 @@ inline const std::vector<std::pair<std::string, std::string>>& param_types() {
       {"x", "const {t}*"}, {"x_indices", "const long long*"}, {"values", "{t}*"}, {"indices", "long long*"},
       {"rows", "int"}, {"n", "int"}, {"k", "int"}, {"largest", "int"}, {"chunk", "int"}, {"row_stride", "long long"},
       {"flags", "int"}, {"lengths", "const void*"}, {"starts", "const void*"}, {"window_bytes", "int"}, {"split_n", "int"},
-      {"shared_bytes", "int"}, {"scratch", "void*"}};
+      {"shared_bytes", "int"}, {"scratch", "void*"}, {"tickets", "unsigned int*"}, {"merged_values", "{t}*"},
+      {"merged_indices", "long long*"}, {"merged_flags", "int"}};
   return types;
 }
 
@@ -1742,6 +1743,9 @@ class Bundle {
   void stage(cu::Function fn, const Kernel& kern, cu::Stream stream, std::int64_t grid_rows, Pointers ptr, Ints v,
              long long row_stride, Windows w, int split_n, unsigned shared) {
     int shared_bytes = static_cast<int>(shared);
+    // A split runs as its two launches here: no tickets, so no merge in stage 1 (schema 7).
+    cu::DevicePtr none = 0;
+    int no_flags = 0;
     std::vector<void*> args;
     for (const std::string& name : kern.params) {
       if (name == "x") args.push_back(&ptr.x);
@@ -1761,6 +1765,8 @@ class Bundle {
       else if (name == "split_n") args.push_back(&split_n);
       else if (name == "shared_bytes") args.push_back(&shared_bytes);
       else if (name == "scratch") args.push_back(&ptr.scratch);
+      else if (name == "tickets" || name == "merged_values" || name == "merged_indices") args.push_back(&none);
+      else if (name == "merged_flags") args.push_back(&no_flags);
       else throw Error("kernel " + kern.name + ": unknown parameter '" + name + "'");  // refused at load
     }
     const cu::Driver& d = cu::Driver::get();
@@ -1817,6 +1823,9 @@ class Bundle {
     if (integer && *it == 3)
       throw Error(doc_.file + ": schema_version: 3 stops k at 1024 and has no options (sorted, index_dtype); rebuild "
                   "the bundle (topkgen build)");
+    if (integer && *it == 6)
+      throw Error(doc_.file + ": schema_version: 6 has no tickets or merged_* parameters (a split always takes two "
+                  "launches); rebuild the bundle (topkgen build)");
     if (integer && *it == 5)
       throw Error(doc_.file + ": schema_version: 5 launches every radix kernel with all of its dynamic shared memory and "
                   "has no shared_bytes parameter (its kernels size nothing to the row); rebuild the bundle (topkgen build)");
