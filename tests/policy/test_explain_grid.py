@@ -34,6 +34,29 @@ def test_the_grid_line_is_the_launches_grid(default_policy, k, n, rows):
                         f"CTA{'' if grids[1] == 1 else 's'} x {spec.threads} threads, 1 row per CTA")
 
 
+@pytest.mark.parametrize("k, n, rows", [(256, 131072, 1), (1024, 262144, 3)])
+def test_a_split_in_one_launch_is_said_so(k, n, rows):
+    """A policy whose split section sets one_launch: the split line's workspace holds the
+    tickets too, and the grid line is the one launch's grid (stage 2's, for a loader that
+    launches twice, in brackets)."""
+    from topkgen import policy
+
+    text = policy.default_policy_path().read_text()
+    assert text.count("one_launch: false") == 2
+    merging = policy.loads(text.replace("one_launch: false", "one_launch: true"), source="one_launch")
+    answer = explain(merging, "sm_90", "float32", k, n, rows=rows)
+    spec, plan = answer.kernel, answer.selection.split
+    assert spec.merges and plan is not None and plan.one_launch
+    (one,) = [-(-stage.grid_rows // spec.rows_per_block) for stage in stages(rows, n, k, True, plan)]
+    assert _line(str(answer), "grid:") == (
+        f"one launch: {one} CTAs x {spec.threads} threads, 1 chunk per CTA, each row's last CTA then merging "
+        f"(as two: then {rows} CTA{'' if rows == 1 else 's'} x {spec.threads} threads, 1 row per CTA)")
+    assert _line(str(answer), "split:").endswith(
+        f"merges {plan.candidates} candidates per row in the same launch (the tickets in the workspace too); "
+        f"workspace {plan.workspace_bytes} bytes")
+    assert plan.workspace_bytes == plan.tickets_offset + 4 * rows
+
+
 def test_register_kernels_are_not_said_to_run_one_cta_per_row(default_policy):
     answer = explain(default_policy, "sm_90", "float32", 8, 512, rows=100)
     assert answer.kernel.family == "register" and answer.kernel.rows_per_block == 4

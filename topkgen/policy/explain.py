@@ -66,9 +66,10 @@ class Explanation:
             per_cta = self.kernel.rows_per_block
             whole = "one CTA per row" if per_cta == 1 else f"each CTA takes {per_cta} whole rows"
             return f"none: {whole}" if self.rows is not None else f"none: {whole} (no batch size given)"
+        same = " in the same launch (the tickets in the workspace too)" if plan.one_launch else ""
         return (f"{plan.chunks} chunks per row of {plan.chunk} elements (the last {plan.last_chunk}), "
                 f"{plan.rows * plan.chunks} CTAs; then {self.kernel.name} merges {plan.candidates} candidates "
-                f"per row; workspace {plan.workspace_bytes} bytes")
+                f"per row{same}; workspace {plan.workspace_bytes} bytes")
 
     def grid_words(self) -> str:
         """The launches' grids as the loader computes them (README, Writing a loader): CTAs x
