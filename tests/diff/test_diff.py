@@ -278,6 +278,31 @@ def test_sides_with_different_dtypes_compare(tmp_path):
                                    f"{f16_shapes} unsupported -> served" in back.stdout
 
 
+def test_a_split_in_one_launch_changes_the_kernels_parameters(tmp_path):
+    """Setting the split sections' one_launch gives the radix kernels that may split four more
+    parameters (schema 7): a loader's concern, so diff names them on each such kernel (and
+    their source), while no shape moves."""
+    assert DEFAULT_TEXT.count("one_launch: false") == 2
+    path = tmp_path / "one_launch.yaml"
+    path.write_text(DEFAULT_TEXT.replace("one_launch: false", "one_launch: true"))
+    merging = {s.name for s in (pol.select(pol.load(path), arch, dtype, k, 131072).kernel
+                                for arch in ("sm_90", "sm_100") for dtype in ("float32", "bfloat16")
+                                for k in (64, 128, 256, 512, 1024))}
+    code, doc = diff_json(DEFAULT_POLICY, path)
+    assert code == 1 and doc["summary"]["dispatch"]["changed"] == 0 and not doc["kernels"]["added"]
+    changed = {c["name"]: c for c in doc["kernels"]["changed"]}
+    assert merging <= set(changed) and len(changed) == 40 and all(c["aspects"] == ["parameters", "source"]
+                                                                   for c in changed.values())
+    for change in changed.values():
+        old, new = (change["changes"]["params"][side] for side in ("old", "new"))
+        assert new[:len(old)] == old and [p["name"] for p in new[len(old):]] == \
+            ["tickets", "merged_values", "merged_indices", "merged_flags"]
+    text = topkgen("diff", DEFAULT_POLICY, path).stdout
+    assert "~ topk_radix_dyn_k256_fast_f32_sm_90: params +tickets +merged_values +merged_indices +merged_flags, " \
+           "source (templates unchanged)" in text
+    assert topkgen("diff", path, path).returncode == 0
+
+
 @pytest.fixture(scope="module")
 def bundles(tmp_path_factory):
     """The default bundle for both archs, and one built for sm_100 only."""

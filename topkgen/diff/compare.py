@@ -37,6 +37,7 @@ FIELDS: dict[str, tuple[str, str]] = {
     "launch.rows_per_block": ("rows per block", "launch"),
     "launch.min_ctas_per_sm": ("min CTAs/SM", "launch"),
     "launch.grid": ("grid", "launch"),
+    "params": ("params", "parameters"),
     "n_window.min": ("n min", "parameters"),
     "n_window.max": ("n max", "parameters"),
     "resources.registers": ("registers", "resources"),

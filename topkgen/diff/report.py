@@ -65,6 +65,8 @@ def change_text(change: dict[str, Any]) -> str:
         old, new = delta["old"], delta["new"]
         if path == "source_sha256":
             parts.append(_templates_text(change))
+        elif path == "params" and isinstance(old, list) and isinstance(new, list):
+            parts.append(_params_text(old, new))
         elif path == "sha256":
             if "size_bytes" not in fields and "source_sha256" not in fields:
                 parts.append("cubin bytes differ, same size")
@@ -90,6 +92,16 @@ def tier_change_text(change: dict[str, Any]) -> str:
         else:
             parts.append(f"{key} {_value(delta['old'])} -> {_value(delta['new'])}")
     return ", ".join(parts)
+
+
+def _params_text(old: list[dict[str, str]], new: list[dict[str, str]]) -> str:
+    """`params +tickets +merged_values`: the parameters a loader passes that one side lists and
+    the other does not (`params reordered` or `params retyped` where the names are the same)."""
+    before, after = ([f"{p.get('name')}" for p in side] for side in (old, new))
+    words = [f"-{name}" for name in before if name not in after] + [f"+{name}" for name in after if name not in before]
+    if words:
+        return "params " + _clip(" ".join(words), 120)
+    return "params reordered" if before != after else "params retyped"
 
 
 def _templates_text(change: dict[str, Any]) -> str:

@@ -15,6 +15,7 @@ from topkgen.common.errors import InputError
 from topkgen.policy import MAX_POLICY_BYTES, KernelSpec, Policy, PolicyError, all_kernels, loads, \
     plan, read_file, rule_record
 from topkgen.diff.worktree_files import WorktreeFileError, read_worktree_file
+from topkgen.manifest.params import params
 from topkgen.build.sources import MAX_TEMPLATE_BYTES, TEMPLATES_IN_REPO, GitRepo, SourceError, Templates, \
     directory_templates, display_name, installed_templates, repo_path
 
@@ -149,7 +150,8 @@ def _rendered_side(label: str, kind: str, origin: str, policy: Policy, templates
     templates.prepare([*specs.values(), *(s for arch in policy.archs for s in all_kernels(policy, arch))])
     for name, spec in specs.items():
         source, used = templates.render(spec)
-        side.kernels[name] = {**spec.record(), "source_sha256": _sha256(source)}
+        # its parameters as its manifest entry lists them: a loader passes arguments by them
+        side.kernels[name] = {**spec.record(), "params": params(spec), "source_sha256": _sha256(source)}
         side.sources[name], side.loads[name] = source, used
     _render_jit_kernels(side, templates)
     return side
