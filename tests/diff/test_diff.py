@@ -819,3 +819,15 @@ def test_a_policy_side_may_be_a_pipe(tmp_path):
                               capture_output=True, text=True, env=env)
         assert (proc.returncode, proc.stderr) == (status, ""), proc.stderr
         assert re.match(r"topkgen diff /dev/fd/\d+ -> ", proc.stdout) and verdict in proc.stdout, proc.stdout
+
+
+def test_a_parameter_change_is_worded_by_name():
+    """What a loader must change: names added and removed, else the order or the C types."""
+    from topkgen.diff.report import change_text
+
+    x, n = {"name": "x", "ctype": "const float*"}, {"name": "n", "ctype": "int"}
+    def text(old, new):
+        return change_text({"changes": {"params": {"old": old, "new": new}}, "templates": None})
+    assert text([x], [x, n]) == "params +n" and text([x, n], [x]) == "params -n"
+    assert text([x, n], [n, x]) == "params reordered"
+    assert text([x, n], [x, {"name": "n", "ctype": "long long"}]) == "params retyped"
