@@ -826,6 +826,7 @@ def test_a_parameter_change_is_worded_by_name():
     from topkgen.diff.report import change_text
 
     x, n = {"name": "x", "ctype": "const float*"}, {"name": "n", "ctype": "int"}
+
     def text(old, new):
         return change_text({"changes": {"params": {"old": old, "new": new}}, "templates": None})
     assert text([x], [x, n]) == "params +n" and text([x, n], [x]) == "params -n"
