@@ -93,3 +93,34 @@ def check_topk(x: np.ndarray, values: np.ndarray, indices: np.ndarray, k: int, l
                                   err_msg=f"{what}: values are not the inputs at the returned indices")
     np.testing.assert_array_equal(reference.select_keys(values, largest), reference.select_keys(ref_values, largest),
                                   err_msg=f"{what}: selected values differ from the reference")
+
+
+class PolicyKernels:
+    """A test policy's kernels for one K (the kernel `select` gives at rows of 100000, per
+    arch, dtype and mode of `kernels`) and one emulator module of all of them, compiled on
+    first use: what the kernel-path tests of a policy of their own share."""
+
+    def __init__(self, text: str, name: str, k: int, kernels: list[tuple[str, str, str]]) -> None:
+        self.text, self.name, self.k, self.kernels = text, name, k, kernels
+        self._policy = self._module = None
+
+    def policy(self):
+        from topkgen import policy as pol
+
+        if self._policy is None:
+            self._policy = pol.loads(self.text, source=self.name)
+        return self._policy
+
+    def spec(self, arch: str, dtype: str, mode: str):
+        from topkgen import policy as pol
+
+        return pol.select(self.policy(), arch, dtype, self.k, 100_000, deterministic=mode == "deterministic").kernel
+
+    def module(self):
+        from topkgen.build.render import render
+        from topkgen.emulator import compile_source
+
+        if self._module is None:
+            self._module = compile_source("".join(render(self.spec(*kernel)) for kernel in self.kernels),
+                                          name=self.name)
+        return self._module

@@ -22,7 +22,7 @@ from topkgen.manifest.params import params
 from topkgen.policy.split import ChunkPlan, stages
 from topkgen.runtime import arguments
 
-from ..support.topk_cases import PATTERNS, check_topk, launch_kernel, make_rows
+from ..support.topk_cases import PolicyKernels, PATTERNS, check_topk, launch_kernel, make_rows
 
 POLICY = """
 version: 1
@@ -64,18 +64,8 @@ K = 64
 NP_TYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}
 
 
-@lru_cache(maxsize=None)
-def _policy() -> pol.Policy:
-    return pol.loads(POLICY, source="radix_paths")
-
-
-def _spec(arch: str, dtype: str, mode: str) -> pol.KernelSpec:
-    return pol.select(_policy(), arch, dtype, K, 100_000, deterministic=mode == "deterministic").kernel
-
-
-@lru_cache(maxsize=None)
-def _module():
-    return compile_source("".join(render(_spec(*kernel)) for kernel in KERNELS), name="radix_paths")
+KIT = PolicyKernels(POLICY, "radix_paths", K, KERNELS)
+_policy, _spec, _module = KIT.policy, KIT.spec, KIT.module
 
 
 def _run(kernel: tuple[str, str, str], x: np.ndarray, k: int = K, largest: bool = True, shared_bytes: int | None = None,

@@ -10,19 +10,16 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from functools import lru_cache
-
 import numpy as np
 import pytest
 
 from topkgen import policy as pol
 from topkgen.build.render import render
-from topkgen.emulator import compile_source
 from topkgen.manifest.params import output_flags, params
 from topkgen.policy.split import ChunkPlan, stages
 from topkgen.runtime import arguments
 
-from ..support.topk_cases import check_topk, make_rows
+from ..support.topk_cases import PolicyKernels, check_topk, make_rows
 
 POLICY = """
 version: 1
@@ -61,18 +58,8 @@ K = 64
 KERNELS = [("sm_90", "float32", "fast"), ("sm_90", "bfloat16", "deterministic"), ("sm_100", "float32", "deterministic")]
 
 
-@lru_cache(maxsize=None)
-def _policy() -> pol.Policy:
-    return pol.loads(POLICY, source="one_launch")
-
-
-def _spec(arch: str, dtype: str, mode: str) -> pol.KernelSpec:
-    return pol.select(_policy(), arch, dtype, K, 100_000, deterministic=mode == "deterministic").kernel
-
-
-@lru_cache(maxsize=None)
-def _module():
-    return compile_source("".join(render(_spec(*kernel)) for kernel in KERNELS), name="one_launch")
+KIT = PolicyKernels(POLICY, "one_launch", K, KERNELS)
+_policy, _spec, _module = KIT.policy, KIT.spec, KIT.module
 
 
 def _run(spec, x: np.ndarray, k: int, plan: ChunkPlan, *, one_launch: bool, flags: int = 0, lengths=None,
