@@ -98,6 +98,7 @@ class Runner:
         from topkgen.manifest.params import output_flags, params
         from topkgen.policy.split import ChunkPlan, stages
         from topkgen.runtime import arguments, reference
+        from topkgen.runtime.emulator_backend import workspace_arrays
 
         n = x.shape[-1]
         counter, module = self.counter(spec)
@@ -105,9 +106,7 @@ class Runner:
         plan = ChunkPlan(1, n, k, chunks, x.itemsize) if chunks > 1 else None
         pointers = {"x": x, "values": values, "indices": indices}
         if plan is not None:
-            workspace = np.zeros(plan.workspace_bytes, np.uint8)
-            pointers["candidate_indices"] = workspace[:plan.candidates * 8].view(np.int64)
-            pointers["candidate_values"] = workspace[plan.values_offset:][:plan.candidates * x.itemsize].view(x.dtype)
+            pointers.update(workspace_arrays(plan, x.dtype, np.zeros(plan.workspace_bytes, np.uint8)))
         launches = [module.launch(spec.name, stage.grid_rows, spec.threads,
                                   arguments(params(spec), stage, pointers, None),
                                   shared_bytes=stage.shared_bytes, counters=True)

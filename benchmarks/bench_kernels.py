@@ -213,18 +213,14 @@ def run_split_row(module, spec, x: np.ndarray, k: int, chunks: int, expect: np.n
     from topkgen.manifest.params import params
     from topkgen.policy.split import ChunkPlan, stages
     from topkgen.runtime import arguments, reference
+    from topkgen.runtime.emulator_backend import workspace_arrays
 
     n = x.shape[1]
     values, indices = np.zeros((1, k), x.dtype), np.zeros((1, k), np.int64)
     plan = ChunkPlan(1, n, k, chunks, x.itemsize, one_launch=one_launch) if chunks > 1 else None
     pointers = {"x": x, "values": values, "indices": indices}
     if plan is not None:
-        workspace = np.zeros(plan.workspace_bytes, np.uint8)
-        count = plan.candidates
-        pointers["candidate_indices"] = workspace[:count * 8].view(np.int64)
-        pointers["candidate_values"] = workspace[plan.values_offset:plan.values_offset + count * x.itemsize].view(x.dtype)
-        if one_launch:
-            pointers["tickets"] = workspace[plan.tickets_offset:plan.workspace_bytes].view(np.uint32)
+        pointers.update(workspace_arrays(plan, x.dtype, np.zeros(plan.workspace_bytes, np.uint8)))
     counts = [module.launch(spec.name, stage.grid_rows, spec.threads, arguments(params(spec), stage, pointers, None),
                             shared_bytes=stage.shared_bytes, counters=True, check_ordering=one_launch)
               for stage in stages(1, n, k, True, plan, shared=spec.shared)]

@@ -30,6 +30,7 @@ def measure(rows: int, n: int, k: int, dtype: str, seed: int = 30, starts: bool 
     from topkgen.emulator import compile_source
     from topkgen.manifest.params import params
     from topkgen.runtime import arguments
+    from topkgen.runtime.emulator_backend import workspace_arrays
     from topkgen.policy.split import stages
 
     pol = policy.load()
@@ -43,10 +44,7 @@ def measure(rows: int, n: int, k: int, dtype: str, seed: int = 30, starts: bool 
     values, indices = np.zeros((rows, k), x.dtype), np.zeros((rows, k), np.int64)
     pointers = {"x": x, "values": values, "indices": indices, "lengths": lengths, "starts": first}
     if plan is not None:
-        space = np.zeros(plan.workspace_bytes, np.uint8)
-        count = plan.rows * plan.candidates
-        pointers["candidate_indices"] = space[:count * 8].view(np.int64)
-        pointers["candidate_values"] = space[plan.values_offset:plan.values_offset + count * x.itemsize].view(x.dtype)
+        pointers.update(workspace_arrays(plan, x.dtype, np.zeros(plan.workspace_bytes, np.uint8)))
     module = compile_source(render(spec), name=spec.name)
     read = 0
     for stage in stages(rows, n, k, True, plan, window_bytes=8, starts=starts, shared=spec.shared):

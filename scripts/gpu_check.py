@@ -903,25 +903,25 @@ def ncu_cases(all_cases: list[Case]) -> list[Case]:
     return [c for c in all_cases if c.data == "normal"]
 
 
-def chunks_per_row(all_cases: list[Case], arch: str) -> dict[str, int]:
-    """How the default policy (the bundle's) runs each case: chunks per row, 1 unsplit."""
+def _served(all_cases: list[Case], arch: str) -> dict[str, tuple[Case, Any]]:
+    """Each case with how the default policy (the bundle's) serves it (its Selection)."""
     from topkgen import policy
 
     loaded = policy.load()
-    return {c.id: policy.select(loaded, arch, c.dtype, c.k, c.n, rows=c.rows).chunks for c in all_cases}
+    return {c.id: (c, policy.select(loaded, arch, c.dtype, c.k, c.n, rows=c.rows)) for c in all_cases}
+
+
+def chunks_per_row(all_cases: list[Case], arch: str) -> dict[str, int]:
+    """How the default policy (the bundle's) runs each case: chunks per row, 1 unsplit."""
+    return {cid: sel.chunks for cid, (_, sel) in _served(all_cases, arch).items()}
 
 
 def launches_per_call(all_cases: list[Case], arch: str) -> dict[str, int]:
-    """The launches the runtime makes for each case: a split's one where its kernel merges
-    (schema 7: it takes tickets), else two; one unsplit."""
-    from topkgen import policy
+    """The launches the runtime makes for each case, as topkgen.policy.split.stages plans
+    them: one unsplit, a split's two, or its one where the kernel merges (schema 7)."""
+    from topkgen.policy.split import stages
 
-    loaded = policy.load()
-    out = {}
-    for c in all_cases:
-        sel = policy.select(loaded, arch, c.dtype, c.k, c.n, rows=c.rows)
-        out[c.id] = 1 if sel.chunks == 1 or sel.kernel.merges else 2
-    return out
+    return {cid: len(stages(c.rows, c.n, c.k, True, sel.split)) for cid, (c, sel) in _served(all_cases, arch).items()}
 
 
 def ncu_dram_per_row(args, deadline: float, per_call: dict[str, int]) -> dict[str, tuple[float, float]]:

@@ -97,7 +97,7 @@ def tier_change_text(change: dict[str, Any]) -> str:
 def _params_text(old: list[dict[str, str]], new: list[dict[str, str]]) -> str:
     """`params +tickets +merged_values`: the parameters a loader passes that one side lists and
     the other does not (`params reordered` or `params retyped` where the names are the same)."""
-    before, after = ([f"{p.get('name')}" for p in side] for side in (old, new))
+    before, after = ([p.get("name") for p in side] for side in (old, new))
     words = [f"-{name}" for name in before if name not in after] + [f"+{name}" for name in after if name not in before]
     if words:
         return "params " + _clip(" ".join(words), 120)

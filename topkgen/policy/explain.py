@@ -85,7 +85,7 @@ class Explanation:
             ctas = "rows CTAs" if per_cta == 1 else f"ceil(rows / {per_cta}) CTAs"
             return f"{ctas} x {threads} threads, {rows_word} per CTA (no batch size given)"
         plan = self.selection.split
-        if plan is not None and spec.merges:
+        if plan is not None and plan.one_launch:
             return (f"one launch: {plan.rows * plan.chunks} CTAs x {threads} threads, 1 chunk per CTA, each row's "
                     f"last CTA then merging (as two: then {_ctas(rows)} x {threads} threads, 1 row per CTA)")
         if plan is not None:

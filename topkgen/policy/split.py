@@ -159,20 +159,20 @@ def stages(rows: int, n: int, k: int, largest: bool, plan: ChunkPlan | None, *, 
     shared memory rule; a launch's CTA reads n elements (one CTA per row), the last chunk (a
     split's stage 1: the largest) or chunks x k candidates (stage 2; one launch: the larger)."""
     flag = int(bool(largest))
-    common = {"lengths": "lengths" if window_bytes else None, "starts": "starts" if window_bytes and starts else None,
-              "scratch": None, "tickets": None, "merged_values": None, "merged_indices": None}
-    no_merge = {"window_bytes": window_bytes, "merged_flags": 0}
+    buffers = {"lengths": "lengths" if window_bytes else None, "starts": "starts" if window_bytes and starts else None,
+               "scratch": None, "tickets": None, "merged_values": None, "merged_indices": None}
+    scalars = {"window_bytes": window_bytes, "merged_flags": 0}
     if plan is None:
         one = shared.bytes_for(n)
         return [Stage(rows, {"x": "x", "x_indices": None, "values": "values", "indices": "indices",
-                             **common, "scratch": "scratch" if scratch else None},
+                             **buffers, "scratch": "scratch" if scratch else None},
                       {"rows": rows, "n": n, "k": k, "largest": flag, "chunk": n, "row_stride": n, "flags": flags,
-                       **no_merge, "split_n": 0, "shared_bytes": one}, one)]
+                       **scalars, "split_n": 0, "shared_bytes": one}, one)]
     m = plan.candidates
     first, second = shared.bytes_for(plan.last_chunk), shared.bytes_for(m)
-    stage1 = {"x": "x", "x_indices": None, "values": "candidate_values", "indices": "candidate_indices", **common}
+    stage1 = {"x": "x", "x_indices": None, "values": "candidate_values", "indices": "candidate_indices", **buffers}
     stage1_scalars = {"rows": rows, "n": n, "k": k, "largest": flag, "chunk": plan.chunk, "row_stride": n,
-                      "flags": UNSORTED_FLAG, **no_merge, "split_n": 0}
+                      "flags": UNSORTED_FLAG, **scalars, "split_n": 0}
     if plan.one_launch:
         both = max(first, second)
         return [Stage(rows * plan.chunks,
@@ -181,6 +181,6 @@ def stages(rows: int, n: int, k: int, largest: bool, plan: ChunkPlan | None, *, 
     return [Stage(rows * plan.chunks, stage1, {**stage1_scalars, "shared_bytes": first}, first),
             Stage(rows,
                   {"x": "candidate_values", "x_indices": "candidate_indices", "values": "values", "indices": "indices",
-                   **common},
+                   **buffers},
                   {"rows": rows, "n": m, "k": k, "largest": flag, "chunk": m, "row_stride": m, "flags": flags,
-                   **no_merge, "split_n": n if window_bytes else 0, "shared_bytes": second}, second)]
+                   **scalars, "split_n": n if window_bytes else 0, "shared_bytes": second}, second)]

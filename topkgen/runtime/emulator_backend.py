@@ -89,7 +89,7 @@ class _EmulatorBackend(_Backend):
         indices = np.empty((view.rows, k), dtype=np.dtype(work.index_dtype))  # the kernels write this type
         pointers = {"x": x, "values": values, "indices": indices, **work.windows}
         if work.plan is not None:
-            pointers.update(self._candidates(work.plan, x.dtype, arrays.workspace))
+            pointers.update(workspace_arrays(work.plan, x.dtype, arrays.workspace))
         if work.scratch_bytes:
             space = arrays.workspace if arrays.workspace is not None else np.empty(work.scratch_bytes, np.uint8)
             pointers["scratch"] = space.reshape(-1).view(np.uint8)[:work.scratch_bytes]
@@ -105,20 +105,22 @@ class _EmulatorBackend(_Backend):
             return out
         return values.reshape(shape), indices.reshape(shape)
 
-    @staticmethod
-    def _candidates(plan: ChunkPlan, dtype: np.dtype, workspace: Any) -> dict[str, np.ndarray]:
-        """The workspace's candidate indices and values (topkgen.policy.split's layout), in the
-        caller's array (its size checked by `check`) or a new one."""
-        if workspace is None:
-            workspace = np.empty(plan.workspace_bytes, dtype=np.uint8)
-        raw = workspace.reshape(-1).view(np.uint8)
-        count = plan.rows * plan.candidates
-        out = {"candidate_indices": raw[:count * 8].view(np.int64),
-               "candidate_values": raw[plan.values_offset:plan.values_offset + count * dtype.itemsize].view(dtype)}
-        if plan.one_launch:  # zeroed before each launch, as the cuda backend's memset does
-            out["tickets"] = raw[plan.tickets_offset:plan.workspace_bytes].view(np.uint32)
-            out["tickets"][:] = 0
-        return out
+
+def workspace_arrays(plan: ChunkPlan, dtype: np.dtype, workspace: Any) -> dict[str, np.ndarray]:
+    """The workspace's candidate indices and values, and a split in one launch's tickets,
+    zeroed as the cuda backend's memset zeroes them (topkgen.policy.split's layout), in the
+    caller's array (its size checked by `check`) or a new one: the buffers a split's stages
+    name."""
+    if workspace is None:
+        workspace = np.empty(plan.workspace_bytes, dtype=np.uint8)
+    raw = workspace.reshape(-1).view(np.uint8)
+    count = plan.rows * plan.candidates
+    out = {"candidate_indices": raw[:count * 8].view(np.int64),
+           "candidate_values": raw[plan.values_offset:plan.values_offset + count * dtype.itemsize].view(dtype)}
+    if plan.one_launch:
+        out["tickets"] = raw[plan.tickets_offset:plan.workspace_bytes].view(np.uint32)
+        out["tickets"][:] = 0
+    return out
 
 
 def _announce(name: str) -> None:
