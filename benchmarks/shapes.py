@@ -31,6 +31,10 @@ SETS = (
     ShapeSet("rows of 131072", 1024, 2, (1024,),
              tuple((d, 131072, k) for d in ("float32", "bfloat16") for k in (256, 1024))),
     ShapeSet("register ladder", 4096, 8, (4096,), (("float32", 1024, 16), ("bfloat16", 1024, 16))),
+    # LLM vocabularies (32000, GPT-2's 50257) sampled at K=50: float32 rows longer than shared
+    # memory and shorter than a split, which the stream reads once.
+    ShapeSet("vocab rows", 256, 2, (256,), (("float32", 32000, 50), ("float32", 50257, 50), ("bfloat16", 50257, 50)),
+             ("normal", "uniform")),
     # Issue 14: LLM sampling batches, whose rows the default policy splits across CTAs.
     ShapeSet("small batch", 1, 1, (1, 4, 16, 64),
              tuple(("float32", n, k) for n in (131072, 262144) for k in (16, 256, 1024)), ("normal",), True),
