@@ -144,7 +144,7 @@ def test_without_a_gpu_it_says_so_builds_and_exits_3(tmp_path):
     assert proc.returncode == 3, proc.stdout + proc.stderr
     assert proc.stdout.startswith("no GPU: ")
     assert proc.stdout.endswith("\nno GPU: the device checks did not run, nothing was measured (exit 3)\n")
-    assert "would time 158 cases x 3 implementations" in proc.stdout
+    assert "would time 164 cases x 3 implementations" in proc.stdout
     # Issue 14's crossover: two bundles of the same kernels, one splitting every batch of the
     # grid (108: 2 dtypes x 2 n x 3 K x 9 batches) and one splitting none.
     assert "would time 108 batches twice: the split bundle splits 108 of them, the unsplit one 0" in proc.stdout
