@@ -42,8 +42,8 @@ GROUPS = (2, 4, 8)
 
 
 def chunk_candidates(x: np.ndarray, k: int, chunks: int) -> tuple[np.ndarray, np.ndarray]:
-    """Each chunk's top k values (chunk c covers [c x chunk, (c + 1) x chunk), the last the
-    rest: topkgen.policy.split), in chunk order, and each chunk's k-th key."""
+    """Of one row (x: 1 x n), each chunk's top k values (chunk c covers [c x chunk, (c + 1) x
+    chunk), the last the rest: topkgen.policy.split), in chunk order, and each chunk's k-th key."""
     from topkgen.runtime import reference
 
     n = x.shape[1]
