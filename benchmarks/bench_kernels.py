@@ -4,8 +4,9 @@ H200 time estimate fed by those counts (a model, labelled as such, not a measure
 
 Shapes: the seed grid (N 2048-16384, K 64-256), LLM sampling rows (N 131072 and 262144,
 K 16-1024), rows of 131072 with K 256 and 1024, float32 and bfloat16, the register ladder's
-rung, and LLM vocabularies (32000 and 50257 at K=50: rows the stream reads once). The emulator runs a few rows of each (the counts are per row); the model
-takes the batch a shape set stands for. The "small batch" set (1, 4, 16 and 64 rows of
+rung, and LLM vocabularies (32000 and 50257 at K=50: rows the stream reads once). The
+emulator runs a few rows of each (the counts are per row); the model takes the batch a shape
+set stands for. The "small batch" set (1, 4, 16 and 64 rows of
 131072 and 262144, K 16-1024) is planned per batch: the policy splits those rows across
 CTAs, and its table gives the CTAs per row, stage 1's global reads per element, what the
 merge reads, and the model for both launches (or, where the policy's split asks for

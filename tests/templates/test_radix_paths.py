@@ -8,16 +8,11 @@ schedules."""
 
 from __future__ import annotations
 
-from functools import lru_cache
-
 import ml_dtypes
 import numpy as np
 import pytest
 
-from topkgen import policy as pol
 from topkgen.runtime import reference
-from topkgen.emulator import compile_source
-from topkgen.build.render import render
 from topkgen.manifest.params import params
 from topkgen.policy.split import ChunkPlan, stages
 from topkgen.runtime import arguments
@@ -65,7 +60,7 @@ NP_TYPES = {"float32": np.float32, "bfloat16": ml_dtypes.bfloat16}
 
 
 KIT = PolicyKernels(POLICY, "radix_paths", K, KERNELS)
-_policy, _spec, _module = KIT.policy, KIT.spec, KIT.module
+_spec, _module = KIT.spec, KIT.module
 
 
 def _run(kernel: tuple[str, str, str], x: np.ndarray, k: int = K, largest: bool = True, shared_bytes: int | None = None,
@@ -400,12 +395,7 @@ WIDE_POLICY = POLICY.replace("name: radix_paths", "name: radix_wide_steps").repl
 WIDE_KERNELS = [("float32", "fast"), ("bfloat16", "fast"), ("bfloat16", "deterministic")]
 
 
-@lru_cache(maxsize=None)
-def _wide():
-    policy = pol.loads(WIDE_POLICY, source="radix_wide_steps")
-    specs = {kernel: pol.select(policy, "sm_90", kernel[0], K, 100_000, deterministic=kernel[1] == "deterministic").kernel
-             for kernel in WIDE_KERNELS}
-    return specs, compile_source("".join(render(spec) for spec in specs.values()), name="radix_wide_steps")
+WIDE = PolicyKernels(WIDE_POLICY, "radix_wide_steps", K, [("sm_90", *kernel) for kernel in WIDE_KERNELS])
 
 
 @pytest.mark.parametrize("kernel", WIDE_KERNELS, ids=["-".join(k) for k in WIDE_KERNELS])
@@ -418,8 +408,7 @@ def test_step_marks_of_eight_loads_in_flight(kernel):
     in a tail step) and aligned ones, of every pattern (ties, NaN, +-0, all equal: the gather
     from the copy when the bucket never fits the buffer) and of normal keys (the collect), up to
     what fits, both directions; each must be the reference's answer, and read once."""
-    specs, module = _wide()
-    spec = specs[kernel]
+    spec, module = WIDE.spec("sm_90", *kernel), WIDE.module()
     dtype, mode = kernel
     assert spec.loads_in_flight * spec.vector_width in ((32, 64) if dtype == "float32" else (64,))
     for n in (K, 1001, 2053, 3001) if dtype == "float32" else (K, 1001, 4099, 6997):
