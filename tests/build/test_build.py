@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -128,7 +129,52 @@ def test_two_clean_builds_are_byte_identical(default_bundle, tmp_path):
     them, and their JIT sources, in the order given)."""
     base, _ = default_bundle
     run("build", "--out", tmp_path / "out", "-j", "2", "--arch", "sm_100,sm_90", cache=tmp_path / "cache")
-    assert tree(tmp_path / "out") == tree(base / "out")
+    first, second = tree(base / "out"), tree(tmp_path / "out")
+    assert second == first, differing_cubins(base / "out", tmp_path / "out", first, second)
+
+
+def differing_cubins(first: Path, second: Path, first_tree: dict, second_tree: dict) -> str:
+    """What the log needs when two clean builds differ: for each cubin that does, both builds'
+    sha256 and size, the SASS opcodes whose counts differ, and what three fresh compiles of
+    its source give. NVRTC once wrote another cubin for one source in one clean build of
+    many (stop 65), which every recompile since gave back the usual way."""
+    from collections import Counter
+
+    from topkgen.emulator.sass import disassemble
+
+    policy = pol.load(DEFAULT_POLICY)
+    specs = {spec.name: spec for arch in policy.archs for spec in pol.plan(policy, arch)}
+    lines = []
+    for path in sorted(set(first_tree) | set(second_tree)):
+        if first_tree.get(path) == second_tree.get(path) or not path.endswith(".cubin"):
+            continue
+        a, b = (first / path).read_bytes(), (second / path).read_bytes()
+        ops_a, ops_b = (Counter(i.opcode.split(".")[0] for i in disassemble(c, lineinfo=False)) for c in (a, b))
+        moved = {op: ops_b[op] - ops_a[op] for op in sorted(ops_a | ops_b) if ops_a[op] != ops_b[op]}
+        spec = specs[Path(path).stem]
+        fresh = Counter(first_tree[path][:12] if c == a else second_tree[path][:12] if c == b else "neither"
+                        for c in (compile_kernel(render(spec), spec.name, spec.arch, use_cache=False).cubin
+                                  for _ in range(3)))
+        lines.append(f"{path}: {first_tree[path][:12]} ({len(a)} B) then {second_tree[path][:12]} ({len(b)} B); "
+                     f"opcode counts second - first: {moved}; 3 fresh compiles: {dict(fresh)}")
+    return "\n".join(lines) or "no cubin differs"
+
+
+def test_differing_cubins_names_the_cubin_its_opcodes_and_what_fresh_compiles_give(default_bundle, tmp_path):
+    """The message test_two_clean_builds_are_byte_identical fails with: a bundle whose one
+    cubin is another kernel's, beside the default bundle."""
+    base, _ = default_bundle
+    first = tree(base / "out")
+    shutil.copytree(base / "out", tmp_path / "out")
+    swapped = "sm_90/topk_register_ladder_k16_det_f32_sm_90.cubin"
+    other = (base / "out" / "sm_90/topk_register_ladder_k16_det_bf16_sm_90.cubin").read_bytes()
+    (tmp_path / "out" / swapped).write_bytes(other)
+    second = tree(tmp_path / "out")
+    message = differing_cubins(base / "out", tmp_path / "out", first, second)
+    assert message.count("\n") == 0 and message.startswith(f"{swapped}: {first[swapped][:12]} ("), message
+    assert f"then {second[swapped][:12]} ({len(other)} B)" in message, message
+    assert re.search(r"opcode counts second - first: \{'\w+': -?\d+", message), message
+    assert message.endswith(f"3 fresh compiles: {{'{first[swapped][:12]}': 3}}"), message
 
 
 def test_a_bundle_built_through_the_library_does_not_depend_on_the_order_of_its_archs(tmp_path):
