@@ -156,8 +156,9 @@ def differing_cubins(first: Path, second: Path, first_tree: dict, second_tree: d
         ops_a, ops_b = (Counter(i.opcode.split(".")[0] for i in disassemble(c, lineinfo=False)) for c in (a, b))
         moved = {op: ops_b[op] - ops_a[op] for op in sorted(ops_a | ops_b) if ops_a[op] != ops_b[op]}
         spec = specs[Path(path).stem]
+        source = render(spec)
         fresh = Counter(first_tree[path][:12] if c == a else second_tree[path][:12] if c == b else "neither"
-                        for c in (compile_kernel(render(spec), spec.name, spec.arch, use_cache=False).cubin
+                        for c in (compile_kernel(source, spec.name, spec.arch, use_cache=False).cubin
                                   for _ in range(3)))
         lines.append(f"{path}: {first_tree[path][:12]} ({len(a)} B) then {second_tree[path][:12]} ({len(b)} B); "
                      f"opcode counts second - first: {moved}; 3 fresh compiles: {dict(fresh)}")
@@ -173,9 +174,9 @@ def test_differing_cubins_names_the_cubin_its_opcodes_and_what_fresh_compiles_gi
     first = tree(base / "out")
     shutil.copytree(base / "out", tmp_path / "out")
     swapped = "sm_90/topk_register_ladder_k16_det_f32_sm_90.cubin"
-    other = (base / "out" / "sm_90/topk_register_ladder_k16_det_bf16_sm_90.cubin").read_bytes()
-    (tmp_path / "out" / swapped).write_bytes(other)
     gone = "sm_90/topk_register_ladder_k16_det_bf16_sm_90.cubin"
+    other = (tmp_path / "out" / gone).read_bytes()
+    (tmp_path / "out" / swapped).write_bytes(other)
     (tmp_path / "out" / gone).unlink()
     second = tree(tmp_path / "out")
     message = differing_cubins(base / "out", tmp_path / "out", first, second)
