@@ -137,8 +137,8 @@ def differing_cubins(first: Path, second: Path, first_tree: dict, second_tree: d
     """What the log needs when two clean builds differ: for each cubin that does, both builds'
     sha256 and size, the SASS opcodes whose counts differ, and what three fresh compiles of
     its source give (the first four such cubins: a change of ours may move all 58). NVRTC
-    once wrote another cubin for one source in one clean build of many (stop 65), which every
-    recompile since gave back the usual way."""
+    wrote another cubin for one source now and then in a process that had compiled before
+    (stops 65 and 66; benchmarks/nvrtc_history.py), until each compile had a process of its own."""
     from collections import Counter
 
     from topkgen.emulator.sass import disassemble
@@ -445,6 +445,41 @@ def test_compile_error_names_the_kernel_and_shows_the_log():
     with pytest.raises(CompileError, match=r"kernel topk_broken \(sm_90\) failed to compile:\n.*undeclared"):
         compile_kernel('extern "C" __global__ void topk_broken() { undeclared_thing = 1; }', "topk_broken", "sm_90",
                        use_cache=False)
+
+
+def test_each_compile_runs_in_a_process_of_its_own_and_its_death_is_a_compile_error():
+    """NVRTC varied its cubin with what its process had compiled before (compile._nvrtc), so
+    every compile has a fresh process: here the one under way is found among this process's
+    children, killed, and reported as one line naming the kernel and the status."""
+    import threading
+
+    spec = pol.plan(pol.load(None), "sm_90")[0]
+    source, errors = render(spec), []
+
+    def compile_it() -> None:
+        try:
+            compile_kernel(source, spec.name, spec.arch, use_cache=False)
+        except CompileError as err:
+            errors.append(str(err))
+
+    worker = threading.Thread(target=compile_it)
+    worker.start()
+    child = None
+    deadline = time.monotonic() + 60
+    while child is None and time.monotonic() < deadline:
+        for entry in Path("/proc").iterdir():
+            try:
+                stat = (entry / "stat").read_text()
+                cmdline = (entry / "cmdline").read_bytes()
+            except (OSError, ValueError):
+                continue
+            if int(stat.rsplit(")", 1)[1].split()[1]) == os.getpid() and b"nvrtc_child.py" in cmdline:
+                child = int(entry.name)
+        time.sleep(0.01)
+    assert child is not None, "no child process of this one ran nvrtc_child.py"
+    os.kill(child, signal.SIGKILL)
+    worker.join()
+    assert errors == [f"kernel {spec.name} (sm_90): the NVRTC process ended with status -9"]
 
 
 def test_legacy_grid_builds_96_kernels(tmp_path):

@@ -1,5 +1,6 @@
 """CUDA source -> cubin with NVRTC (cuda-python), with ptxas resources and the lowered
-symbol, through the compile cache (topkgen.build.cache: local, then a shared remote).
+symbol, through the compile cache (topkgen.build.cache: local, then a shared remote). Each
+compile runs in a fresh process (nvrtc_child), where NVRTC writes the same cubin every time.
 
 Headers come from the nvidia-cuda-* wheels, never from a system toolkit. The cache key is
 the rendered source, the options without include paths, the name, the arch and the exact
@@ -9,7 +10,11 @@ other headers or another NVRTC never receives this machine's cubins.
 
 from __future__ import annotations
 
+import base64
+import json
 import re
+import subprocess
+import sys
 from dataclasses import asdict, dataclass, replace
 from functools import lru_cache
 from pathlib import Path
@@ -114,7 +119,6 @@ def compile_kernel(source: str, name: str, arch: str, *, use_cache: bool = True,
         else:
             miss = found
     symbol, cubin, log = _nvrtc(source, name, arch)
-    workers.python_handles_signals_again()  # NVRTC left them restarting blocked calls
     resources = parse_resources(log, symbol, name)
     outcome = miss
     if use_cache:
@@ -126,7 +130,6 @@ def compile_kernel(source: str, name: str, arch: str, *, use_cache: bool = True,
 def _verified(hit: CompiledKernel, source: str) -> CompiledKernel:
     """The hit, once a fresh compile of its source gave the very same cubin; CachePoisoned if not."""
     _, cubin, _ = _nvrtc(source, hit.name, hit.arch)
-    workers.python_handles_signals_again()
     if cubin != hit.cubin:
         store = cache.local_store() if hit.outcome.origin == "local" else cache.remote_store()
         label = store.label if store is not None else hit.outcome.origin
@@ -180,32 +183,28 @@ def _check(err: object, what: str) -> None:
 
 
 def _nvrtc(source: str, name: str, arch: str) -> tuple[str, bytes, str]:
-    from cuda.bindings import nvrtc
-
-    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), f"{name}.cu".encode(), 0, [], [])
-    _check(err, "nvrtcCreateProgram")
+    """NVRTC's symbol, cubin and log for one kernel, compiled in a fresh process (nvrtc_child).
+    In a process that had compiled before, NVRTC 13.0's ptxas now and then placed another
+    convergence barrier and wrote another cubin for the same source (main's
+    topk_radix_dyn_k256_fast_f32_sm_90: 1 of 40 compiles in one process, 0 of 40 each in a
+    fresh one; benchmarks/nvrtc_history.py), so what a build's worker had compiled before
+    decided a cubin's bytes. A process costs about 0.2 s a kernel against NVRTC's 3 s."""
+    request = json.dumps({"source": source, "name": name, "options": options(arch)}).encode()
+    proc = subprocess.run([sys.executable, str(Path(__file__).with_name("nvrtc_child.py"))], input=request,
+                          capture_output=True, check=False)
     try:
-        (err,) = nvrtc.nvrtcAddNameExpression(prog, name.encode())
-        _check(err, "nvrtcAddNameExpression")
-        opts = [o.encode() for o in options(arch)]
-        (result,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
-        err, size = nvrtc.nvrtcGetProgramLogSize(prog)
-        _check(err, "nvrtcGetProgramLogSize")
-        buf = b" " * size
-        (err,) = nvrtc.nvrtcGetProgramLog(prog, buf)
-        log = buf.rstrip(b"\0 ").decode(errors="replace")
-        if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
-            raise CompileError(f"kernel {name} ({arch}) failed to compile:\n{log}")
-        err, lowered = nvrtc.nvrtcGetLoweredName(prog, name.encode())
-        _check(err, "nvrtcGetLoweredName")
-        err, size = nvrtc.nvrtcGetCUBINSize(prog)
-        _check(err, "nvrtcGetCUBINSize")
-        cubin = b" " * size
-        (err,) = nvrtc.nvrtcGetCUBIN(prog, cubin)
-        _check(err, "nvrtcGetCUBIN")
-        return lowered.decode(), cubin, log
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
+        reply = json.loads(proc.stdout)
+    except ValueError:
+        reply = None
+    if proc.returncode != 0 or not isinstance(reply, dict):
+        said = proc.stderr.decode(errors="replace").strip().splitlines()[-3:]
+        raise CompileError(f"kernel {name} ({arch}): the NVRTC process ended with status {proc.returncode}"
+                           + (":\n" + "\n".join(said) if said else ""))
+    if "failed" in reply:
+        if reply["failed"] == "compile":
+            raise CompileError(f"kernel {name} ({arch}) failed to compile:\n{reply['log']}")
+        raise CompileError(f"kernel {name} ({arch}): {reply['failed']} failed")
+    return reply["symbol"], base64.b64decode(reply["cubin"]), reply["log"]
 
 
 def parse_resources(log: str, symbol: str, name: str) -> Resources:
