@@ -152,7 +152,8 @@ def test_a_program_that_jit_compiled_still_takes_a_ctrl_c_in_a_blocking_call():
     """NVRTC's first compile leaves Python's SIGINT handler installed with SA_RESTART: in a
     program that JIT-compiled a kernel (TopK does on the main thread), a Ctrl-C during any
     later blocking call (here a read of a pipe) was raised only once the call returned on
-    its own. compile_kernel puts Python's handler back, so it is raised at once."""
+    its own. compile_kernel now compiles in a child process (compile._nvrtc), which leaves
+    the program's handlers as they were, so it is raised at once."""
     proc = subprocess.run([sys.executable, "-c", _CTRL_C_AFTER_A_JIT_COMPILE], capture_output=True, text=True,
                           env=ENV, timeout=120,
                           preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))  # a shell's `&` ignores it

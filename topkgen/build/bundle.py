@@ -133,8 +133,9 @@ def compile_specs(specs: list[KernelSpec], jobs: int = 1, progress: Progress | N
                   source_of: Callable[[KernelSpec], str] = render,
                   verify_percent: float = 0) -> list[tuple[str, CompiledKernel]]:
     """Render and compile kernels in parallel, each compile in a process of its own
-    (compile._nvrtc), started from threads that a Ctrl-C does not wait for (topkgen.build.workers). `source_of` renders from other templates
-    than the installed ones (topkgen diff --build); `verify_percent` as for compile_kernel."""
+    (compile._nvrtc), started from threads that a Ctrl-C does not wait for
+    (topkgen.build.workers). `source_of` renders from other templates than the installed ones
+    (topkgen diff --build); `verify_percent` as for compile_kernel."""
 
     def one(spec: KernelSpec) -> tuple[str, CompiledKernel, float]:
         start = time.perf_counter()

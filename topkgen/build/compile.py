@@ -1,7 +1,7 @@
 """CUDA source -> cubin with NVRTC (cuda-python), with ptxas resources and the lowered
 symbol, through the compile cache (topkgen.build.cache: local, then a shared remote). Each
 compile runs in a fresh process (nvrtc_child): there NVRTC gave one cubin for one source in
-every compile counted (benchmarks/nvrtc_history.py), in a process that had compiled before not.
+every compile counted, where a process that had compiled before did not (_nvrtc).
 
 Headers come from the nvidia-cuda-* wheels, never from a system toolkit. The cache key is
 the rendered source, the options without include paths, the name, the arch and the exact

@@ -16,38 +16,42 @@ import signal
 import sys
 
 
+class _Failed(Exception):
+    """An NVRTC call that did not succeed: its name and result."""
+
+
 def compile_one(source: str, name: str, options: list[str]) -> dict:
     from cuda.bindings import nvrtc
 
-    ok = nvrtc.nvrtcResult.NVRTC_SUCCESS
-    err, prog = nvrtc.nvrtcCreateProgram(source.encode(), f"{name}.cu".encode(), 0, [], [])
-    if err != ok:
-        return {"failed": f"nvrtcCreateProgram: {err}", "log": ""}
+    def check(err: object, what: str) -> None:
+        if err != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+            raise _Failed(f"{what}: {err}")
+
+    log = ""
     try:
-        (err,) = nvrtc.nvrtcAddNameExpression(prog, name.encode())
-        if err != ok:
-            return {"failed": f"nvrtcAddNameExpression: {err}", "log": ""}
-        opts = [o.encode() for o in options]
-        (result,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
-        err, size = nvrtc.nvrtcGetProgramLogSize(prog)
-        buf = b" " * size
-        nvrtc.nvrtcGetProgramLog(prog, buf)
-        log = buf.rstrip(b"\0 ").decode(errors="replace")
-        if result != ok:
-            return {"failed": "compile", "log": log}
-        err, lowered = nvrtc.nvrtcGetLoweredName(prog, name.encode())
-        if err != ok:
-            return {"failed": f"nvrtcGetLoweredName: {err}", "log": log}
-        err, size = nvrtc.nvrtcGetCUBINSize(prog)
-        if err != ok:
-            return {"failed": f"nvrtcGetCUBINSize: {err}", "log": log}
-        cubin = b" " * size
-        (err,) = nvrtc.nvrtcGetCUBIN(prog, cubin)
-        if err != ok:
-            return {"failed": f"nvrtcGetCUBIN: {err}", "log": log}
-        return {"symbol": lowered.decode(), "cubin": base64.b64encode(cubin).decode(), "log": log}
-    finally:
-        nvrtc.nvrtcDestroyProgram(prog)
+        err, prog = nvrtc.nvrtcCreateProgram(source.encode(), f"{name}.cu".encode(), 0, [], [])
+        check(err, "nvrtcCreateProgram")
+        try:
+            check(nvrtc.nvrtcAddNameExpression(prog, name.encode())[0], "nvrtcAddNameExpression")
+            opts = [o.encode() for o in options]
+            (result,) = nvrtc.nvrtcCompileProgram(prog, len(opts), opts)
+            err, size = nvrtc.nvrtcGetProgramLogSize(prog)
+            buf = b" " * size
+            nvrtc.nvrtcGetProgramLog(prog, buf)
+            log = buf.rstrip(b"\0 ").decode(errors="replace")
+            if result != nvrtc.nvrtcResult.NVRTC_SUCCESS:
+                return {"failed": "compile", "log": log}
+            err, lowered = nvrtc.nvrtcGetLoweredName(prog, name.encode())
+            check(err, "nvrtcGetLoweredName")
+            err, size = nvrtc.nvrtcGetCUBINSize(prog)
+            check(err, "nvrtcGetCUBINSize")
+            cubin = b" " * size
+            check(nvrtc.nvrtcGetCUBIN(prog, cubin)[0], "nvrtcGetCUBIN")
+            return {"symbol": lowered.decode(), "cubin": base64.b64encode(cubin).decode(), "log": log}
+        finally:
+            nvrtc.nvrtcDestroyProgram(prog)
+    except _Failed as failed:
+        return {"failed": str(failed), "log": log}
 
 
 def main() -> None:
