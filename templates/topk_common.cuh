@@ -563,13 +563,14 @@ __device__ __forceinline__ void clear_bins(int* hist, int bins) {
 
 // find_digit's search where the block has at most 4 warps: warp 0 alone reads the bins, the
 // others wait at the barrier. Every warp scanning its share of them repeated the scan's
-// shuffles, the barrier between its warps and the search (16384 K=256 normal float32 0.6613
-// -> 0.6527 warp instructions per key, counted). Each lane owns a run of bins / 32 (at most
-// 64) counted from the top, read 16 bytes at a time in an order the lane permutes (no two
-// lanes of a quarter warp on one bank); the warp then searches the run that holds d, 32 bins a
-// round. warp_sums[32] takes the keys the bins hold, as block_exclusive_scan's total. At 256 and 1024 threads it took the
-// deterministic float32 kernels of K=1024 and 2048 on 256 threads (sm_100) from 96 registers,
-// the radix budget, to 99, and K=4096 on 1024 threads to a 12-byte spill.
+// shuffles, the barrier between its warps and the search (4096 x 16384 K=256 normal float32
+// 0.6613 -> 0.6535 warp instructions per key, bfloat16 0.5845 -> 0.5643, counted). Each lane
+// owns a run of bins / 32 (at most 64) counted from the top, read 16 bytes at a time in an
+// order the lane permutes (no two lanes of a quarter warp on one bank); the warp then searches
+// the run that holds d, 32 bins a round. warp_sums[32] takes the keys the bins hold, as
+// block_exclusive_scan's total: a fourth int in RadixShared::found gave K=4096 on 1024 threads
+// a 12-byte spill. At 256 threads this search took the deterministic float32 sm_100 kernels
+// of K=1024 and 2048 from 96 registers, the radix budget, to 99.
 constexpr int kOneWarpDigitThreads = 128;
 __device__ __forceinline__ int find_digit_warp(const int* hist, int bins, int remaining, int* warp_sums, int* found,
                                                unsigned low_xor, unsigned high_xor) {
@@ -627,7 +628,8 @@ __device__ __forceinline__ int find_digit_warp(const int* hist, int bins, int re
 template <int THREADS, bool WARP_SEARCH = false>
 __device__ __forceinline__ int find_digit(const int* hist, int bins, int remaining, int* warp_sums, int* found,
                                           unsigned low_xor = 0u, unsigned high_xor = 0u) {
-  if constexpr (THREADS <= kOneWarpDigitThreads) return find_digit_warp(hist, bins, remaining, warp_sums, found, low_xor, high_xor);
+  if constexpr (THREADS <= kOneWarpDigitThreads)
+    return find_digit_warp(hist, bins, remaining, warp_sums, found, low_xor, high_xor);
   constexpr int kPer = (kMaxBins + THREADS - 1) / THREADS;  // a full digit's run
   const int per = (bins + THREADS - 1) / THREADS;
   const int top = bins - int(threadIdx.x) * per;  // this thread owns bins [top - per, top)
