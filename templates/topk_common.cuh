@@ -464,11 +464,12 @@ __device__ __forceinline__ void hist_add(int* hist, unsigned digit) { atomicAdd(
 template <typename Bits>
 __device__ __forceinline__ void lane_append(int* counter, unsigned bits, const uint4& keys, int first, u64* out,
                                             int limit) {
-  if (bits == 0u) return;
-  int slot = atomicAdd(counter, __popc(bits));
-  for (; bits != 0u && slot < limit; bits &= bits - 1u) {
-    const int j = __ffs(int(bits)) - 1;
-    out[slot++] = pack(piece_element<Bits>(keys, j), first + j);
+  if (bits != 0u) {  // a block of its own: the counter's full warps are the lanes that append
+    int slot = atomicAdd(counter, __popc(bits));
+    for (; bits != 0u && slot < limit; bits &= bits - 1u) {
+      const int j = __ffs(int(bits)) - 1;
+      out[slot++] = pack(piece_element<Bits>(keys, j), first + j);
+    }
   }
 }
 
@@ -1985,8 +1986,9 @@ __device__ __forceinline__ void radix_topk(const T* __restrict__ x, const long l
     }
     const int inclusive = warp_inclusive_scan(counts);
     int base = 0;
-    if (lane_id() == 31 && inclusive != 0)
+    if (lane_id() == 31 && inclusive != 0) {  // braced: the counter charges lane 31's atomics alone
       base = atomicAdd(&counters[0], inclusive & 0xffff) | (atomicAdd(&counters[1], inclusive >> 16) << 16);
+    }
     base = __shfl_sync(kFullMask, base, 31) + inclusive - counts;
     int out = base & 0xffff, slot = base >> 16;
     // A thread stops once it has written its keys above and the ties' slots are gone (fast

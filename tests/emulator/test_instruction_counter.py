@@ -508,3 +508,29 @@ def test_a_function_kept_as_a_call_is_charged_once_per_call(counter, rounds):
     assert set(body.values()) == {calls}
     assert max(body, key=lambda i: i.address).opcode.startswith("RET")
     assert census.never_run == 0
+
+
+@pytest.mark.parametrize("lanes", [31, 32])
+def test_a_warp_aggregated_atomic_scans_only_on_a_full_warp(counter, lanes):
+    """aggregated_append: ptxas tests whether every lane is active (VOTE.ANY, ISETP against
+    -1) and only then runs its scan and one atomic for the warp; with 31 lanes each lane does
+    its own. The scan's instructions are charged the block's full-warp executions (every warp
+    at 32 lanes, none at 31), the vote and the test every execution: the counter once charged
+    the scan to every warp that appended, 17 of the 24 instructions of the radix kernels'
+    appends."""
+    scan = {a for f, a in counter.map.full_warp if f == "aggregated_append"}
+    own = [i for i in counter.instructions if i.function == "aggregated_append"]
+    ops = {i.opcode.split(".")[0] for i in own if i.address in scan}
+    assert len(scan) >= 10 and {"SHFL", "ATOMS"} <= ops
+    x = np.arange(THREADS, dtype=np.int32)
+    out = np.zeros(THREADS, np.int32)
+    c = counter.module().launch("aggregated_append", 1, THREADS, [x, out, np.int32(lanes)], counters=True)
+    census = counter.count(c, "aggregated_append")
+    charged = {i.address: n for i, n in census.by_instruction.items() if i.address in scan}
+    assert set(charged.values()) == {WARPS if lanes == 32 else 0}
+    vote = counter.count(c, "aggregated_append", "VOTE")
+    assert vote.static_instructions == 1 and vote.warp_instructions == WARPS
+    # the slots: each warp's appends in lane order (a full warp's scan), or in some order
+    for w in range(WARPS):
+        got = np.sort(out[w * 32:w * 32 + lanes])
+        assert len(set(got)) == lanes

@@ -413,10 +413,10 @@ class Module:
             counts = from_phases(list(phases[:nphases.value]))
             nsites = lib.tk_site_count()
             if nsites:
-                rows = (ctypes.c_ulonglong * (6 * nsites))()
+                rows = (ctypes.c_ulonglong * (7 * nsites))()
                 lib.tk_site_read(rows)
-                sites, copies = site_paths([tuple(rows[6 * i:6 * i + 6]) for i in range(nsites)])
-                counts = replace(counts, warp_sites=sites, site_entries=copies)
+                sites, copies, full = site_paths([tuple(rows[7 * i:7 * i + 7]) for i in range(nsites)])
+                counts = replace(counts, warp_sites=sites, site_entries=copies, full_warp_sites=full)
             return counts
         finally:
             for region, _, _ in regions:

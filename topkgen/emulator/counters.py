@@ -62,7 +62,9 @@ class Counters:
     live when it was entered, outermost first); only a source instrumented by
     emulator/instructions.py has sites, and only the launch's totals carry them.
     site_entries: a lane's mean entries of each path under one instance of its parent (the
-    calls of a function from one block; a loop's trips)."""
+    calls of a function from one block; a loop's trips). full_warp_sites: of warp_sites, the
+    executions all 32 lanes of the warp entered (ptxas's warp-aggregated atomics run their
+    scan only then)."""
 
     global_load_bytes: int = 0
     global_store_bytes: int = 0
@@ -78,6 +80,7 @@ class Counters:
     phases: Mapping[str, "Counters"] = field(default_factory=dict)
     warp_sites: Mapping[tuple[int, ...], int] = field(default_factory=dict)
     site_entries: Mapping[tuple[int, ...], float] = field(default_factory=dict)  # mean entries per parent instance
+    full_warp_sites: Mapping[tuple[int, ...], int] = field(default_factory=dict)
 
 
 def _one(stats: list[PhaseStats]) -> Counters:
@@ -110,9 +113,11 @@ def from_phases(stats: list[PhaseStats]) -> Counters:
                     phases=phases)
 
 
-def site_paths(rows: list[tuple[int, ...]]) -> tuple[dict[tuple[int, ...], int], dict[tuple[int, ...], float]]:
-    """Warp executions by site path, and lanes' mean entries per parent instance, from the
-    emulator's (path, parent path, id, count, lane entries, lane first entries) rows."""
+def site_paths(rows: list[tuple[int, ...]]) -> tuple[dict[tuple[int, ...], int], dict[tuple[int, ...], float],
+                                                     dict[tuple[int, ...], int]]:
+    """Warp executions by site path, lanes' mean entries per parent instance, and executions
+    by a full warp, from the emulator's (path, parent path, id, count, lane entries, lane
+    first entries, full-warp count) rows."""
     by_path = {row[0]: (row[1], row[2]) for row in rows}
 
     def ids(path: int) -> tuple[int, ...]:
@@ -123,4 +128,5 @@ def site_paths(rows: list[tuple[int, ...]]) -> tuple[dict[tuple[int, ...], int],
             path = parent
         return tuple(reversed(out))
 
-    return ({ids(r[0]): r[3] for r in rows}, {ids(r[0]): r[4] / r[5] if r[5] else 0.0 for r in rows})
+    return ({ids(r[0]): r[3] for r in rows}, {ids(r[0]): r[4] / r[5] if r[5] else 0.0 for r in rows},
+            {ids(r[0]): r[6] for r in rows if r[6]})

@@ -24,6 +24,14 @@ The method, in three steps (sass.py reads the SASS; benchmarks/README.md words i
    keeps as a call (`__noinline__`) has one copy, whose chains start at its own lines: its
    paths start at its site, charged for every call (tests: called in a loop and a branch).
 
+One branch the compiler adds is followed: ptxas wraps an atomic whose result is used in a
+warp aggregation (a vote of the active lanes; where all 32 are, a scan and one lane's atomic
+for the warp; otherwise each lane's own atomic), and the scan's instructions are charged the
+executions of their path that all 32 lanes of the warp entered (the emulator counts those
+per site: `full_warp_sites`), the rest of the block every execution (tests: an append by 31
+and by 32 lanes). The kernels keep such an atomic first in a braced block of its own, so that
+the block's lanes are the atomic's; elsewhere the scan is charged as its block, an upper bound.
+
 What it cannot see: stalls, replays (bank conflicts, uncoalesced accesses), dual issue and
 scheduling; code the compiler moved across blocks (hoisted out of a loop it is still charged
 per trip), predicated code (charged as its block: a branch no lane takes costs nothing
@@ -288,6 +296,7 @@ class SiteMap:
         self.called = {raw[0] for file, line in entry.values() if self._own(file) and (raw := self._raw(file, line))}
         self.copy_blocks: dict[int, set[int]] = {}
         self.copies = self._copies(issued)
+        self.full_warp = _full_warp_only(issued, labels)
 
     def _own(self, file: str) -> bool:
         return Path(file).name == f"{self.name}.cu"
@@ -390,7 +399,11 @@ class SiteMap:
     def path_of(self, ins: "Instruction") -> tuple[int, ...]:
         return self.weighted_path(ins)[0]
 
-    def count(self, instructions: list["Instruction"], warp_sites: Mapping[tuple[int, ...], float]) -> "Census":
+    def count(self, instructions: list["Instruction"], warp_sites: Mapping[tuple[int, ...], float],
+              full_warp_sites: Mapping[tuple[int, ...], float] | None = None) -> "Census":
+        """Each instruction issued as often as its path executed; one that only a full warp runs
+        (full_warp) as often as its path executed with all 32 lanes, where full_warp_sites is
+        given (without it, as its path: an upper bound)."""
         issued = _issued(instructions)
         total = 0.0
         by_site: dict[int, float] = {}
@@ -398,7 +411,8 @@ class SiteMap:
         unmatched = 0
         for ins in issued:
             path, share = self.weighted_path(ins)
-            n = warp_sites.get(path, 0.0) * share
+            full = full_warp_sites is not None and (ins.function, ins.address) in self.full_warp
+            n = (full_warp_sites if full else warp_sites).get(path, 0.0) * share
             if path and path not in warp_sites:
                 unmatched += 1
             total += n
@@ -406,6 +420,44 @@ class SiteMap:
             if path:
                 by_site[path[-1]] = by_site.get(path[-1], 0.0) + n
         return Census(total, len(issued), unmatched, by_site, by_instruction)
+
+
+_VOTE_ACTIVE = re.compile(r"^VOTE\.ANY (R\d+), PT, PT$")
+_BRANCH = re.compile(r"^@!(P\d) BRA `\((\.L_x_\d+)\)$")
+# What ptxas's scan of a warp-aggregated atomic holds: shuffles and the adds they predicate,
+# the lane's index, its test, one atomic, moves.
+_SCAN_OPS = re.compile(r"^(SHFL|IMAD|IADD3|S2R|ISETP|ATOMS|ATOM|MOV|LOP3)(\.|$)")
+
+
+def _full_warp_only(issued: list["Instruction"], labels: Mapping[str, int]) -> set[tuple[str, int]]:
+    """(function, address) of the instructions only a full warp runs: ptxas's warp aggregation
+    of an atomic whose result is used (atomicAdd's, and PTX atom's alike) reads the active
+    lanes (VOTE.ANY R, PT, PT), tests them against all 32 (ISETP.EQ.U32 P, R, -0x1) and, unless
+    every lane is active, does the lane's own atomic and branches past a scan of the lanes'
+    operands and the one atomic that replaces theirs. The instructions between that branch
+    and its target are the scan's: charged per full-warp execution of their path, where the
+    rest of their block is charged per execution (a warp with some lanes appending runs the
+    4 of the test, not the 17 of the scan)."""
+    out: set[tuple[str, int]] = set()
+    for i, ins in enumerate(issued):
+        vote = _VOTE_ACTIVE.match(ins.text)
+        if not vote:
+            continue
+        window = issued[i + 1:i + 12]
+        tested = next((m.group(1) for t in window
+                       if (m := re.match(rf"^ISETP\.EQ\.U32\.AND (P\d), PT, {vote.group(1)}, -0x1, PT$", t.text))), None)
+        branch = next(((k, m) for k, t in enumerate(window) if (m := _BRANCH.match(t.text))), None)
+        if tested is None or branch is None or branch[1].group(1) != tested:
+            continue
+        start, target = i + 1 + branch[0], labels.get(branch[1].group(2))
+        scan = [t for t in issued[start + 1:start + 40] if t.function == ins.function and target is not None
+                and ins.address < t.address < target]
+        after = start + len(scan) + 1  # the scan runs on to the branch's target, and no further
+        if target is None or not scan or scan[-1] is not issued[after - 1] or after >= len(issued) \
+                or issued[after].address != target or not all(_SCAN_OPS.match(t.opcode) for t in scan):
+            continue  # not the pattern: leave it charged as its block
+        out.update((t.function, t.address) for t in scan)
+    return out
 
 
 def _basic_blocks(instructions: list["Instruction"], labels: Mapping[str, int]) -> dict[tuple[int, str], int]:
@@ -460,10 +512,12 @@ class Counter:
             raise ValueError(f"{self.name}: no function {kernel!r} in the SASS")
         if opcode is not None:  # of what can issue (the padding after EXIT holds a BRA)
             own = [i for i in _issued(own) if i.opcode.startswith(opcode)]
-        return self.map.count(own, _fold(counters, self.inst, self.map.dropped, self.map.called))
+        fold = lambda sites: _fold(counters, sites, self.inst, self.map.dropped, self.map.called)  # noqa: E731
+        return self.map.count(own, fold(counters.warp_sites), fold(counters.full_warp_sites))
 
 
-def _fold(counters, inst: Instrumented, dropped: set[int], called: set[int]) -> dict[tuple[int, ...], float]:
+def _fold(counters, sites: Mapping[tuple[int, ...], int], inst: Instrumented, dropped: set[int],
+          called: set[int]) -> dict[tuple[int, ...], float]:
     """Warp executions by path, spread over the SASS copies of a block. The compiler copies a
     block once per call of its function from one block (four calls on one line are four
     inlined copies no line information tells apart) and once per iteration of an unrolled
@@ -482,7 +536,7 @@ def _fold(counters, inst: Instrumented, dropped: set[int], called: set[int]) -> 
     it is charged from its site on, undivided there, summed over the callers."""
     out: dict[tuple[int, ...], float] = {}
     entries = counters.site_entries
-    for path, n in counters.warp_sites.items():
+    for path, n in sites.items():
         if path and path[-1] in dropped:
             continue
         weight = float(n)

@@ -185,3 +185,17 @@ extern "C" __global__ void called_function(const int* in, int* out, int rounds) 
   }
   out[threadIdx.x] = acc;
 }
+
+// An append whose slot is an atomicAdd's result, in a block the lanes below `lanes` of each
+// warp enter: ptxas wraps the atomic in a warp aggregation whose scan (shuffles, one lane's
+// atomic for all) runs only where every lane of the warp is active; otherwise each lane does
+// its own atomic.
+extern "C" __global__ void aggregated_append(const int* in, int* out, int lanes) {
+  __shared__ int counter;
+  if (threadIdx.x == 0) counter = 0;
+  __syncthreads();
+  if (int(threadIdx.x & 31u) < lanes) {
+    const int slot = atomicAdd(&counter, (in[threadIdx.x] & 3) + 1);
+    out[threadIdx.x] = slot;
+  }
+}

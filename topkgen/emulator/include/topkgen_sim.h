@@ -46,7 +46,6 @@
 #include <thread>
 #include <type_traits>
 #include <unordered_map>
-#include <unordered_set>
 #include <vector>
 
 #include <dlfcn.h>
@@ -248,11 +247,12 @@ struct SiteTotal {
   uint32_t id;      // the site's number in the instrumented source
   uint64_t count;   // warp executions
   uint64_t lane_entries, lane_firsts;  // lanes' entries, and those that were a lane's first under its parent's instance
+  uint64_t full;    // warp executions all 32 lanes entered (a full warp: what ptxas's warp-aggregated atomics test)
 };
 
 struct BlockCounters {
   int nphases = 1;
-  std::unordered_set<uint64_t> site_instances[32];  // per warp: site instances some lane entered
+  std::unordered_map<uint64_t, uint32_t> site_instances[32];  // per warp: the lanes that entered each site instance
   std::unordered_map<uint64_t, SiteTotal> sites;
   PhaseStats phases[kMaxPhases] = {};
   std::vector<OpenSite> open[32];  // per warp; entries [0, nopen[w]) are live, the rest keep capacity
@@ -736,10 +736,12 @@ struct WarpSite {
     path = site_mix(parent_path, id);
     instance = site_mix(site_mix(parent ? parent->instance : 0u, id), k);
     thread->site_top = this;
-    SiteTotal& total = c->sites.try_emplace(path, SiteTotal{parent_path, id, 0, 0, 0}).first->second;
+    SiteTotal& total = c->sites.try_emplace(path, SiteTotal{parent_path, id, 0, 0, 0, 0}).first->second;
     ++total.lane_entries;
     total.lane_firsts += k == 0;
-    if (c->site_instances[thread->warp].insert(instance).second) ++total.count;
+    const uint32_t lanes = ++c->site_instances[thread->warp][instance];
+    total.count += lanes == 1;
+    total.full += lanes == 32;
   }
   ~WarpSite() {
     if (thread) thread->site_top = parent;
@@ -1301,10 +1303,11 @@ inline void merge_counters(Launch* L, Block* b, const BlockCounters& c) {
     add_stats(L->phases[j], s);
   }
   for (const auto& [path, total] : c.sites) {
-    auto it = L->sites.try_emplace(path, SiteTotal{total.parent, total.id, 0, 0, 0}).first;
+    auto it = L->sites.try_emplace(path, SiteTotal{total.parent, total.id, 0, 0, 0, 0}).first;
     it->second.count += total.count;
     it->second.lane_entries += total.lane_entries;
     it->second.lane_firsts += total.lane_firsts;
+    it->second.full += total.full;
   }
 }
 
@@ -1641,8 +1644,8 @@ namespace tk {
 // The counting sites of the module's last counted launch (tk_site_count, tk_site_read): the
 // caller reads them before its next launch on the module. Not thread_local: the module's TLS
 // holds static __shared__ memory, which every block's start poisons.
-inline std::vector<std::array<uint64_t, 6>>& site_results() {
-  static std::vector<std::array<uint64_t, 6>> rows;
+inline std::vector<std::array<uint64_t, 7>>& site_results() {
+  static std::vector<std::array<uint64_t, 7>> rows;
   return rows;
 }
 }  // namespace tk
@@ -1735,14 +1738,15 @@ __attribute__((visibility("default"))) int tk_launch(int kernel, const unsigned*
   for (int i = 0; i < L.nphases; ++i) phases[i] = L.phases[i];
   *nphases = L.nphases;
   site_results().clear();
-  for (const auto& [path, total] : L.sites) site_results().push_back({path, total.parent, total.id, total.count, total.lane_entries, total.lane_firsts});
+  for (const auto& [path, total] : L.sites) site_results().push_back({path, total.parent, total.id, total.count, total.lane_entries, total.lane_firsts,
+                                                      total.full});
   std::sort(site_results().begin(), site_results().end(), [](const auto& a, const auto& b) { return a[0] < b[0]; });
   return 0;
 }
 
 // The counting sites of the last launch on this module (path, parent path, site id, warp
-// executions, lane entries, lanes' first entries under their parent's instance):
-// tk_site_count() rows, read with tk_site_read(out) into 6 x rows uint64.
+// executions, lane entries, lanes' first entries under their parent's instance, executions
+// by a full warp): tk_site_count() rows, read with tk_site_read(out) into 7 x rows uint64.
 __attribute__((visibility("default"))) unsigned long long tk_site_count() { return ::tk::site_results().size(); }
 __attribute__((visibility("default"))) void tk_site_read(unsigned long long* out) {
   size_t i = 0;
