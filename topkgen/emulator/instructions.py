@@ -58,7 +58,8 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from pathlib import Path
 from typing import Mapping
-from topkgen.emulator.sass import Instruction, _issued, disassemble, label_addresses, nvrtc_cubin
+from topkgen.emulator.sass import (Instruction, _issued, basic_blocks, disassemble, full_warp_only, label_addresses,
+                                  nvrtc_cubin)
 from topkgen.emulator.source_tokens import device_only_tokens, tokens
 
 MARK = "::tk::WarpSite tk_ws_({id});"
@@ -288,7 +289,7 @@ class SiteMap:
         self.dropped = {s.id for s in inst.sites
                         if s.kind == "unrolled" or (s.kind == "loop" and s.id not in self.ranges
                                                     and not _ENDLESS.search(source_lines[s.first_line - 1]))}
-        self.block = _basic_blocks(instructions, labels)
+        self.block = basic_blocks(instructions, labels)
         # The sites of functions NVRTC kept as calls, by their entry's line (_fold keys their
         # paths from there). Deeper in a large one (the split's merge) a chain may skip levels:
         # such instructions match no path and are charged nothing.
@@ -296,7 +297,7 @@ class SiteMap:
         self.called = {raw[0] for file, line in entry.values() if self._own(file) and (raw := self._raw(file, line))}
         self.copy_blocks: dict[int, set[int]] = {}
         self.copies = self._copies(issued)
-        self.full_warp = _full_warp_only(issued, labels)
+        self.full_warp = full_warp_only(issued, labels)
 
     def _own(self, file: str) -> bool:
         return Path(file).name == f"{self.name}.cu"
@@ -420,62 +421,6 @@ class SiteMap:
             if path:
                 by_site[path[-1]] = by_site.get(path[-1], 0.0) + n
         return Census(total, len(issued), unmatched, by_site, by_instruction)
-
-
-_VOTE_ACTIVE = re.compile(r"^VOTE\.ANY (R\d+), PT, PT$")
-_BRANCH = re.compile(r"^@!(P\d) BRA `\((\.L_x_\d+)\)$")
-# What ptxas's scan of a warp-aggregated atomic holds: shuffles and the adds they predicate,
-# the lane's index, its test, one atomic, moves.
-_SCAN_OPS = re.compile(r"^(SHFL|IMAD|IADD3|S2R|ISETP|ATOMS|ATOM|MOV|LOP3)(\.|$)")
-
-
-def _full_warp_only(issued: list["Instruction"], labels: Mapping[str, int]) -> set[tuple[str, int]]:
-    """(function, address) of the instructions only a full warp runs: ptxas's warp aggregation
-    of an atomic whose result is used (atomicAdd's, and PTX atom's alike) reads the active
-    lanes (VOTE.ANY R, PT, PT), tests them against all 32 (ISETP.EQ.U32 P, R, -0x1) and, unless
-    every lane is active, does the lane's own atomic and branches past a scan of the lanes'
-    operands and the one atomic that replaces theirs. The instructions between that branch
-    and its target are the scan's: charged per full-warp execution of their path, where the
-    rest of their block is charged per execution (a warp with some lanes appending runs the
-    4 of the test, not the 17 of the scan)."""
-    out: set[tuple[str, int]] = set()
-    for i, ins in enumerate(issued):
-        vote = _VOTE_ACTIVE.match(ins.text)
-        if not vote:
-            continue
-        window = issued[i + 1:i + 12]
-        tested = next((m.group(1) for t in window
-                       if (m := re.match(rf"^ISETP\.EQ\.U32\.AND (P\d), PT, {vote.group(1)}, -0x1, PT$", t.text))), None)
-        branch = next(((k, m) for k, t in enumerate(window) if (m := _BRANCH.match(t.text))), None)
-        if tested is None or branch is None or branch[1].group(1) != tested:
-            continue
-        start, target = i + 1 + branch[0], labels.get(branch[1].group(2))
-        scan = [t for t in issued[start + 1:start + 40] if t.function == ins.function and target is not None
-                and ins.address < t.address < target]
-        after = start + len(scan) + 1  # the scan runs on to the branch's target, and no further
-        if target is None or not scan or scan[-1] is not issued[after - 1] or after >= len(issued) \
-                or issued[after].address != target or not all(_SCAN_OPS.match(t.opcode) for t in scan):
-            continue  # not the pattern: leave it charged as its block
-        out.update((t.function, t.address) for t in scan)
-    return out
-
-
-def _basic_blocks(instructions: list["Instruction"], labels: Mapping[str, int]) -> dict[tuple[int, str], int]:
-    """(address, function) -> the index of its basic block: a block starts at a branch
-    target and after a branch or EXIT. Targets are per function: addresses restart at 0 in
-    each, so another kernel's target at the same address cut this one's blocks (a module
-    with a kernel added counted partial_unroll 7% higher)."""
-    targets = {(ins.function, labels[m.group(1)]) for ins in instructions
-               if (m := re.search(r"(\.L_x_\d+)", ins.text)) and m.group(1) in labels}
-    out, block, function = {}, 0, None
-    starts_next = True
-    for ins in instructions:
-        if ins.function != function or (ins.function, ins.address) in targets or starts_next:
-            block += 1
-            function = ins.function
-        out[ins.address, ins.function] = block
-        starts_next = ins.opcode in ("BRA", "EXIT", "BRX", "JMP", "RET", "CALL")
-    return out
 
 
 @dataclass(frozen=True)

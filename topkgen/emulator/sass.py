@@ -1,6 +1,7 @@
 """The SASS of a kernel, as the warp-instruction counter (instructions.py) reads it: the very
 source compiled by NVRTC (with -lineinfo for the count only) and disassembled by nvdisasm
-from the pinned nvidia-cuda-nvdisasm wheel, each instruction with its line and inlining chain."""
+from the pinned nvidia-cuda-nvdisasm wheel, each instruction with its line and inlining chain;
+its basic blocks, and the instructions of ptxas's warp aggregations that only a full warp runs."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ import re
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Sequence
+from typing import Mapping, Sequence
 
 
 # ----------------------------------------------------------------------------- SASS
@@ -151,3 +152,59 @@ def label_addresses(cubin: bytes) -> dict[str, int]:
                 labels[name] = int(m.group(1), 16)
             pending = []
     return labels
+
+
+_VOTE_ACTIVE = re.compile(r"^VOTE\.ANY (R\d+), PT, PT$")
+_BRANCH = re.compile(r"^@!(P\d) BRA `\((\.L_x_\d+)\)$")
+# What ptxas's scan of a warp-aggregated atomic holds: shuffles and the adds they predicate,
+# the lane's index, its test, one atomic, moves.
+_SCAN_OPS = re.compile(r"^(SHFL|IMAD|IADD3|S2R|ISETP|ATOMS|ATOM|MOV|LOP3)(\.|$)")
+
+
+def full_warp_only(issued: list[Instruction], labels: Mapping[str, int]) -> set[tuple[str, int]]:
+    """(function, address) of the instructions only a full warp runs: ptxas's warp aggregation
+    of an atomic whose result is used (atomicAdd's, and PTX atom's alike) reads the active
+    lanes (VOTE.ANY R, PT, PT), tests them against all 32 (ISETP.EQ.U32 P, R, -0x1) and, unless
+    every lane is active, does the lane's own atomic and branches past a scan of the lanes'
+    operands and the one atomic that replaces theirs. The instructions between that branch
+    and its target are the scan's: charged per full-warp execution of their path, where the
+    rest of their block is charged per execution (a warp with some lanes appending runs the
+    4 of the test, not the 17 of the scan)."""
+    out: set[tuple[str, int]] = set()
+    for i, ins in enumerate(issued):
+        vote = _VOTE_ACTIVE.match(ins.text)
+        if not vote:
+            continue
+        window = issued[i + 1:i + 12]
+        tested = next((m.group(1) for t in window
+                       if (m := re.match(rf"^ISETP\.EQ\.U32\.AND (P\d), PT, {vote.group(1)}, -0x1, PT$", t.text))), None)
+        branch = next(((k, m) for k, t in enumerate(window) if (m := _BRANCH.match(t.text))), None)
+        if tested is None or branch is None or branch[1].group(1) != tested:
+            continue
+        start, target = i + 1 + branch[0], labels.get(branch[1].group(2))
+        scan = [t for t in issued[start + 1:start + 40] if t.function == ins.function and target is not None
+                and ins.address < t.address < target]
+        after = start + len(scan) + 1  # the scan runs on to the branch's target, and no further
+        if target is None or not scan or scan[-1] is not issued[after - 1] or after >= len(issued) \
+                or issued[after].address != target or not all(_SCAN_OPS.match(t.opcode) for t in scan):
+            continue  # not the pattern: leave it charged as its block
+        out.update((t.function, t.address) for t in scan)
+    return out
+
+
+def basic_blocks(instructions: list[Instruction], labels: Mapping[str, int]) -> dict[tuple[int, str], int]:
+    """(address, function) -> the index of its basic block: a block starts at a branch
+    target and after a branch or EXIT. Targets are per function: addresses restart at 0 in
+    each, so another kernel's target at the same address cut this one's blocks (a module
+    with a kernel added counted partial_unroll 7% higher)."""
+    targets = {(ins.function, labels[m.group(1)]) for ins in instructions
+               if (m := re.search(r"(\.L_x_\d+)", ins.text)) and m.group(1) in labels}
+    out, block, function = {}, 0, None
+    starts_next = True
+    for ins in instructions:
+        if ins.function != function or (ins.function, ins.address) in targets or starts_next:
+            block += 1
+            function = ins.function
+        out[ins.address, ins.function] = block
+        starts_next = ins.opcode in ("BRA", "EXIT", "BRX", "JMP", "RET", "CALL")
+    return out
