@@ -530,7 +530,7 @@ def test_a_warp_aggregated_atomic_scans_only_on_a_full_warp(counter, lanes):
     assert set(charged.values()) == {WARPS if lanes == 32 else 0}
     vote = counter.count(c, "aggregated_append", "VOTE")
     assert vote.static_instructions == 1 and vote.warp_instructions == WARPS
-    # the slots: each warp's appends in lane order (a full warp's scan), or in some order
+    # either way, each appending lane of a warp got a slot of its own
     for w in range(WARPS):
         got = np.sort(out[w * 32:w * 32 + lanes])
         assert len(set(got)) == lanes
