@@ -182,11 +182,11 @@ def full_warp_only(issued: list[Instruction], labels: Mapping[str, int]) -> set[
         if tested is None or branch is None or branch[1].group(1) != tested:
             continue
         start, target = i + 1 + branch[0], labels.get(branch[1].group(2))
-        scan = [t for t in issued[start + 1:start + 40] if t.function == ins.function and target is not None
-                and ins.address < t.address < target]
-        after = start + len(scan) + 1  # the scan runs on to the branch's target, and no further
-        if target is None or not scan or scan[-1] is not issued[after - 1] or after >= len(issued) \
-                or issued[after].address != target or not all(_SCAN_OPS.match(t.opcode) for t in scan):
+        # the scan: from the branch on to its target, in the same function
+        end = next((j for j in range(start + 2, min(start + 40, len(issued)))
+                    if issued[j].function == ins.function and issued[j].address == target), None)
+        scan = issued[start + 1:end] if end is not None else []
+        if not scan or not all(t.function == ins.function and _SCAN_OPS.match(t.opcode) for t in scan):
             continue  # not the pattern: leave it charged as its block
         out.update((t.function, t.address) for t in scan)
     return out
