@@ -422,9 +422,10 @@ def _compile_in_child(cache: str, source: str, queue) -> None:
 
 
 def test_concurrent_compiles_leave_one_good_cache_entry(tmp_path):
-    """Three processes asking for one new module at once: one runs g++ (announce is called
-    just before it), the others wait for its entry (all three did compile it, each for
-    itself, before the lock)."""
+    """Three processes asking for one new module at once, in a cache without the runtime
+    either: one runs g++ (announce is called once, just before it), the others wait for its
+    entries (all three did compile them, each for itself, before the lock): one for the
+    module, one for the runtime."""
     source = 'extern "C" __global__ void fill(float* y) { y[threadIdx.x] = 2.f; }\n'
     ctx = mp.get_context("spawn")
     queue = ctx.Queue()
@@ -437,7 +438,7 @@ def test_concurrent_compiles_leave_one_good_cache_entry(tmp_path):
     assert [total for total, _ in results] == [64.0] * 3
     assert sum(compiles for _, compiles in results) == 1
     entries = sorted(p.suffix for p in (tmp_path / "emulator").iterdir())
-    assert entries == [".sha256", ".so"]
+    assert entries == [".sha256", ".sha256", ".so", ".so"]
 
 
 def test_a_corrupt_cache_entry_is_compiled_again(tmp_path, monkeypatch):

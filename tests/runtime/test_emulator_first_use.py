@@ -1,4 +1,4 @@
-"""The emulator's first use of a kernel compiles it with g++ for 5-15 s, silently until
+"""The emulator's first use of a kernel compiles it with g++ for about 2-6 s, silently until
 issue 32: it says so on stderr, once per kernel; a cached kernel says nothing."""
 
 from __future__ import annotations

@@ -50,7 +50,8 @@ INCLUDE_DIR = Path(__file__).resolve().parent / "include"
 # The alignment sanitizer in trap mode makes a misaligned access trap as it faults on a GPU.
 # -fno-gnu-unique keeps each module's kernel registry and static shared memory its own (the
 # header explains which few objects it still shares across the process, and why).
-# -O1: a radix kernel compiles in about 5 s where -O2 took 9-10 s, and the emulator's test
+# -O1: a radix kernel compiled in about 5 s where -O2 took 9-10 s (with its copy of the
+# runtime, before the runtime became a shared object of its own: now 3.4-3.9 s), and the emulator's test
 # files (tests/emulator, tests/templates, test_split, test_large_k) ran in 198 s against 216 s
 # on modules already compiled; a cold `make test` (most of it g++) had grown past CI's 30 minutes.
 CXX_FLAGS = ("-std=c++17", "-O1", "-fPIC", "-shared", "-pthread", "-w", "-fno-strict-aliasing",
@@ -163,7 +164,8 @@ def compile_source(source: str, *, name: str = "kernel", defines: Sequence[str] 
     compiles to a private file and renames it into place; one compiles a unit while the others
     wait for it, _compile_lock). defines: NAME=INTEGER macros set
     before the SIMT header (TK_COUNTERS=0 compiles the counting hooks out). announce: called
-    with `name` just before g++ runs (a cache miss, about 5-15 s), never for a cached one."""
+    with `name` just before g++ runs (a cache miss: about 1.5-4 s a kernel, and 2 s more the
+    first time on a cache, for the runtime), once, never for a cached one."""
     if not re.fullmatch(r"[A-Za-z_][\w.-]{0,99}", name):
         raise EmulationError(f"name: {name!r} is not a plain file name")
     for define in defines:
@@ -174,33 +176,71 @@ def compile_source(source: str, *, name: str = "kernel", defines: Sequence[str] 
     key = _cache_key(unit, cxx)
     if key in _loaded:
         return _loaded[key]
-    cache = cache_root() / "emulator"
-    so_path = cache / f"{key}.so"
-    from topkgen.build.cache import require_directories  # exit status 2: the shared object must live somewhere
+    announced: list[str] = []
 
-    require_directories((cache_root(),), what="the emulator cache", writable=False)
-    require_directories((cache,), what="the emulator cache", writable=False, link=False)  # never through a link
+    def announce_once(_: str) -> None:  # the module and the runtime it needs: one notice, the module's
+        if announce is not None and not announced:
+            announced.append(name)
+            announce(name)
+
+    cache = _cache_dir()
+    so_path = cache / f"{key}.so"
+    rt_key = _cache_key(_RUNTIME_UNIT, cxx)
     image = _intact(so_path, key)
-    if image is None:
+    if image is None or rt_key not in _runtimes:
+        # One process compiles what is missing, the runtime included (its lock is taken inside
+        # the module's, never the other way round); the others wait for it and load its entries.
         with _compile_lock(key):
-            image = _intact(so_path, key)  # another process may have compiled it while this one waited
+            _runtime(cxx, rt_key, announce_once)
+            image = _intact(so_path, key)
             if image is None:
-                image = _compile(unit, name, cxx, cache, so_path, key, announce)
-    module = Module(so_path, name, image)
+                image = _compile(unit, name, cxx, cache, so_path, key, announce_once)
+    module = Module(so_path, name, image, _runtimes[rt_key])
     _loaded[key] = module
     return module
 
 
+# The emulator's runtime (the header's TK_RUNTIME part: scheduler, fault handlers, block
+# execution): compiled once per header and compiler into the emulator cache, loaded once per
+# process and bound to every module, which no longer compiles a copy of its own.
+_RUNTIME_UNIT = '#define TK_RUNTIME 1\n#include "topkgen_sim.h"\n'
+_runtimes: dict[str, "Runtime"] = {}
+
+
+def _runtime(cxx: str, rt_key: str, announce: Callable[[str], None]) -> None:
+    """Load the runtime for `rt_key` into _runtimes, compiled first where the cache lacks it."""
+    if rt_key in _runtimes:
+        return
+    cache = _cache_dir()
+    so_path = cache / f"{rt_key}.so"
+    image = _intact(so_path, rt_key)
+    if image is None:
+        with _compile_lock(rt_key):
+            image = _intact(so_path, rt_key)
+            if image is None:
+                image = _compile(_RUNTIME_UNIT, "topkgen_sim_runtime", cxx, cache, so_path, rt_key, announce)
+    _runtimes[rt_key] = Runtime(so_path, image)
+
+
+def _cache_dir() -> Path:
+    """The emulator's folder of the compile cache (exit status 2 where it cannot be one)."""
+    cache = cache_root() / "emulator"
+    from topkgen.build.cache import require_directories  # exit status 2: the shared object must live somewhere
+
+    require_directories((cache_root(),), what="the emulator cache", writable=False)
+    require_directories((cache,), what="the emulator cache", writable=False, link=False)  # never through a link
+    return cache
+
+
 def _compile(unit: str, name: str, cxx: str, cache: Path, so_path: Path, key: str,
-             announce: Callable[[str], None] | None) -> bytes:
+             announce: Callable[[str], None]) -> bytes:
     """g++ on the translation unit into the cache entry (a private file renamed into place)."""
     from topkgen.build.cache import require_directories
 
     require_directories((cache_root(), cache), what="the emulator cache")
     tmp_dir = cache / f".build-{os.getpid()}-{os.urandom(4).hex()}"
     src, out = tmp_dir / f"{name}.cpp", tmp_dir / "module.so"
-    if announce is not None:
-        announce(name)
+    announce(name)
     try:
         with _cache_writes(cache):
             tmp_dir.mkdir()
@@ -288,24 +328,41 @@ def _intact(so_path: Path, key: str) -> bytes | None:
 
 
 _ENTRY_POINTS = ("tk_kernel_signature", "tk_kernel_display", "tk_kernel_symbol", "tk_region_alloc", "tk_region_data",
-                 "tk_region_check", "tk_region_free", "tk_launch", "tk_cancel", "tk_kernel_count", "tk_max_phases")
+                 "tk_region_check", "tk_region_free", "tk_launch", "tk_cancel", "tk_kernel_count", "tk_max_phases",
+                 "tk_bind_runtime")
+
+
+def _load_image(path: Path, name: str, image: bytes, entry_points: Sequence[str], what: str) -> tuple[int, Any]:
+    """The very bytes verified, loaded from an anonymous file: what replaces the cache entry
+    after the check is never loaded. Its descriptor stays open with the library: dlopen knows
+    a library by its name, and /proc/self/fd/N names another file once N is reused.
+    RTLD_LOCAL: a module's symbols must bind to its own definitions, never another module's."""
+    fd = os.memfd_create(f"topkgen-emulator-{name}", os.MFD_CLOEXEC)
+    os.write(fd, image)
+    lib = ctypes.CDLL(f"/proc/self/fd/{fd}", mode=os.RTLD_LOCAL)
+    missing = [fn for fn in entry_points if not hasattr(lib, fn)]
+    if missing:
+        raise EmulationError(f"{path}: not a topkgen emulator {what} (no {', '.join(missing)})")
+    return fd, lib
+
+
+class Runtime:
+    """The emulator's runtime (the header's TK_RUNTIME part), loaded once per process."""
+
+    def __init__(self, path: Path, image: bytes) -> None:
+        self._image_fd, self._lib = _load_image(path, "runtime", image, ("tk_runtime_launch",), "runtime")
+        self.launch = self._lib.tk_runtime_launch
 
 
 class Module:
     """A compiled emulator module: look kernels up by name and launch them."""
 
-    def __init__(self, path: Path, name: str, image: bytes) -> None:
+    def __init__(self, path: Path, name: str, image: bytes, runtime: Runtime) -> None:
         self.path, self.name = path, name
-        # The very bytes verified, loaded from an anonymous file: what replaces the cache entry
-        # after the check is never loaded. Its descriptor stays open with the module: dlopen
-        # knows a library by its name, and /proc/self/fd/N names another file once N is reused.
-        self._image_fd = os.memfd_create(f"topkgen-emulator-{name}", os.MFD_CLOEXEC)
-        os.write(self._image_fd, image)
-        # RTLD_LOCAL: the module's symbols must bind to its own definitions, never another module's.
-        lib = ctypes.CDLL(f"/proc/self/fd/{self._image_fd}", mode=os.RTLD_LOCAL)
-        missing = [fn for fn in _ENTRY_POINTS if not hasattr(lib, fn)]
-        if missing:
-            raise EmulationError(f"{path}: not a topkgen emulator module (no {', '.join(missing)})")
+        self._image_fd, lib = _load_image(path, name, image, _ENTRY_POINTS, "module")
+        self.runtime = runtime  # bound below: it must outlive the module
+        lib.tk_bind_runtime.argtypes = [ctypes.c_void_p]
+        lib.tk_bind_runtime(ctypes.cast(runtime.launch, ctypes.c_void_p))
         for fn, res in (("tk_kernel_signature", ctypes.c_char_p), ("tk_kernel_display", ctypes.c_char_p),
                         ("tk_kernel_symbol", ctypes.c_char_p), ("tk_region_alloc", ctypes.c_void_p),
                         ("tk_region_data", ctypes.c_void_p), ("tk_region_check", ctypes.c_int),

@@ -124,7 +124,7 @@ def workspace_arrays(plan: ChunkPlan, dtype: np.dtype, workspace: Any) -> dict[s
 
 
 def _announce(name: str) -> None:
-    """A kernel's first use on the emulator compiles it with g++ for 5-15 s, which looked like
+    """A kernel's first use on the emulator compiles it with g++ for about 2-6 s, which looked like
     a hang: say so on stderr, once per kernel (the shared object is cached, on disk too)."""
     print(f"topkgen: compiling {name} for the emulator (first use; cached)", file=sys.stderr, flush=True)
 

@@ -330,11 +330,16 @@ struct Launch {
   std::unordered_map<uintptr_t, OrderWrite> order_writes;  // per byte written in this launch
   std::vector<uint64_t> released;                          // per block: its stores [1, released[b]]
   std::vector<uint64_t> block_order;
+  // the module's own, for the runtime: its cancel flag (tk_cancel) and the poisoning of its
+  // static __shared__ memory at each block's start
+  std::atomic<int>* cancel = nullptr;
+  void (*poison)() = nullptr;
 };
 
 // ------------------------------------------------------------------ module and process state
 // Every CUDA source becomes one shared object, loaded with RTLD_LOCAL; a process loads many
-// (the runtime one per kernel). What belongs to each module and what to the process:
+// (topkgen's runtime one per kernel), and one more, the emulator's runtime (TK_RUNTIME below),
+// that runs their launches. What belongs to each module and what to the process:
 //
 // Per module, as a CUDA module's own globals: the kernel registry, the TLS span and TLS touch
 // that poison static __shared__ memory at each block's start (module_tls, t_tls_touch), and
@@ -344,15 +349,15 @@ struct Launch {
 // list the first one's kernels and poison the first one's memory. Modules are therefore
 // compiled with -fno-gnu-unique (emulator/__init__.py), and each binds to its own copies.
 //
-// Per process: the fault handlers. Only one set is installed while launches of several
-// modules overlap (from several host threads), so the handler one module installed must find
-// the block and jump buffer that another module's run_blocks set on the faulting thread
-// (t_block, t_fault_jmp), and the count of launches in flight and the actions to restore when
-// the last one ends must be one (process_signals). These are defined in assembly below with
-// explicit STB_GNU_UNIQUE binding, the one way to keep them shared under -fno-gnu-unique (it
-// also keeps every module loaded for good, so the copy in use never goes away). A handler
-// from one module thus reads Block, Thread, Launch and Region objects of another: all modules
-// of a process are compiled from this very header (its text is in the cache key), and these
+// Per process: the block each OS thread runs and its fault jump buffer (t_block, t_fault_jmp),
+// which the emulator's runtime sets and every module's kernel code reads, and the fault
+// handlers' state: one set is installed while launches overlap (from several host threads),
+// so the count of launches in flight and the actions to restore when the last one ends must be
+// one (process_signals). These are defined in assembly below with explicit STB_GNU_UNIQUE
+// binding, the one way to share them between the runtime and the modules under
+// -fno-gnu-unique (it also keeps every module loaded for good). The runtime thus reads
+// Block, Thread, Launch and Region objects a module made: the runtime and all modules of a
+// process are compiled from this very header (its text is in every cache key), and these
 // structures must not depend on TK_COUNTERS or other defines. The watchdog needs nothing
 // more: it reads t_block, and the deadline and poll count are the Launch's and the Block's.
 struct ProcessSignals {
@@ -481,7 +486,7 @@ inline Block* poll_watchdog() {
   if (!b || (++b->polls & 1023u) != 0) return b;
   if (b->launch->failed.load(std::memory_order_relaxed))
     thread_fault("");  // another block failed: stop
-  if (cancel_flag().load(std::memory_order_relaxed)) thread_fault(kCancelled);
+  if (b->launch->cancel->load(std::memory_order_relaxed)) thread_fault(kCancelled);
   if (std::chrono::steady_clock::now() > b->launch->deadline) {
     char buf[64];
     snprintf(buf, sizeof buf, "%.1f", b->launch->timeout_s);
@@ -797,7 +802,7 @@ inline T from_bits(uint64_t u) {
   return v;
 }
 
-// ------------------------------------------------------------------ scheduler
+// ------------------------------------------------------------------ random streams
 inline uint64_t splitmix(uint64_t& s) {
   uint64_t z = (s += 0x9e3779b97f4a7c15ull);
   z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
@@ -805,6 +810,60 @@ inline uint64_t splitmix(uint64_t& s) {
   return z ^ (z >> 31);
 }
 
+// ------------------------------------------------------------------ memory guards
+constexpr unsigned char kCanary = 0xA5;
+
+inline size_t page_size() {
+  static size_t p = size_t(sysconf(_SC_PAGESIZE));
+  return p;
+}
+
+// Guard regions are large so that far out-of-bounds accesses fault instead of landing in
+// another mapping; they cost address space only.
+constexpr size_t kGuardBytes = size_t(1) << 20;
+
+inline Region* region_alloc(size_t nbytes) {
+  size_t page = page_size();
+  size_t data_len = (nbytes + 15) & ~size_t(15);
+  size_t body = (data_len + 64 + page - 1) / page * page;  // at least 64 bytes of front zone
+  size_t len = body + 2 * kGuardBytes;
+  void* m = mmap(nullptr, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
+  if (m == MAP_FAILED) return nullptr;
+  unsigned char* map = static_cast<unsigned char*>(m);
+  if (mprotect(map + kGuardBytes, body, PROT_READ | PROT_WRITE) != 0) {
+    munmap(m, len);
+    return nullptr;
+  }
+  Region* r = new Region{map, len, nullptr, nbytes, map + kGuardBytes, map + kGuardBytes + body, "", -1};
+  r->data = r->zone_hi - data_len;
+  memset(r->zone_lo, kCanary, body);
+  return r;
+}
+
+inline void region_free(Region* r) {
+  if (!r) return;
+  munmap(r->map, r->map_len);
+  delete r;
+}
+
+// 0: intact; 1: the front zone was written; 2: the back zone was written.
+inline int region_check(const Region* r) {
+  for (const unsigned char* p = r->zone_lo; p < r->data; ++p)
+    if (*p != kCanary) return 1;
+  for (const unsigned char* p = r->data + r->nbytes; p < r->zone_hi; ++p)
+    if (*p != kCanary) return 2;
+  return 0;
+}
+
+// ------------------------------------------------------------------ the runtime
+// The scheduler, the fault handlers and block execution are the emulator's runtime: one shared
+// object per header and compiler that a process loads once (TK_RUNTIME; emulator/__init__.py)
+// and binds every module to (tk_bind_runtime), where each module compiled its own copy before:
+// that copy was about 2 s of a module's 3-6 s of g++. The runtime reaches what is the
+// module's own through the Launch: its kernel, its cancel flag and the poisoning of its static
+// __shared__ memory (poison_static_shared).
+#if TK_RUNTIME
+// ------------------------------------------------------------------ scheduler
 inline std::string lanes_str(unsigned m) {
   std::string s;
   for (int i = 0; i < kWarp;) {
@@ -1058,7 +1117,7 @@ struct Scheduler {
           if ((waiting & group) == group && !resolve_warp(t->warp)) return;
         }
       }
-      if (cancel_flag().load(std::memory_order_relaxed)) {
+      if (b->launch->cancel->load(std::memory_order_relaxed)) {
         fail(b, kCancelled);
         return;
       }
@@ -1071,51 +1130,6 @@ struct Scheduler {
     }
   }
 };
-
-// ------------------------------------------------------------------ memory guards
-constexpr unsigned char kCanary = 0xA5;
-
-inline size_t page_size() {
-  static size_t p = size_t(sysconf(_SC_PAGESIZE));
-  return p;
-}
-
-// Guard regions are large so that far out-of-bounds accesses fault instead of landing in
-// another mapping; they cost address space only.
-constexpr size_t kGuardBytes = size_t(1) << 20;
-
-inline Region* region_alloc(size_t nbytes) {
-  size_t page = page_size();
-  size_t data_len = (nbytes + 15) & ~size_t(15);
-  size_t body = (data_len + 64 + page - 1) / page * page;  // at least 64 bytes of front zone
-  size_t len = body + 2 * kGuardBytes;
-  void* m = mmap(nullptr, len, PROT_NONE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE, -1, 0);
-  if (m == MAP_FAILED) return nullptr;
-  unsigned char* map = static_cast<unsigned char*>(m);
-  if (mprotect(map + kGuardBytes, body, PROT_READ | PROT_WRITE) != 0) {
-    munmap(m, len);
-    return nullptr;
-  }
-  Region* r = new Region{map, len, nullptr, nbytes, map + kGuardBytes, map + kGuardBytes + body, "", -1};
-  r->data = r->zone_hi - data_len;
-  memset(r->zone_lo, kCanary, body);
-  return r;
-}
-
-inline void region_free(Region* r) {
-  if (!r) return;
-  munmap(r->map, r->map_len);
-  delete r;
-}
-
-// 0: intact; 1: the front zone was written; 2: the back zone was written.
-inline int region_check(const Region* r) {
-  for (const unsigned char* p = r->zone_lo; p < r->data; ++p)
-    if (*p != kCanary) return 1;
-  for (const unsigned char* p = r->data + r->nbytes; p < r->zone_hi; ++p)
-    if (*p != kCanary) return 2;
-  return 0;
-}
 
 // ------------------------------------------------------------------ fault handling
 // Held while the process's handlers are installed or removed (process_signals starts zeroed:
@@ -1235,47 +1249,6 @@ struct Worker {
   }
 };
 
-// Static __shared__ arrays are thread_local: find this module's TLS block so that each block
-// starts with poisoned (0xFF) shared memory, as uninitialised on a GPU. Stale reads of a
-// missing barrier then show up instead of reading the previous block's values.
-struct TlsSpan {
-  size_t size = 0;
-  void* handle = nullptr;
-};
-
-inline int find_tls_size(struct dl_phdr_info* info, size_t, void* data) {
-  auto* want = static_cast<std::pair<uintptr_t, size_t>*>(data);
-  if (info->dlpi_addr != want->first) return 0;
-  for (int i = 0; i < info->dlpi_phnum; ++i)
-    if (info->dlpi_phdr[i].p_type == PT_TLS) want->second = info->dlpi_phdr[i].p_memsz;
-  return 1;
-}
-
-inline const TlsSpan& module_tls() {
-  static TlsSpan span = [] {
-    TlsSpan t;
-    Dl_info info;
-    if (dladdr(reinterpret_cast<void*>(&find_tls_size), &info)) {
-      std::pair<uintptr_t, size_t> want{uintptr_t(info.dli_fbase), 0};
-      dl_iterate_phdr(find_tls_size, &want);
-      t.size = want.second;
-      t.handle = dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD);
-    }
-    return t;
-  }();
-  return span;
-}
-
-inline void poison_static_shared() {
-  const TlsSpan& t = module_tls();
-  void* block = nullptr;
-  t_tls_touch = 0;  // touch the module's TLS block so that it exists on this thread
-  if (t.handle && t.size && dlinfo(t.handle, RTLD_DI_TLS_DATA, &block) == 0 && block) memset(block, 0xFF, t.size);
-  t_block = nullptr;
-  t_fault_jmp = nullptr;
-  t_tls_touch = 0;
-}
-
 inline void fiber_main() {
   Block* b = t_block;
   const Kernel* k = b->launch->kernel;
@@ -1354,7 +1327,7 @@ inline void run_blocks(Launch* L, uint64_t nblocks) {
       t.warp = i / kWarp;
       t.sp = w.initial_sp(i);
     }
-    poison_static_shared();
+    L->poison();
     if (L->counting) {
       counters.reset();
       b.counters = &counters;
@@ -1385,6 +1358,68 @@ inline void run_blocks(Launch* L, uint64_t nblocks) {
   }
   sigaltstack(&old_ss, nullptr);
 }
+
+// The runtime's entry (tk_runtime_launch): the launch's blocks on up to `workers` threads,
+// with the process's fault handlers installed around them.
+inline void run_launch(Launch* L, int workers) {
+  const uint64_t nblocks = uint64_t(L->grid.x) * L->grid.y * L->grid.z;
+  install_handlers();
+  int nworkers = int(std::min<uint64_t>(nblocks, uint64_t(std::max(1, workers))));
+  if (nworkers <= 1) {
+    run_blocks(L, nblocks);
+  } else {
+    std::vector<std::thread> pool;
+    for (int i = 0; i < nworkers; ++i) pool.emplace_back(run_blocks, L, nblocks);
+    for (auto& t : pool) t.join();
+  }
+  remove_handlers();
+}
+#else
+// Static __shared__ arrays are thread_local: find this module's TLS block so that each block
+// starts with poisoned (0xFF) shared memory, as uninitialised on a GPU. Stale reads of a
+// missing barrier then show up instead of reading the previous block's values.
+struct TlsSpan {
+  size_t size = 0;
+  void* handle = nullptr;
+};
+
+inline int find_tls_size(struct dl_phdr_info* info, size_t, void* data) {
+  auto* want = static_cast<std::pair<uintptr_t, size_t>*>(data);
+  if (info->dlpi_addr != want->first) return 0;
+  for (int i = 0; i < info->dlpi_phnum; ++i)
+    if (info->dlpi_phdr[i].p_type == PT_TLS) want->second = info->dlpi_phdr[i].p_memsz;
+  return 1;
+}
+
+inline const TlsSpan& module_tls() {
+  static TlsSpan span = [] {
+    TlsSpan t;
+    Dl_info info;
+    if (dladdr(reinterpret_cast<void*>(&find_tls_size), &info)) {
+      std::pair<uintptr_t, size_t> want{uintptr_t(info.dli_fbase), 0};
+      dl_iterate_phdr(find_tls_size, &want);
+      t.size = want.second;
+      t.handle = dlopen(info.dli_fname, RTLD_NOW | RTLD_NOLOAD);
+    }
+    return t;
+  }();
+  return span;
+}
+
+inline void poison_static_shared() {
+  const TlsSpan& t = module_tls();
+  void* block = nullptr;
+  t_tls_touch = 0;  // touch the module's TLS block so that it exists on this thread
+  if (t.handle && t.size && dlinfo(t.handle, RTLD_DI_TLS_DATA, &block) == 0 && block) memset(block, 0xFF, t.size);
+  t_block = nullptr;
+  t_fault_jmp = nullptr;
+  t_tls_touch = 0;
+}
+
+
+// The runtime's launch entry this module was bound to (tk_bind_runtime).
+inline void (*runtime_launch)(void* launch, int workers) = nullptr;
+#endif  // TK_RUNTIME
 
 // ------------------------------------------------------------------ registration helpers
 template <class T>
@@ -1639,6 +1674,12 @@ namespace tk {
 inline unsigned char* dynamic_shared() { return t_block->dyn_shared; }
 }  // namespace tk
 
+#if TK_RUNTIME
+// ------------------------------------------------------------------ the runtime's C interface
+extern "C" __attribute__((visibility("default"))) void tk_runtime_launch(void* launch, int workers) {
+  ::tk::run_launch(static_cast<::tk::Launch*>(launch), workers);
+}
+#else
 // ------------------------------------------------------------------ the module's C interface
 namespace tk {
 // The counting sites of the module's last counted launch (tk_site_count, tk_site_read): the
@@ -1669,6 +1710,9 @@ __attribute__((visibility("default"))) const char* tk_kernel_symbol(int i) {
 }
 
 __attribute__((visibility("default"))) void tk_cancel() { ::tk::cancel_flag().store(1); }
+
+// The runtime's tk_runtime_launch, of a runtime built from this very header by this compiler.
+__attribute__((visibility("default"))) void tk_bind_runtime(void (*launch)(void*, int)) { ::tk::runtime_launch = launch; }
 __attribute__((visibility("default"))) void* tk_region_alloc(size_t nbytes) { return ::tk::region_alloc(nbytes); }
 __attribute__((visibility("default"))) void* tk_region_data(void* r) { return static_cast<::tk::Region*>(r)->data; }
 __attribute__((visibility("default"))) int tk_region_check(void* r) { return ::tk::region_check(static_cast<::tk::Region*>(r)); }
@@ -1687,6 +1731,10 @@ __attribute__((visibility("default"))) int tk_launch(int kernel, const unsigned*
                                                      ::tk::PhaseStats* phases, int* nphases, int check_order) {
   using namespace ::tk;
   cancel_flag().store(0);  // the host calls tk_cancel until this launch has returned
+  if (!runtime_launch) {
+    snprintf(err, errlen, "this module is not bound to the emulator's runtime (tk_bind_runtime)");
+    return 1;
+  }
   if (counting && !TK_COUNTERS) {
     snprintf(err, errlen, "traffic counters: this module was compiled with TK_COUNTERS=0");
     return 1;
@@ -1720,16 +1768,9 @@ __attribute__((visibility("default"))) int tk_launch(int kernel, const unsigned*
       for (uint64_t i = nblocks; i > 1; --i) std::swap(L.block_order[i - 1], L.block_order[splitmix(state) % i]);
     }
   }
-  install_handlers();
-  int nworkers = int(std::min<uint64_t>(nblocks, uint64_t(std::max(1, workers))));
-  if (nworkers <= 1) {
-    run_blocks(&L, nblocks);
-  } else {
-    std::vector<std::thread> pool;
-    for (int i = 0; i < nworkers; ++i) pool.emplace_back(run_blocks, &L, nblocks);
-    for (auto& t : pool) t.join();
-  }
-  remove_handlers();
+  L.cancel = &cancel_flag();
+  L.poison = &poison_static_shared;
+  runtime_launch(&L, workers);
   if (L.failed.load()) {
     snprintf(err, errlen, "%s", L.error.c_str());
     return 1;
@@ -1755,3 +1796,4 @@ __attribute__((visibility("default"))) void tk_site_read(unsigned long long* out
 }
 
 }  // extern "C"
+#endif  // TK_RUNTIME
