@@ -441,6 +441,32 @@ def test_concurrent_compiles_leave_one_good_cache_entry(tmp_path):
     assert entries == [".sha256", ".sha256", ".so", ".so"]
 
 
+def _compile_two_in_child(cache: str, queue) -> None:
+    os.environ["TOPKGEN_CACHE_DIR"] = cache
+    announced, totals = [], []
+    for value in (3, 4):
+        module = compile_source(f'extern "C" __global__ void put(float* y) {{ y[threadIdx.x] = {value}.f; }}\n',
+                                name=f"put{value}", announce=announced.append)
+        out = np.zeros(32, np.float32)
+        module.launch("put", 1, 32, [out])
+        totals.append(float(out.sum()))
+    queue.put((totals, announced))
+
+
+def test_modules_share_one_runtime_entry(tmp_path):
+    """The scheduler, fault handlers and block execution are compiled once per cache, as the
+    emulator's runtime, not into every module: a fresh process on an empty cache compiles two
+    kernels into three entries (each kernel's and the runtime's), announcing each kernel once."""
+    ctx = mp.get_context("spawn")  # a process that has loaded no runtime yet
+    queue = ctx.Queue()
+    child = ctx.Process(target=_compile_two_in_child, args=(str(tmp_path), queue))
+    child.start()
+    child.join(120)
+    totals, announced = queue.get(timeout=5)
+    assert totals == [96.0, 128.0]
+    assert announced == ["put3", "put4"]
+    assert sorted(p.suffix for p in (tmp_path / "emulator").iterdir()) == [".sha256"] * 3 + [".so"] * 3
+
 def test_a_corrupt_cache_entry_is_compiled_again(tmp_path, monkeypatch):
     monkeypatch.setenv("TOPKGEN_CACHE_DIR", str(tmp_path))
     source = 'extern "C" __global__ void twice(float* y) { y[threadIdx.x] *= 2.f; }\n'

@@ -279,7 +279,7 @@ def test_a_planted_emulator_object_is_never_loaded_but_built_again(tmp_path, rec
         so.with_suffix(".sha256").write_text(hashlib.sha256(planted.read_bytes()).hexdigest())
         again = _emulate(cache_dir, state)
     else:  # a record another machine's key verifies (a cache restored from elsewhere): as good as planted here
-        sign = "import sys; from topkgen import emulator; print(emulator._record(sys.argv[1], open(sys.argv[2], 'rb').read()))"
+        sign = "import sys; from topkgen.emulator.object_cache import record; print(record(sys.argv[1], open(sys.argv[2], 'rb').read()))"
         signed = subprocess.run([sys.executable, "-c", sign, so.stem, str(planted)], capture_output=True, text=True,
                                 env={**os.environ, "XDG_STATE_HOME": str(tmp_path / "other-state")}, timeout=60)
         assert signed.returncode == 0 and signed.stdout.startswith("hmac-sha256:"), signed.stderr

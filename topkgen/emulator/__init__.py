@@ -23,11 +23,8 @@ the few bytes of guard zone beside a buffer are not detected (writes there are).
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
-import fcntl
 import hashlib
-import hmac
 import os
 import re
 import shutil
@@ -36,15 +33,15 @@ import threading
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from pathlib import Path
-from typing import Any, Callable, Iterator, Sequence
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from topkgen.common import machine_key
-from topkgen.common.errors import DISK_FULL, OutOfMemory
+from topkgen.common.errors import OutOfMemory
+from topkgen.common.files import atomic_write
+from topkgen.common.paths import cuda_include_dir
 from topkgen.emulator.counters import Counters, PhaseStats, from_phases, site_paths
-from topkgen.common.files import atomic_write, read_regular
-from topkgen.common.paths import cache_root, cuda_include_dir, unusable_message
+from topkgen.emulator.object_cache import cache_dir, cache_writes, compile_lock, intact, no_room, record
 
 INCLUDE_DIR = Path(__file__).resolve().parent / "include"
 # The alignment sanitizer in trap mode makes a misaligned access trap as it faults on a GPU.
@@ -58,9 +55,6 @@ CXX_FLAGS = ("-std=c++17", "-O1", "-fPIC", "-shared", "-pthread", "-w", "-fno-st
              "-fsanitize=alignment", "-fsanitize-undefined-trap-on-error", "-fno-gnu-unique")
 DEFAULT_TIMEOUT_S = 120.0
 MAX_THREADS_PER_BLOCK = 1024
-
-
-SO_LIMIT = 256 << 20  # the most a cached shared object may hold (they are about 100 KiB)
 
 
 class EmulationError(RuntimeError):
@@ -162,7 +156,7 @@ def compile_source(source: str, *, name: str = "kernel", defines: Sequence[str] 
     """Compile CUDA C++ source for the emulator. The shared object is cached on disk by the
     hash of the translation unit, compiler and header; concurrent processes are safe (each
     compiles to a private file and renames it into place; one compiles a unit while the others
-    wait for it, _compile_lock). defines: NAME=INTEGER macros set
+    wait for it, compile_lock). defines: NAME=INTEGER macros set
     before the SIMT header (TK_COUNTERS=0 compiles the counting hooks out). announce: called
     with `name` just before g++ runs (a cache miss: about 1.5-4 s a kernel, and 2 s more the
     first time on a cache, for the runtime), once, never for a cached one."""
@@ -183,16 +177,16 @@ def compile_source(source: str, *, name: str = "kernel", defines: Sequence[str] 
             announced.append(name)
             announce(name)
 
-    cache = _cache_dir()
+    cache = cache_dir()
     so_path = cache / f"{key}.so"
     rt_key = _cache_key(_RUNTIME_UNIT, cxx)
-    image = _intact(so_path, key)
+    image = intact(so_path, key)
     if image is None or rt_key not in _runtimes:
         # One process compiles what is missing, the runtime included (its lock is taken inside
         # the module's, never the other way round); the others wait for it and load its entries.
-        with _compile_lock(key):
+        with compile_lock(key):
             _runtime(cxx, rt_key, announce_once)
-            image = _intact(so_path, key)
+            image = intact(so_path, key)
             if image is None:
                 image = _compile(unit, name, cxx, cache, so_path, key, announce_once)
     module = Module(so_path, name, image, _runtimes[rt_key])
@@ -211,25 +205,15 @@ def _runtime(cxx: str, rt_key: str, announce: Callable[[str], None]) -> None:
     """Load the runtime for `rt_key` into _runtimes, compiled first where the cache lacks it."""
     if rt_key in _runtimes:
         return
-    cache = _cache_dir()
+    cache = cache_dir()
     so_path = cache / f"{rt_key}.so"
-    image = _intact(so_path, rt_key)
+    image = intact(so_path, rt_key)
     if image is None:
-        with _compile_lock(rt_key):
-            image = _intact(so_path, rt_key)
+        with compile_lock(rt_key):
+            image = intact(so_path, rt_key)
             if image is None:
                 image = _compile(_RUNTIME_UNIT, "topkgen_sim_runtime", cxx, cache, so_path, rt_key, announce)
     _runtimes[rt_key] = Runtime(so_path, image)
-
-
-def _cache_dir() -> Path:
-    """The emulator's folder of the compile cache (exit status 2 where it cannot be one)."""
-    cache = cache_root() / "emulator"
-    from topkgen.build.cache import require_directories  # exit status 2: the shared object must live somewhere
-
-    require_directories((cache_root(),), what="the emulator cache", writable=False)
-    require_directories((cache,), what="the emulator cache", writable=False, link=False)  # never through a link
-    return cache
 
 
 def _compile(unit: str, name: str, cxx: str, cache: Path, so_path: Path, key: str,
@@ -237,94 +221,27 @@ def _compile(unit: str, name: str, cxx: str, cache: Path, so_path: Path, key: st
     """g++ on the translation unit into the cache entry (a private file renamed into place)."""
     from topkgen.build.cache import require_directories
 
-    require_directories((cache_root(), cache), what="the emulator cache")
+    require_directories((cache.parent, cache), what="the emulator cache")
     tmp_dir = cache / f".build-{os.getpid()}-{os.urandom(4).hex()}"
     src, out = tmp_dir / f"{name}.cpp", tmp_dir / "module.so"
     announce(name)
     try:
-        with _cache_writes(cache):
+        with cache_writes(cache):
             tmp_dir.mkdir()
             src.write_text(unit)
         cmd = [cxx, *CXX_FLAGS, f"-I{INCLUDE_DIR}", *(f"-I{d}" for d in _cuda_header_dirs()), str(src), "-o",
                str(out)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
-            _no_room(proc.stderr, cache)
+            no_room(proc.stderr, cache)
             raise EmulationError(f"host compilation of '{name}' failed:\n{proc.stderr.strip()}")
-        with _cache_writes(cache):
+        with cache_writes(cache):
             image = out.read_bytes()
             atomic_write(so_path, image)
-            atomic_write(so_path.with_suffix(".sha256"), _record(key, image).encode())
+            atomic_write(so_path.with_suffix(".sha256"), record(key, image).encode())
     finally:
         shutil.rmtree(tmp_dir, ignore_errors=True)
     return image
-
-
-@contextlib.contextmanager
-def _compile_lock(key: str) -> Iterator[None]:
-    """One process at a time compiles a translation unit; the others wait for it and load its
-    entry (pytest-xdist workers, a fleet's processes on one cache), so that no module is
-    compiled twice at once. Best effort: where the lock cannot be had (a read-only cache, a
-    link where its folder belongs), each process compiles, as safely as before."""
-    folder = cache_root() / "locks"
-    try:
-        if folder.is_symlink():
-            raise OSError("a link where the lock folder belongs")
-        folder.mkdir(exist_ok=True)
-        fd = os.open(folder / f"emulator-{key}", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW, 0o600)
-    except OSError:
-        yield
-        return
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX)
-        yield
-    finally:
-        os.close(fd)
-
-
-@contextlib.contextmanager
-def _cache_writes(cache: Path) -> Iterator[None]:
-    """A write in the emulator cache that fails (disk full; a directory where an entry
-    belongs) as one line naming the path, exit status 2, instead of a traceback."""
-    try:
-        yield
-    except OSError as err:
-        from topkgen.build.cache import CacheUnusable
-
-        raise CacheUnusable(unusable_message(err.filename2 or err.filename or cache, err.strerror or str(err),
-                                             "the emulator cache")) from None
-
-
-def _no_room(stderr: str, cache: Path) -> None:
-    """A host compile that failed for want of room (the compiler's or linker's own words for
-    a full disk or quota, in the cache or in TMPDIR): the environment, one line, exit 2."""
-    for code in DISK_FULL:
-        if os.strerror(code) in stderr:
-            from topkgen.build.cache import CacheUnusable
-
-            raise CacheUnusable(unusable_message(cache, f"the host compiler could not write its output: "
-                                                 f"{os.strerror(code)} (here or in TMPDIR)", "the emulator cache"))
-
-
-def _record(key: str, image: bytes) -> str:
-    """What `<key>.sha256` holds: an HMAC-SHA256, under this machine's key (machine_key), of
-    the rebuild key (the translation unit, compiler, flags and header that built the object)
-    and the object's sha256. Only this machine's builds can write one that verifies."""
-    return "hmac-sha256:" + machine_key.tag(b"topkgen-emulator-1", key.encode(), hashlib.sha256(image).digest())
-
-
-def _intact(so_path: Path, key: str) -> bytes | None:
-    """The shared object's bytes when the cache entry is one this machine built for `key`
-    (its record verifies, see _record), else None: a missing, partial or corrupt entry is
-    compiled again, and so is one that is not a regular file (a symlink to /dev/zero, a
-    FIFO: read_regular neither follows nor blocks) and one planted with a digest of itself,
-    whose constructor would otherwise have run on load."""
-    try:
-        recorded = read_regular(so_path.with_suffix(".sha256"), 1024).decode().strip()
-        image = read_regular(so_path, SO_LIMIT)
-    except (OSError, ValueError):  # ValueError: a record that is not text
-        return None
-    return image if hmac.compare_digest(recorded, _record(key, image)) else None
 
 
 _ENTRY_POINTS = ("tk_kernel_signature", "tk_kernel_display", "tk_kernel_symbol", "tk_region_alloc", "tk_region_data",
